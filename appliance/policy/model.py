@@ -1,0 +1,151 @@
+"""The typed policy every other part of the appliance reads.
+
+The loader (`appliance.policy.load`) is the only producer: it validates files against
+`schema/policy.schema.json`, parses quantities once (bytes, seconds) and builds these objects.
+Everything downstream (the scheduler core, the pod watcher, the device plugin) reads these
+frozen values and never sees a raw YAML string such as "4Gi".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class Mode(enum.Enum):
+    """How a GPU's lock is shared. Wire values are in `appliance.protocol`."""
+
+    OFF = "off"  # everyone runs concurrently
+    ON = "on"  # strict serialisation (nvshare's anti-thrashing)
+    AUTO = "auto"  # concurrent while the running clients' memory fits, serialised otherwise
+
+
+class Backing(enum.Enum):
+    DEVICE = "device"
+    MANAGED = "managed"
+
+
+class RealtimeCheckMode(enum.Enum):
+    STRICT = "strict"
+    WARNING = "warning"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    mode: Mode = Mode.ON
+    time_quantum_s: float = 30.0
+    compute_window_s: float = 2.0
+    quota_sample_interval_s: float = 0.1
+    carry_over_percent: int = 10
+    drop_tail_billing_percent: int = 50
+    idle_release_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySettings:
+    backing: Backing = Backing.DEVICE
+    single_process_oversubscription: bool = False
+    reserve_bytes: int = 0  # kept free on every GPU, never granted to clients
+    chunk_bytes: int = 64 << 20  # reservation granted to a hook per round trip
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimeCheck:
+    mode: RealtimeCheckMode = RealtimeCheckMode.DISABLED
+    safety_margin_bytes: int = 100 << 20
+    enabled_by_default: bool = True
+    max_sample_age_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A partial set of limits; None means "not set here"."""
+
+    memory_bytes: int | None = None
+    core_percent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatch:
+    """Every given field must match; an empty match matches every client."""
+
+    namespace: str | None = None
+    pod_name: str | None = None  # fnmatch glob
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    uid: int | None = None
+    user: str | None = None
+    group: str | None = None
+    systemd_unit: str | None = None  # fnmatch glob
+    executable: str | None = None  # fnmatch glob on the resolved /proc/<pid>/exe path
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    match: RuleMatch
+    limits: Limits
+    mode: Mode | None = None  # OFF exempts matched clients from gating
+    source: str = ""  # "file.yaml#/rules/0"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMatch:
+    uuid: str | None = None
+    index: int | None = None
+    model: str | None = None  # fnmatch glob on the NVML name
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRule:
+    match: GpuMatch
+    mode: Mode | None = None
+    time_quantum_s: float | None = None
+    memory_bytes: int | None = None  # declared size; lets tests declare a smaller GPU
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotationPolicy:
+    allowed: bool = True
+    max_memory_bytes: int | None = None
+    min_core_percent: int = 1
+    max_core_percent: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePluginSettings:
+    replicas_per_gpu: int = 10
+    resource_name: str = "nvshare.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class MigFallback:
+    chains: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    enabled: bool = True
+    address: str = "0.0.0.0:9402"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    version: int = 1
+    scheduler: SchedulerSettings = SchedulerSettings()
+    memory: MemorySettings = MemorySettings()
+    realtime_check: RealtimeCheck = RealtimeCheck()
+    defaults: Limits = Limits(core_percent=100)
+    rules: tuple[Rule, ...] = ()
+    gpus: tuple[GpuRule, ...] = ()
+    annotations: AnnotationPolicy = AnnotationPolicy()
+    device_plugin: DevicePluginSettings = DevicePluginSettings()
+    mig_fallback: MigFallback = MigFallback()
+    metrics: MetricsSettings = MetricsSettings()
+    # Provenance: JSON path of each value ("/scheduler/timeQuantum") -> where it came from
+    # ("10-team.yaml", "env NVSHARE_COMPUTE_WINDOW_MS" or "default").
+    sources: Mapping[str, str] = field(default_factory=dict)
+    files: tuple[str, ...] = ()
+    content_hash: str = ""

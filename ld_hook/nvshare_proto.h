@@ -1,0 +1,180 @@
+/*
+ * nvshare wire protocol, version 1: the one definition of the frames exchanged between
+ * libnvshare.so (and nvsharectl) and the node scheduler over a Unix stream socket.
+ * appliance/protocol.py mirrors this file; tests/protocol/ compiles a probe that prints every
+ * size and offset here and compares them with the Python side.
+ *
+ * Every frame is a fixed 24-byte header followed by `body_len` bytes of body. All integers are
+ * little-endian and of explicit width; every struct below is laid out without implicit padding
+ * (checked by the static asserts at the end). Fixed-size strings are NUL-padded UTF-8.
+ * Types marked JSON carry a UTF-8 JSON document as their body and are used only between the
+ * Python CLI and the daemon.
+ */
+#ifndef NVSHARE_PROTO_H
+#define NVSHARE_PROTO_H
+
+#include <stdint.h>
+
+#define NVS_MAGIC 0x4853564Eu /* "NVSH" read as little-endian bytes */
+#define NVS_PROTO_VERSION 1u
+#define NVS_MAX_BODY (1u << 20) /* frames larger than this are rejected */
+
+#define NVS_UUID_LEN 48
+#define NVS_NAME_LEN 64
+#define NVS_MESSAGE_LEN 248
+
+/* Message types. Numbers are never reused. */
+enum {
+    NVS_MSG_REGISTER = 1,      /* hook -> daemon: struct nvs_register */
+    NVS_MSG_REGISTERED = 2,    /* daemon -> hook: struct nvs_registered */
+    NVS_MSG_LOCK_REQUEST = 3,  /* hook -> daemon: empty */
+    NVS_MSG_LOCK_GRANT = 4,    /* daemon -> hook: struct nvs_lock_grant */
+    NVS_MSG_LOCK_DROP = 5,     /* daemon -> hook: empty; release as soon as work is synchronised */
+    NVS_MSG_LOCK_RELEASED = 6, /* hook -> daemon: struct nvs_lock_released */
+    NVS_MSG_SET_TQ = 7,        /* ctl -> daemon: struct nvs_set_tq; reply OK or ERROR */
+    NVS_MSG_SET_MODE = 8,      /* ctl -> daemon: struct nvs_set_mode; reply OK or ERROR */
+    NVS_MSG_STATUS_REQUEST = 9,/* ctl -> daemon: empty; reply STATUS_REPLY */
+    NVS_MSG_STATUS_REPLY = 10, /* daemon -> ctl: JSON */
+    NVS_MSG_ERROR = 11,        /* either way: struct nvs_result, status != 0 */
+    NVS_MSG_OK = 12,           /* daemon -> ctl: struct nvs_result, status == 0 */
+    /* memory (chunked reservations against a pod- or process-wide ledger) */
+    NVS_MSG_MEM_RESERVE = 20,  /* hook -> daemon: struct nvs_mem_reserve; reply MEM_GRANT */
+    NVS_MSG_MEM_GRANT = 21,    /* daemon -> hook: struct nvs_mem_grant */
+    NVS_MSG_MEM_RETURN = 22,   /* hook -> daemon: struct nvs_mem_return; no reply (also a usage report) */
+    NVS_MSG_LIMIT_UPDATE = 23, /* daemon -> hook: struct nvs_limits, unsolicited (seq 0) */
+    NVS_MSG_LIMIT_SET = 24,    /* ctl -> daemon: struct nvs_limit_set; reply OK or ERROR */
+    /* generic JSON query for the CLI (policy show/explain, ...) */
+    NVS_MSG_QUERY = 30,        /* ctl -> daemon: JSON {"query": name, ...} */
+    NVS_MSG_QUERY_REPLY = 31,  /* daemon -> ctl: JSON */
+};
+
+/* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */
+enum { NVS_MODE_OFF = 0, NVS_MODE_ON = 1, NVS_MODE_AUTO = 2 };
+
+/* Memory backing (nvs_limits.backing). */
+enum { NVS_BACKING_DEVICE = 0, NVS_BACKING_MANAGED = 1 };
+
+/* nvs_limits.flags */
+#define NVS_LIMIT_SINGLE_OVERSUB 0x1u /* managed backing may exceed the physical GPU for one process */
+
+/* nvs_lock_released.reason */
+enum { NVS_RELEASE_DROPPED = 0, NVS_RELEASE_IDLE = 1, NVS_RELEASE_EXIT = 2 };
+
+/* nvs_result.status (0 = ok) */
+enum {
+    NVS_OK = 0,
+    NVS_ERR_BAD_VERSION = 1,
+    NVS_ERR_UNKNOWN_TYPE = 2,
+    NVS_ERR_BAD_BODY = 3,
+    NVS_ERR_PERMISSION = 4,
+    NVS_ERR_INVALID = 5,
+    NVS_ERR_NOT_FOUND = 6,
+    NVS_ERR_NOT_REGISTERED = 7,
+};
+
+/* nvs_limit_set.flags */
+#define NVS_LIMIT_SET_CLEAR_MEM 0x1u  /* remove the override: back to the policy value */
+#define NVS_LIMIT_SET_CLEAR_CORE 0x2u
+#define NVS_LIMIT_SET_HAS_MEM 0x4u
+#define NVS_LIMIT_SET_HAS_CORE 0x8u
+
+struct nvs_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint32_t flags;    /* reserved, 0 */
+    uint32_t body_len;
+    uint64_t seq;      /* request sequence; replies echo it; unsolicited daemon frames use 0 */
+};
+
+struct nvs_register {
+    uint32_t pid;             /* hint only; the daemon uses SO_PEERCRED */
+    uint32_t env_core_limit;  /* NVSHARE_GPU_CORE_LIMIT from the process, 0 = none */
+    uint64_t gpu_total_mem;   /* bytes, as the real driver reports */
+    uint64_t env_mem_limit;   /* NVSHARE_GPU_MEMORY_LIMIT from the process, 0 = none */
+    char gpu_uuid[NVS_UUID_LEN];      /* "GPU-xxxxxxxx-..." */
+    char pod_namespace[NVS_NAME_LEN]; /* client hint (NVSHARE_POD_NAMESPACE), may be empty */
+    char pod_name[NVS_NAME_LEN];      /* client hint (NVSHARE_POD_NAME), may be empty */
+};
+
+struct nvs_limits {
+    uint64_t mem_limit;   /* bytes; 0 = no limit (the whole GPU) */
+    uint32_t core_limit;  /* 1-100 percent; 100 = no quota */
+    uint32_t mode;        /* NVS_MODE_* of the client's GPU */
+    uint32_t backing;     /* NVS_BACKING_* */
+    uint32_t flags;       /* NVS_LIMIT_* */
+};
+
+struct nvs_registered {
+    uint64_t client_id;
+    struct nvs_limits limits;
+};
+
+struct nvs_lock_grant {
+    uint32_t tq_ms;      /* the quantum this grant runs for, informational */
+    uint32_t reserved;
+};
+
+struct nvs_lock_released {
+    uint32_t reason;     /* NVS_RELEASE_* */
+    uint32_t reserved;
+};
+
+struct nvs_set_tq {
+    uint32_t seconds;
+    uint32_t reserved;
+};
+
+struct nvs_set_mode {
+    uint32_t mode;                /* NVS_MODE_* */
+    uint32_t reserved;
+    char gpu_uuid[NVS_UUID_LEN];  /* empty = every GPU */
+};
+
+struct nvs_result {
+    int32_t status;              /* NVS_OK or NVS_ERR_* */
+    uint32_t ref_type;           /* the type of the frame this answers */
+    char message[NVS_MESSAGE_LEN];
+};
+
+struct nvs_mem_reserve {
+    uint64_t bytes;   /* additional reservation wanted */
+    uint64_t used;    /* bytes allocated now (usage report) */
+};
+
+struct nvs_mem_grant {
+    uint64_t granted;   /* bytes added to the reservation; 0 = refused */
+    uint64_t reserved;  /* the client's whole reservation after this grant */
+};
+
+struct nvs_mem_return {
+    uint64_t bytes;   /* reservation given back */
+    uint64_t used;    /* bytes allocated now (usage report) */
+};
+
+struct nvs_limit_set {
+    uint32_t pid;        /* 0 = select by pod */
+    uint32_t flags;      /* NVS_LIMIT_SET_* */
+    uint64_t mem_limit;  /* bytes, with HAS_MEM */
+    uint32_t core_limit; /* 1-100, with HAS_CORE */
+    uint32_t reserved;
+    char pod_namespace[NVS_NAME_LEN];
+    char pod_name[NVS_NAME_LEN];
+};
+
+#define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
+NVS_ASSERT_SIZE(struct nvs_header, 24);
+NVS_ASSERT_SIZE(struct nvs_register, 200);
+NVS_ASSERT_SIZE(struct nvs_limits, 24);
+NVS_ASSERT_SIZE(struct nvs_registered, 32);
+NVS_ASSERT_SIZE(struct nvs_lock_grant, 8);
+NVS_ASSERT_SIZE(struct nvs_lock_released, 8);
+NVS_ASSERT_SIZE(struct nvs_set_tq, 8);
+NVS_ASSERT_SIZE(struct nvs_set_mode, 56);
+NVS_ASSERT_SIZE(struct nvs_result, 256);
+NVS_ASSERT_SIZE(struct nvs_mem_reserve, 16);
+NVS_ASSERT_SIZE(struct nvs_mem_grant, 16);
+NVS_ASSERT_SIZE(struct nvs_mem_return, 16);
+NVS_ASSERT_SIZE(struct nvs_limit_set, 152);
+
+#endif /* NVSHARE_PROTO_H */
