@@ -1,0 +1,269 @@
+"""NVML, behind one small typed surface.
+
+This is the only module that imports `pynvml` (nvidia-ml-py). Everything else asks an `Nvml`
+object for an inventory, a sample or a health verdict, and gets frozen dataclasses back.
+The library is injectable so that tests drive every error path with a scripted fake module,
+and so that a node without a driver (CI, this project's build machines) gets a clear,
+single log line and an empty inventory instead of a crash: the daemon then relies on what
+the hooks report about memory use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# XIDs caused by the application, not by the GPU: a CUDA program faulting must not take its
+# GPU out of the device plugin (13 graphics engine exception, 31 MMU fault, 43 GPU stopped
+# processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout).
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU, as NVML names it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total: int  # bytes
+    mig_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """What one GPU looked like at `time` (seconds since the epoch)."""
+
+    uuid: str
+    memory_total: int
+    memory_used: int
+    memory_free: int
+    utilization_percent: int | None  # None where NVML does not report it (MIG, some boards)
+    healthy: bool
+    time: float
+
+
+def _default_library() -> Any:
+    import pynvml  # type: ignore[import-untyped]
+
+    return pynvml
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Nvml:
+    """A session with NVML; `available` is False when there is no driver or no library.
+
+    `inventory()` and `sample()` never raise. Errors are logged once per distinct
+    (operation, error) pair, so a GPU that keeps failing does not flood the log.
+    """
+
+    def __init__(
+        self,
+        *,
+        library: Any | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._logged: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._xid_unhealthy: dict[str, int] = {}  # uuid -> the critical XID that was seen
+        self._events: Any = None
+        self.available = False
+        self.reason = ""
+        try:
+            self._lib = library if library is not None else _default_library()
+        except ImportError as exc:
+            self._lib = None
+            self.reason = f"the pynvml module cannot be imported ({exc})"
+        if self._lib is not None:
+            try:
+                self._lib.nvmlInit()
+                self.available = True
+            except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                self.reason = f"NVML did not initialise: {exc}"
+        if not self.available:
+            log.warning(
+                "NVML is not available on this node (%s); no GPU inventory or health from NVML, "
+                "GPU memory use comes from what the hooks report",
+                self.reason,
+            )
+        else:
+            self._register_xid_events()
+
+    # -- public surface -------------------------------------------------------------------
+
+    def inventory(self) -> list[GpuInfo]:
+        """Every GPU NVML can see; a GPU that cannot be queried is left out (and logged)."""
+        if not self.available:
+            return []
+        gpus: list[GpuInfo] = []
+        for index in range(self._count()):
+            try:
+                handle = self._lib.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self._lib.nvmlDeviceGetUUID(handle))
+                name = _text(self._lib.nvmlDeviceGetName(handle))
+                total = int(self._lib.nvmlDeviceGetMemoryInfo(handle).total)
+            except self._lib.NVMLError as exc:
+                self._log_once(f"inventory of GPU {index}", exc)
+                continue
+            gpus.append(
+                GpuInfo(
+                    index=index,
+                    uuid=uuid,
+                    name=name,
+                    memory_total=total,
+                    mig_enabled=self._mig_enabled(handle),
+                )
+            )
+        return gpus
+
+    def sample(self) -> list[GpuSample]:
+        """Memory and utilisation of every GPU; a GPU whose memory cannot be read is unhealthy."""
+        if not self.available:
+            return []
+        self._drain_xid_events()
+        now = self._clock()
+        samples: list[GpuSample] = []
+        for index in range(self._count()):
+            try:
+                handle = self._lib.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self._lib.nvmlDeviceGetUUID(handle))
+            except self._lib.NVMLError as exc:
+                self._log_once(f"sample of GPU {index}", exc)
+                continue
+            try:
+                memory = self._lib.nvmlDeviceGetMemoryInfo(handle)
+            except self._lib.NVMLError as exc:
+                self._log_once(f"memory of GPU {uuid}", exc)
+                samples.append(
+                    GpuSample(
+                        uuid=uuid,
+                        memory_total=0,
+                        memory_used=0,
+                        memory_free=0,
+                        utilization_percent=None,
+                        healthy=False,
+                        time=now,
+                    )
+                )
+                continue
+            samples.append(
+                GpuSample(
+                    uuid=uuid,
+                    memory_total=int(memory.total),
+                    memory_used=int(memory.used),
+                    memory_free=int(memory.free),
+                    utilization_percent=self._utilization(handle, uuid),
+                    healthy=uuid not in self._xid_unhealthy,
+                    time=now,
+                )
+            )
+        return samples
+
+    def healthy(self, uuid: str) -> bool:
+        """True while the GPU answers queries and has shown no critical XID since start.
+
+        An unknown UUID is unhealthy: the device plugin must not advertise a GPU that vanished.
+        """
+        if not self.available:
+            return False
+        self._drain_xid_events()
+        if uuid in self._xid_unhealthy:
+            return False
+        try:
+            handle = self._lib.nvmlDeviceGetHandleByUUID(uuid)
+            self._lib.nvmlDeviceGetMemoryInfo(handle)
+        except self._lib.NVMLError as exc:
+            self._log_once(f"health of GPU {uuid}", exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        if not self.available:
+            return
+        try:
+            if self._events is not None:
+                self._lib.nvmlEventSetFree(self._events)
+            self._lib.nvmlShutdown()
+        except self._lib.NVMLError as exc:
+            self._log_once("shutdown", exc)
+        self.available = False
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _count(self) -> int:
+        try:
+            return int(self._lib.nvmlDeviceGetCount())
+        except self._lib.NVMLError as exc:
+            self._log_once("device count", exc)
+            return 0
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        try:
+            current, _pending = self._lib.nvmlDeviceGetMigMode(handle)
+        except self._lib.NVMLError:
+            return False  # boards without MIG answer NOT_SUPPORTED
+        return bool(current == self._lib.NVML_DEVICE_MIG_ENABLE)
+
+    def _utilization(self, handle: Any, uuid: str) -> int | None:
+        try:
+            return int(self._lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except self._lib.NVMLError as exc:
+            if getattr(exc, "value", None) != self._lib.NVML_ERROR_NOT_SUPPORTED:
+                self._log_once(f"utilization of GPU {uuid}", exc)
+            return None
+
+    def _register_xid_events(self) -> None:
+        """Ask NVML to queue critical XID errors; a board that cannot is checked by queries only."""
+        try:
+            self._events = self._lib.nvmlEventSetCreate()
+        except (self._lib.NVMLError, AttributeError) as exc:
+            self._log_once("XID event set", exc)
+            return
+        for index in range(self._count()):
+            try:
+                handle = self._lib.nvmlDeviceGetHandleByIndex(index)
+                self._lib.nvmlDeviceRegisterEvents(
+                    handle, self._lib.nvmlEventTypeXidCriticalError, self._events
+                )
+            except self._lib.NVMLError as exc:
+                self._log_once(f"XID events of GPU {index}", exc)
+
+    def _drain_xid_events(self) -> None:
+        if self._events is None:
+            return
+        with self._lock:
+            while True:
+                try:
+                    event = self._lib.nvmlEventSetWait_v2(self._events, 0)
+                except self._lib.NVMLError as exc:
+                    if getattr(exc, "value", None) != self._lib.NVML_ERROR_TIMEOUT:
+                        self._log_once("XID event wait", exc)
+                    return
+                xid = int(event.eventData)
+                if xid in APPLICATION_XIDS:
+                    continue
+                try:
+                    uuid = _text(self._lib.nvmlDeviceGetUUID(event.device))
+                except self._lib.NVMLError as exc:
+                    self._log_once("UUID of a GPU reporting an XID", exc)
+                    continue
+                if uuid not in self._xid_unhealthy:
+                    log.error("GPU %s reported critical XID %d; marking it unhealthy", uuid, xid)
+                self._xid_unhealthy[uuid] = xid
+
+    def _log_once(self, what: str, exc: BaseException) -> None:
+        key = (what, str(exc))
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning("NVML error in %s: %s (left out of this result)", what, exc)

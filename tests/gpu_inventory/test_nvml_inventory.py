@@ -1,0 +1,200 @@
+"""NVML inventory, sampling and health against a scripted NVML module and the real pynvml."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from appliance.gpu.nvml import GpuInfo, Nvml
+
+GiB = 1 << 30
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class ScriptedNvml:
+    """A stand-in for the pynvml module: GPUs are dicts, failures are scripted per call."""
+
+    NVMLError = FakeNVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_DEVICE_MIG_ENABLE = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self, gpus: list[dict[str, Any]], *, init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.fail: dict[tuple[str, int], int] = {}  # (function, gpu index) -> error code
+        self.events: list[SimpleNamespace] = []
+        self.shutdowns = 0
+
+    def _check(self, function: str, index: int) -> None:
+        if (function, index) in self.fail:
+            raise FakeNVMLError(self.fail[(function, index)])
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise FakeNVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._check("handle", index)
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        for index, gpu in enumerate(self.gpus):
+            if gpu["uuid"] == uuid:
+                return index
+        raise FakeNVMLError(6)  # NOT_FOUND
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return str(self.gpus[handle]["uuid"]).encode()
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return str(self.gpus[handle]["name"])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        self._check("memory", handle)
+        gpu = self.gpus[handle]
+        return SimpleNamespace(
+            total=gpu["total"], used=gpu["used"], free=gpu["total"] - gpu["used"]
+        )
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        self._check("utilization", handle)
+        return SimpleNamespace(gpu=self.gpus[handle]["util"], memory=0)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        self._check("mig", handle)
+        return [1 if self.gpus[handle].get("mig") else 0, 0]
+
+    def nvmlEventSetCreate(self) -> str:
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: str) -> None:
+        assert types == self.nvmlEventTypeXidCriticalError
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
+        if not self.events:
+            raise FakeNVMLError(self.NVML_ERROR_TIMEOUT)
+        return self.events.pop(0)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        pass
+
+
+def two_gpus() -> list[dict[str, Any]]:
+    return [
+        {"uuid": "GPU-aaaa", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB, "util": 7},
+        {
+            "uuid": "GPU-bbbb",
+            "name": "NVIDIA A100",
+            "total": 80 * GiB,
+            "used": 0,
+            "util": 0,
+            "mig": True,
+        },
+    ]
+
+
+def test_inventory_lists_every_gpu_with_mig_mode() -> None:
+    nvml = Nvml(library=ScriptedNvml(two_gpus()))
+    assert nvml.available
+    assert nvml.inventory() == [
+        GpuInfo(
+            index=0, uuid="GPU-aaaa", name="NVIDIA H200", memory_total=141 * GiB, mig_enabled=False
+        ),
+        GpuInfo(
+            index=1, uuid="GPU-bbbb", name="NVIDIA A100", memory_total=80 * GiB, mig_enabled=True
+        ),
+    ]
+
+
+def test_sample_reports_memory_and_utilization_with_the_injected_clock() -> None:
+    nvml = Nvml(library=ScriptedNvml(two_gpus()), clock=lambda: 1234.5)
+    first = nvml.sample()[0]
+    assert (first.uuid, first.memory_used, first.memory_free) == ("GPU-aaaa", GiB, 140 * GiB)
+    assert first.utilization_percent == 7 and first.healthy and first.time == 1234.5
+
+
+def test_sample_keeps_going_when_one_gpu_fails_and_logs_each_error_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    library = ScriptedNvml(two_gpus())
+    library.fail[("memory", 0)] = library.NVML_ERROR_GPU_IS_LOST
+    library.fail[("utilization", 1)] = library.NVML_ERROR_NOT_SUPPORTED  # MIG boards do this
+    nvml = Nvml(library=library)
+    with caplog.at_level(logging.WARNING, logger="appliance.gpu.nvml"):
+        for _ in range(3):
+            lost, mig = nvml.sample()
+    assert not lost.healthy and lost.memory_total == 0
+    assert mig.healthy and mig.utilization_percent is None and mig.memory_total == 80 * GiB
+    lost_lines = [r for r in caplog.records if "GPU-aaaa" in r.getMessage()]
+    assert len(lost_lines) == 1  # three failing samples, one log line
+    assert not any("utilization" in r.getMessage() for r in caplog.records)  # expected, silent
+
+
+def test_a_gpu_whose_handle_fails_is_left_out_of_the_inventory() -> None:
+    library = ScriptedNvml(two_gpus())
+    library.fail[("handle", 0)] = 999
+    assert [gpu.uuid for gpu in Nvml(library=library).inventory()] == ["GPU-bbbb"]
+
+
+def test_health_follows_queries_and_critical_xids_but_not_application_xids() -> None:
+    library = ScriptedNvml(two_gpus())
+    nvml = Nvml(library=library)
+    assert nvml.healthy("GPU-aaaa") and nvml.healthy("GPU-bbbb")
+    assert not nvml.healthy("GPU-gone")
+    library.events.append(SimpleNamespace(eventData=31, device=0))  # MMU fault: the app's fault
+    assert nvml.healthy("GPU-aaaa")
+    library.events.append(SimpleNamespace(eventData=79, device=1))  # fell off the bus
+    assert not nvml.healthy("GPU-bbbb")
+    assert nvml.healthy("GPU-aaaa")
+    assert [s.healthy for s in nvml.sample()] == [True, False]
+    library.fail[("memory", 0)] = library.NVML_ERROR_GPU_IS_LOST
+    assert not nvml.healthy("GPU-aaaa")
+
+
+def test_init_failure_leaves_nvml_unavailable_with_one_clear_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="appliance.gpu.nvml"):
+        nvml = Nvml(library=ScriptedNvml(two_gpus(), init_error=9))  # DRIVER_NOT_LOADED
+    assert not nvml.available
+    assert nvml.inventory() == [] and nvml.sample() == [] and not nvml.healthy("GPU-aaaa")
+    assert len(caplog.records) == 1
+    assert "hooks report" in caplog.records[0].getMessage()
+
+
+def test_real_pynvml_without_a_driver_says_so_instead_of_crashing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="appliance.gpu.nvml"):
+        nvml = Nvml()
+    if nvml.available:
+        pytest.skip("this machine has an NVIDIA driver; the absent-driver path is not reachable")
+    assert nvml.inventory() == [] and nvml.sample() == []
+    message = caplog.records[0].getMessage()
+    assert "NVML is not available" in message and "NVML Shared Library Not Found" in message
+    nvml.close()
+
+
+def test_close_shuts_nvml_down_once() -> None:
+    library = ScriptedNvml(two_gpus())
+    nvml = Nvml(library=library)
+    nvml.close()
+    nvml.close()
+    assert library.shutdowns == 1 and not nvml.available
