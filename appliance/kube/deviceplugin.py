@@ -1,0 +1,385 @@
+"""The kubelet device plugin: `nvshare.com/gpu` virtual devices, N per physical GPU.
+
+Kubelet only counts devices; sharing happens in the hook and the node scheduler. This module
+turns each physical GPU into `replicas_per_gpu` virtual devices (`<uuid>::<n>`) so that many
+pods can be placed on one GPU, and at Allocate it injects what a container needs to take part
+in sharing: the hook (LD_PRELOAD, mounted read-only), the scheduler's socket DIRECTORY (so a
+daemon restart that recreates the socket stays visible) and NVIDIA_VISIBLE_DEVICES.
+
+Kubelet deletes every socket in its device-plugins directory when it restarts and then
+recreates `kubelet.sock`; an inotify watch on the directory notices and the plugin serves
+again and re-registers. Health comes from a callable (NVML in production) polled in the
+background; a change is streamed to kubelet through ListAndWatch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import inotify_simple  # type: ignore[import-untyped]
+
+from appliance.gpu.nvml import GpuInfo
+from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
+
+# The generated service module is untyped; loading it by name keeps mypy --strict out of it
+# while the message module keeps its generated .pyi types.
+pb_grpc: Any = importlib.import_module("appliance.kube._generated.deviceplugin_v1beta1_pb2_grpc")
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+HOOK_CONTAINER_PATH = "/usr/local/nvshare/lib/libnvshare.so"
+SOCKET_CONTAINER_DIR = "/var/run/nvshare"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+_ID_SEPARATOR = "::"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualDevice:
+    """One schedulable slice of a physical GPU, as kubelet sees it."""
+
+    uuid: str
+    replica: int
+    healthy: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.uuid}{_ID_SEPARATOR}{self.replica}"
+
+
+def physical_uuid(device_id: str) -> str:
+    """`GPU-abc::3` -> `GPU-abc`; raises ValueError for an id this plugin never advertised."""
+    uuid, separator, replica = device_id.rpartition(_ID_SEPARATOR)
+    if not separator or not uuid or not replica.isdigit():
+        raise ValueError(f"device id {device_id!r} is not of the form <gpu-uuid>::<n>")
+    return uuid
+
+
+def preferred_devices(
+    *,
+    available: list[str],
+    must_include: list[str],
+    size: int,
+    load: Mapping[str, int],
+) -> list[str]:
+    """Pick `size` virtual devices: the must-includes, then one per GPU, least-loaded GPU first.
+
+    A request for several devices is spread over distinct GPUs before any GPU is used twice,
+    so `nvshare.com/gpu: 2` means "a share of two GPUs" where two exist. Load is the number of
+    clients the node scheduler sees per GPU; it breaks ties between GPUs, then the UUID does.
+    """
+    chosen = list(dict.fromkeys(must_include))[:size] if size > 0 else []
+    picked_per_gpu: dict[str, int] = {}
+    for device_id in chosen:
+        uuid = physical_uuid(device_id)
+        picked_per_gpu[uuid] = picked_per_gpu.get(uuid, 0) + 1
+    free_per_gpu: dict[str, list[str]] = {}
+    for device_id in available:
+        if device_id not in chosen:
+            free_per_gpu.setdefault(physical_uuid(device_id), []).append(device_id)
+    for ids in free_per_gpu.values():
+        ids.sort(key=lambda device_id: int(device_id.rpartition(_ID_SEPARATOR)[2]))
+    while len(chosen) < size and free_per_gpu:
+        uuid = min(
+            free_per_gpu,
+            key=lambda gpu: (picked_per_gpu.get(gpu, 0), load.get(gpu, 0), gpu),
+        )
+        chosen.append(free_per_gpu[uuid].pop(0))
+        picked_per_gpu[uuid] = picked_per_gpu.get(uuid, 0) + 1
+        if not free_per_gpu[uuid]:
+            del free_per_gpu[uuid]
+    return chosen
+
+
+class DevicePlugin:
+    """Serves the DevicePlugin gRPC service and keeps kubelet registered with it."""
+
+    def __init__(
+        self,
+        *,
+        gpus: Callable[[], list[GpuInfo]],
+        health: Callable[[str], bool],
+        replicas_per_gpu: int,
+        resource_name: str,
+        kubelet_dir: Path = Path("/var/lib/kubelet/device-plugins"),
+        hook_host_path: str,
+        socket_host_dir: str,
+        load: Callable[[], Mapping[str, int]],
+        endpoint: str = "nvshare.sock",
+        hook_container_path: str = HOOK_CONTAINER_PATH,
+        socket_container_dir: str = SOCKET_CONTAINER_DIR,
+        health_interval_s: float = 5.0,
+        register_retry_s: float = 1.0,
+    ) -> None:
+        if replicas_per_gpu < 1:
+            raise ValueError(f"replicas_per_gpu must be at least 1, got {replicas_per_gpu}")
+        self._gpus = gpus
+        self._health = health
+        self._replicas = replicas_per_gpu
+        self.resource_name = resource_name
+        self.kubelet_dir = kubelet_dir
+        self._hook_host_path = hook_host_path
+        self._socket_host_dir = socket_host_dir
+        self._load = load
+        self.endpoint = endpoint
+        self._hook_container_path = hook_container_path
+        self._socket_container_dir = socket_container_dir
+        self._health_interval_s = health_interval_s
+        self._register_retry_s = register_retry_s
+
+        self._changed = threading.Condition()
+        self._devices: tuple[VirtualDevice, ...] = ()
+        self._generation = 0
+        self._stopping = threading.Event()
+        self._server: Any = None
+        self._threads: list[threading.Thread] = []
+        self._skipped_mig: set[str] = set()
+
+    @property
+    def socket_path(self) -> Path:
+        return self.kubelet_dir / self.endpoint
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve, register if kubelet is there, and watch for kubelet restarts and health."""
+        self._stopping.clear()
+        self._refresh_devices()
+        self._serve()
+        # The watch is in place before the first registration, so a kubelet that comes up
+        # in between is not missed.
+        inotify = inotify_simple.INotify()
+        flags = inotify_simple.flags
+        inotify.add_watch(self.kubelet_dir, flags.CREATE | flags.MOVED_TO | flags.DELETE)
+        self._threads = [
+            threading.Thread(
+                target=self._watch_kubelet, args=(inotify,), name="deviceplugin-kubelet"
+            ),
+            threading.Thread(target=self._watch_health, name="deviceplugin-health"),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._changed:
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        self._stop_server()
+
+    # -- what kubelet sees ----------------------------------------------------------------
+
+    def devices(self) -> tuple[VirtualDevice, ...]:
+        with self._changed:
+            return self._devices
+
+    def _current_devices(self) -> tuple[VirtualDevice, ...]:
+        devices: list[VirtualDevice] = []
+        for gpu in self._gpus():
+            if gpu.mig_enabled:
+                if gpu.uuid not in self._skipped_mig:
+                    self._skipped_mig.add(gpu.uuid)
+                    log.info(
+                        "GPU %s is in MIG mode; not advertised as %s", gpu.uuid, self.resource_name
+                    )
+                continue
+            healthy = self._health(gpu.uuid)
+            devices.extend(
+                VirtualDevice(uuid=gpu.uuid, replica=n, healthy=healthy)
+                for n in range(self._replicas)
+            )
+        return tuple(devices)
+
+    def _refresh_devices(self) -> None:
+        try:
+            devices = self._current_devices()
+        except Exception:
+            log.exception("listing GPUs for the device plugin failed; keeping the last list")
+            return
+        with self._changed:
+            if devices != self._devices:
+                for gpu in {d.uuid for d in devices if not d.healthy}:
+                    if any(d.uuid == gpu and d.healthy for d in self._devices):
+                        log.warning("GPU %s became unhealthy; kubelet is told", gpu)
+                self._devices = devices
+                self._generation += 1
+                self._changed.notify_all()
+
+    def list_and_watch(self, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while not self._stopping.is_set() and context.is_active():
+            with self._changed:
+                if self._generation == seen:
+                    self._changed.wait(timeout=1.0)
+                    continue
+                seen, devices = self._generation, self._devices
+            yield pb.ListAndWatchResponse(
+                devices=[
+                    pb.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY) for d in devices
+                ]
+            )
+
+    def allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        responses = []
+        for container in request.container_requests:
+            try:
+                uuids = list(dict.fromkeys(physical_uuid(i) for i in container.devices_ids))
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            responses.append(
+                pb.ContainerAllocateResponse(
+                    envs={
+                        "LD_PRELOAD": self._hook_container_path,
+                        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+                        "NVSHARE_SOCKET_DIR": self._socket_container_dir,
+                    },
+                    mounts=[
+                        pb.Mount(
+                            container_path=self._hook_container_path,
+                            host_path=self._hook_host_path,
+                            read_only=True,
+                        ),
+                        # The directory, never the socket file: a daemon restart replaces
+                        # the socket, and a file bind mount would keep the dead one.
+                        pb.Mount(
+                            container_path=self._socket_container_dir,
+                            host_path=self._socket_host_dir,
+                            read_only=True,
+                        ),
+                    ],
+                )
+            )
+        return pb.AllocateResponse(container_responses=responses)
+
+    def preferred_allocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        try:
+            load = dict(self._load())
+        except Exception:
+            log.exception("reading GPU load failed; spreading by UUID order only")
+            load = {}
+        responses = []
+        for container in request.container_requests:
+            try:
+                chosen = preferred_devices(
+                    available=list(container.available_deviceIDs),
+                    must_include=list(container.must_include_deviceIDs),
+                    size=container.allocation_size,
+                    load=load,
+                )
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    # -- gRPC server and registration -----------------------------------------------------
+
+    def _serve(self) -> None:
+        self._stop_server()
+        self.socket_path.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+        log.info("device plugin serving %s on %s", self.resource_name, self.socket_path)
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+
+    def register(self) -> bool:
+        """Register with kubelet once; False (and a log line) when kubelet is not answering."""
+        kubelet = self.kubelet_dir / KUBELET_SOCKET
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.endpoint,
+            resource_name=self.resource_name,
+            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        try:
+            with grpc.insecure_channel(f"unix://{kubelet}") as channel:
+                pb_grpc.RegistrationStub(channel).Register(request, timeout=5.0)
+        except grpc.RpcError as exc:
+            log.warning(
+                "registering %s with kubelet at %s failed (%s: %s); will retry",
+                self.resource_name,
+                kubelet,
+                exc.code().name,
+                exc.details(),
+            )
+            return False
+        log.info("registered %s with kubelet at %s", self.resource_name, kubelet)
+        return True
+
+    def _watch_kubelet(self, inotify: inotify_simple.INotify) -> None:
+        flags = inotify_simple.flags
+        pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
+        try:
+            while not self._stopping.is_set():
+                if pending:
+                    pending = not self.register()
+                timeout_ms = int(self._register_retry_s * 1000) if pending else 500
+                for event in inotify.read(timeout=timeout_ms):
+                    if event.name == KUBELET_SOCKET and event.mask & (
+                        flags.CREATE | flags.MOVED_TO
+                    ):
+                        # A new kubelet: it has wiped the directory, so serve again if our
+                        # socket is gone, then register (after serving: kubelet dials back).
+                        if not self.socket_path.exists():
+                            self._serve()
+                        pending = True
+                    elif event.name == self.endpoint and event.mask & flags.DELETE:
+                        if not self._stopping.is_set():
+                            log.warning("%s was deleted; serving again", self.socket_path)
+                            self._serve()
+                            pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
+        finally:
+            inotify.close()
+
+    def _watch_health(self) -> None:
+        while not self._stopping.wait(self._health_interval_s):
+            self._refresh_devices()
+
+
+class _Servicer:
+    """The DevicePlugin service's methods, by their gRPC names, mapped onto the plugin."""
+
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self._plugin = plugin
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        return self._plugin.list_and_watch(context)
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        return self._plugin.preferred_allocation(request, context)
+
+    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        return self._plugin.allocate(request, context)
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()

@@ -1,0 +1,232 @@
+"""The device plugin against a fake kubelet (real gRPC on a Unix socket) and a real client."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from appliance.gpu.nvml import GpuInfo
+from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
+from appliance.kube._generated import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from appliance.kube.deviceplugin import DevicePlugin, preferred_devices
+
+GiB = 1 << 30
+WAIT = 20.0  # an upper bound for things that happen in milliseconds; never a measurement
+
+
+class FakeKubelet(pb_grpc.RegistrationServicer):  # type: ignore[misc]
+    """kubelet's Registration service on `<dir>/kubelet.sock`; records every request."""
+
+    def __init__(self, directory: Path) -> None:
+        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
+        self.server.start()
+
+    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
+        self.requests.put(request)
+        return pb.Empty()
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait()
+
+
+class Gpus:
+    """The GPUs and their health as the plugin's callables see them; tests flip health."""
+
+    def __init__(self) -> None:
+        self.unhealthy: set[str] = set()
+        self.load = {"GPU-a": 3, "GPU-b": 0}
+
+    def inventory(self) -> list[GpuInfo]:
+        return [
+            GpuInfo(index=0, uuid="GPU-a", name="H200", memory_total=141 * GiB, mig_enabled=False),
+            GpuInfo(index=1, uuid="GPU-b", name="H200", memory_total=141 * GiB, mig_enabled=False),
+            GpuInfo(index=2, uuid="GPU-m", name="A100", memory_total=80 * GiB, mig_enabled=True),
+        ]
+
+    def healthy(self, uuid: str) -> bool:
+        return uuid not in self.unhealthy
+
+
+@pytest.fixture
+def gpus() -> Gpus:
+    return Gpus()
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, gpus: Gpus) -> Iterator[DevicePlugin]:
+    plugin = DevicePlugin(
+        gpus=gpus.inventory,
+        health=gpus.healthy,
+        replicas_per_gpu=4,
+        resource_name="nvshare.com/gpu",
+        kubelet_dir=tmp_path,
+        hook_host_path="/var/lib/nvshare/lib/libnvshare.so",
+        socket_host_dir="/var/run/nvshare",
+        load=lambda: gpus.load,
+        health_interval_s=0.05,
+        register_retry_s=0.1,
+    )
+    yield plugin
+    plugin.stop()
+
+
+def stub(plugin: DevicePlugin) -> Iterator[pb_grpc.DevicePluginStub]:
+    with grpc.insecure_channel(f"unix://{plugin.socket_path}") as channel:
+        yield pb_grpc.DevicePluginStub(channel)
+
+
+@pytest.fixture
+def client(plugin: DevicePlugin) -> Iterator[Any]:
+    yield from stub(plugin)
+
+
+def test_registers_with_kubelet_and_advertises_replicas_of_non_mig_gpus(
+    tmp_path: Path, plugin: DevicePlugin, gpus: Gpus
+) -> None:
+    kubelet = FakeKubelet(tmp_path)
+    try:
+        plugin.start()
+        request = kubelet.requests.get(timeout=WAIT)
+        assert request.version == "v1beta1"
+        assert request.endpoint == "nvshare.sock" and (tmp_path / request.endpoint).exists()
+        assert request.resource_name == "nvshare.com/gpu"
+        assert request.options.get_preferred_allocation_available
+        with grpc.insecure_channel(f"unix://{tmp_path / request.endpoint}") as channel:
+            client = pb_grpc.DevicePluginStub(channel)
+            options = client.GetDevicePluginOptions(pb.Empty(), timeout=WAIT)
+            assert options.get_preferred_allocation_available and not options.pre_start_required
+            stream = client.ListAndWatch(pb.Empty(), timeout=WAIT)
+            first = next(stream)
+            assert sorted(d.ID for d in first.devices) == [
+                f"GPU-{g}::{n}" for g in "ab" for n in range(4)
+            ]
+            assert {d.health for d in first.devices} == {"Healthy"}
+            gpus.unhealthy.add("GPU-b")
+            second = next(stream)
+            health = {d.ID: d.health for d in second.devices}
+            assert health["GPU-b::0"] == "Unhealthy" and health["GPU-a::0"] == "Healthy"
+            stream.cancel()
+    finally:
+        kubelet.stop()
+
+
+def test_allocate_injects_the_hook_the_socket_directory_and_the_gpus(
+    plugin: DevicePlugin,
+) -> None:
+    plugin.start()
+    for client in stub(plugin):
+        response = client.Allocate(
+            pb.AllocateRequest(
+                container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=["GPU-b::1", "GPU-a::0", "GPU-b::2"]),
+                    pb.ContainerAllocateRequest(devices_ids=["GPU-a::3"]),
+                ]
+            ),
+            timeout=WAIT,
+        )
+    first, second = response.container_responses
+    assert dict(first.envs) == {
+        "LD_PRELOAD": "/usr/local/nvshare/lib/libnvshare.so",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "NVSHARE_SOCKET_DIR": "/var/run/nvshare",
+    }
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
+    mounts = {m.host_path: (m.container_path, m.read_only) for m in first.mounts}
+    assert mounts == {
+        "/var/lib/nvshare/lib/libnvshare.so": ("/usr/local/nvshare/lib/libnvshare.so", True),
+        "/var/run/nvshare": ("/var/run/nvshare", True),
+    }
+    assert not any(m.host_path.endswith(".sock") for m in first.mounts)
+
+
+def test_allocate_of_a_device_id_we_never_advertised_is_an_invalid_argument(
+    plugin: DevicePlugin,
+) -> None:
+    plugin.start()
+    for client in stub(plugin):
+        with pytest.raises(grpc.RpcError) as error:
+            client.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=["nvidia0"])]
+                ),
+                timeout=WAIT,
+            )
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "nvidia0" in error.value.details()
+
+
+def test_preferred_allocation_goes_to_the_least_loaded_gpu_and_honours_must_include(
+    plugin: DevicePlugin,
+) -> None:
+    plugin.start()
+    available = [f"GPU-{g}::{n}" for g in "ab" for n in range(4)]
+
+    def ask(size: int, must_include: list[str]) -> list[str]:
+        for client in stub(plugin):
+            response = client.GetPreferredAllocation(
+                pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=available,
+                            must_include_deviceIDs=must_include,
+                            allocation_size=size,
+                        )
+                    ]
+                ),
+                timeout=WAIT,
+            )
+        return list(response.container_responses[0].deviceIDs)
+
+    assert ask(1, []) == ["GPU-b::0"]  # GPU-a has 3 clients, GPU-b none
+    assert ask(2, []) == ["GPU-b::0", "GPU-a::0"]  # two devices: two GPUs
+    assert ask(2, ["GPU-a::2"]) == ["GPU-a::2", "GPU-b::0"]
+    assert ask(3, []) == ["GPU-b::0", "GPU-a::0", "GPU-b::1"]
+
+
+def test_preferred_devices_packs_a_gpu_only_when_it_must() -> None:
+    available = ["GPU-a::0", "GPU-a::1", "GPU-a::2"]
+    assert preferred_devices(available=available, must_include=[], size=2, load={}) == [
+        "GPU-a::0",
+        "GPU-a::1",
+    ]
+
+
+def test_re_registers_and_serves_again_after_a_kubelet_restart(
+    tmp_path: Path, plugin: DevicePlugin
+) -> None:
+    kubelet = FakeKubelet(tmp_path)
+    plugin.start()
+    assert kubelet.requests.get(timeout=WAIT).endpoint == "nvshare.sock"
+    # A kubelet restart: its socket goes away, it wipes the plugin sockets, then comes back.
+    kubelet.stop()
+    (tmp_path / "kubelet.sock").unlink(missing_ok=True)
+    plugin.socket_path.unlink()
+    restarted = FakeKubelet(tmp_path)
+    try:
+        assert restarted.requests.get(timeout=WAIT).resource_name == "nvshare.com/gpu"
+        for client in stub(plugin):
+            options = client.GetDevicePluginOptions(pb.Empty(), timeout=WAIT, wait_for_ready=True)
+        assert options.get_preferred_allocation_available
+    finally:
+        restarted.stop()
+
+
+def test_a_plugin_started_before_kubelet_registers_when_kubelet_appears(
+    tmp_path: Path, plugin: DevicePlugin
+) -> None:
+    plugin.start()
+    assert not (tmp_path / "kubelet.sock").exists()
+    kubelet = FakeKubelet(tmp_path)
+    try:
+        assert kubelet.requests.get(timeout=WAIT).version == "v1beta1"
+    finally:
+        kubelet.stop()
