@@ -27,10 +27,11 @@ import grpc  # type: ignore[import-untyped]
 import inotify_simple  # type: ignore[import-untyped]
 
 from appliance.gpu.nvml import GpuInfo
-from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
 
-# The generated service module is untyped; loading it by name keeps mypy --strict out of it
-# while the message module keeps its generated .pyi types.
+# The generated modules are untyped (typed protobuf stubs would need types-protobuf and a
+# plugin); loading them by name keeps mypy --strict out of generated code. Messages are
+# `Any` here, and the tests hold the shapes kubelet sees.
+pb: Any = importlib.import_module("appliance.kube._generated.deviceplugin_v1beta1_pb2")
 pb_grpc: Any = importlib.import_module("appliance.kube._generated.deviceplugin_v1beta1_pb2_grpc")
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class DevicePlugin:
                 self._generation += 1
                 self._changed.notify_all()
 
-    def list_and_watch(self, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+    def list_and_watch(self, context: Any) -> Iterator[Any]:
         seen = -1
         while not self._stopping.is_set() and context.is_active():
             with self._changed:
@@ -232,7 +233,7 @@ class DevicePlugin:
                 ]
             )
 
-    def allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    def allocate(self, request: Any, context: Any) -> Any:
         responses = []
         for container in request.container_requests:
             try:
@@ -264,9 +265,7 @@ class DevicePlugin:
             )
         return pb.AllocateResponse(container_responses=responses)
 
-    def preferred_allocation(
-        self, request: pb.PreferredAllocationRequest, context: Any
-    ) -> pb.PreferredAllocationResponse:
+    def preferred_allocation(self, request: Any, context: Any) -> Any:
         try:
             load = dict(self._load())
         except Exception:
@@ -363,23 +362,19 @@ class _Servicer:
     def __init__(self, plugin: DevicePlugin) -> None:
         self._plugin = plugin
 
-    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         return pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
         )
 
-    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
         return self._plugin.list_and_watch(context)
 
-    def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: Any
-    ) -> pb.PreferredAllocationResponse:
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         return self._plugin.preferred_allocation(request, context)
 
-    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    def Allocate(self, request: Any, context: Any) -> Any:
         return self._plugin.allocate(request, context)
 
-    def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: Any
-    ) -> pb.PreStartContainerResponse:
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
         return pb.PreStartContainerResponse()
