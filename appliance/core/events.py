@@ -1,0 +1,136 @@
+"""Events the scheduler core accepts and actions it returns (sans-I/O, like h11)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from appliance.core.identity import ClientIdentity
+from appliance.core.pods import PodInfo, PodOverrides, PodRef
+from appliance.policy.model import Limits, Mode, Policy
+from appliance.protocol import ReleaseReason
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRegistered:
+    client_id: int
+    seq: int
+    ident: ClientIdentity
+    gpu_uuid: str
+    gpu_total_memory: int
+    env_memory_bytes: int = 0
+    env_core_percent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
+    client_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRequested:
+    client_id: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockReleased:
+    client_id: int
+    reason: ReleaseReason
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReserveRequested:
+    client_id: int
+    seq: int
+    bytes: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReturned:
+    client_id: int
+    bytes: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChanged:
+    policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class PodUpdated:
+    pod: PodInfo
+    overrides: PodOverrides
+
+
+@dataclass(frozen=True, slots=True)
+class PodRemoved:
+    pod: PodRef
+
+
+@dataclass(frozen=True, slots=True)
+class TimeQuantumSet:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSet:
+    mode: Mode
+    gpu_uuid: str = ""  # empty: every GPU
+
+
+@dataclass(frozen=True, slots=True)
+class AdminLimitSet:
+    """`nvsharectl limit set/clear`: target is ("pid", pid) or ("pod", "ns/name")."""
+
+    target: tuple[str, str]
+    limits: Limits
+    clear_memory: bool = False
+    clear_core: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFreeMemory:
+    """A real-time sample of a GPU's free memory (NVML), including non-hooked processes."""
+
+    samples: Mapping[str, int]  # uuid -> free bytes
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The deadline the core asked for (`Scheduler.next_deadline`) has passed."""
+
+
+Event = (
+    ClientRegistered
+    | ClientGone
+    | LockRequested
+    | LockReleased
+    | MemoryReserveRequested
+    | MemoryReturned
+    | PolicyChanged
+    | PodUpdated
+    | PodRemoved
+    | TimeQuantumSet
+    | ModeSet
+    | AdminLimitSet
+    | GpuFreeMemory
+    | Tick
+)
+
+# ----------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    client_id: int
+    message: Any  # a body from appliance.protocol
+    seq: int = 0
+
+
+Action = Send

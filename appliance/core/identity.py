@@ -1,0 +1,22 @@
+"""Who a client is, as the kernel says (SO_PEERCRED, /proc), not as the client claims."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientIdentity:
+    pid: int
+    uid: int
+    gid: int
+    user: str | None = None
+    groups: frozenset[str] = frozenset()
+    executable: str | None = None
+    systemd_unit: str | None = None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    # What the client said about itself (NVSHARE_POD_NAMESPACE/NAME). Only a fallback, flagged
+    # as such wherever it is shown.
+    claimed_namespace: str = ""
+    claimed_pod: str = ""

@@ -1,0 +1,134 @@
+"""Effective limits: a pure function of (policy, pod, overrides, identity, GPU).
+
+Order, lowest to highest: policy default, matching rules (in order, later ones win field by
+field), the GPU's declared size, pod annotations (capped by policy), an admin's
+`nvsharectl limit set`. A limit the process set for itself through its environment can only
+lower the result. Every value carries the name of what set it, for `policy explain`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Mapping
+
+from appliance.core.identity import ClientIdentity
+from appliance.core.pods import PodInfo, PodOverrides
+from appliance.policy.model import GpuRule, Limits, Mode, Policy, Rule, RuleMatch
+from appliance.policy.quantity import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    uuid: str
+    index: int | None = None
+    model: str | None = None
+    total_memory: int = 0  # as the driver reports it
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimits:
+    memory_bytes: int | None  # None: the whole GPU
+    core_percent: int
+    exempt: bool  # a rule set mode off: never gated
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+def rule_matches(match: RuleMatch, ident: ClientIdentity, pod: PodInfo | None) -> bool:
+    namespace = pod.namespace if pod else None
+    name = pod.name if pod else None
+    labels = pod.labels if pod else {}
+    checks = [
+        match.namespace is None or match.namespace == namespace,
+        match.pod_name is None or (name is not None and fnmatchcase(name, match.pod_name)),
+        all(labels.get(k) == v for k, v in match.pod_labels.items()),
+        match.uid is None or match.uid == ident.uid,
+        match.user is None or match.user == ident.user,
+        match.group is None or match.group in ident.groups,
+        match.systemd_unit is None
+        or (ident.systemd_unit is not None and fnmatchcase(ident.systemd_unit, match.systemd_unit)),
+        match.executable is None
+        or (ident.executable is not None and fnmatchcase(ident.executable, match.executable)),
+    ]
+    return all(checks)
+
+
+def gpu_rule_matches(rule: GpuRule, gpu: GpuFacts) -> bool:
+    m = rule.match
+    return (
+        (m.uuid is None or m.uuid == gpu.uuid)
+        and (m.index is None or m.index == gpu.index)
+        and (m.model is None or (gpu.model is not None and fnmatchcase(gpu.model, m.model)))
+    )
+
+
+def gpu_settings(policy: Policy, gpu: GpuFacts) -> tuple[Mode, float, int]:
+    """(mode, time quantum, memory size) of a GPU after the policy's `gpus` rules."""
+    mode, tq, memory = policy.scheduler.mode, policy.scheduler.time_quantum_s, gpu.total_memory
+    for rule in policy.gpus:
+        if gpu_rule_matches(rule, gpu):
+            mode = rule.mode or mode
+            tq = rule.time_quantum_s or tq
+            memory = rule.memory_bytes or memory
+    return mode, tq, memory
+
+
+def _source(policy: Policy, path: str) -> str:
+    return policy.sources.get(path, "default")
+
+
+def resolve_limits(
+    *,
+    policy: Policy,
+    ident: ClientIdentity,
+    gpu: GpuFacts,
+    pod: PodInfo | None = None,
+    annotations: PodOverrides | None = None,
+    admin: Limits | None = None,
+    env_memory_bytes: int = 0,
+    env_core_percent: int = 0,
+) -> EffectiveLimits:
+    memory = policy.defaults.memory_bytes
+    core = policy.defaults.core_percent or 100
+    sources = {
+        "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
+        "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
+    }
+    exempt = False
+    matched: list[Rule] = [r for r in policy.rules if rule_matches(r.match, ident, pod)]
+    for rule in matched:
+        label = f"rule {rule.name!r} ({rule.source})" if rule.source else f"rule {rule.name!r}"
+        if rule.limits.memory_bytes is not None:
+            memory, sources["memory"] = rule.limits.memory_bytes, label
+        if rule.limits.core_percent is not None:
+            core, sources["core"] = rule.limits.core_percent, label
+        if rule.mode is not None:
+            exempt = rule.mode is Mode.OFF
+            sources["mode"] = label
+    _, _, gpu_memory = gpu_settings(policy, gpu)
+    if memory is None and gpu_memory and gpu_memory != gpu.total_memory:
+        memory, sources["memory"] = gpu_memory, "declared GPU size (policy gpus)"
+    if annotations is not None:
+        if annotations.memory_bytes is not None:
+            memory, sources["memory"] = annotations.memory_bytes, "annotation"
+        if annotations.core_percent is not None:
+            core, sources["core"] = annotations.core_percent, "annotation"
+    if admin is not None:
+        if admin.memory_bytes is not None:
+            memory, sources["memory"] = admin.memory_bytes, "nvsharectl limit set"
+        if admin.core_percent is not None:
+            core, sources["core"] = admin.core_percent, "nvsharectl limit set"
+    if env_memory_bytes and (memory is None or env_memory_bytes < memory):
+        memory, sources["memory"] = env_memory_bytes, "env NVSHARE_GPU_MEMORY_LIMIT"
+    if env_core_percent and env_core_percent < core:
+        core, sources["core"] = env_core_percent, "env NVSHARE_GPU_CORE_LIMIT"
+    return EffectiveLimits(memory_bytes=memory, core_percent=core, exempt=exempt, sources=sources)
+
+
+def describe(limits: EffectiveLimits) -> dict[str, str]:
+    mem = "none" if limits.memory_bytes is None else format_bytes(limits.memory_bytes)
+    return {
+        "memory": f"{mem} (from {limits.sources.get('memory', 'default')})",
+        "core": f"{limits.core_percent}% (from {limits.sources.get('core', 'default')})",
+        "gated": "no (rule mode off)" if limits.exempt else "yes",
+    }

@@ -1,0 +1,499 @@
+"""Python mirror of `ld_hook/nvshare_proto.h`, the one definition of the wire format.
+
+Frames are a 24-byte header followed by a fixed little-endian body (JSON for the CLI-only
+types). `tests/protocol` compiles a C probe that prints every size and offset of the header's
+structs and checks them against the formats here, so the two sides cannot drift apart.
+
+Sans-I/O: `FrameDecoder` turns bytes into frames and `encode` turns messages into bytes;
+sockets live in `appliance.server` and `appliance.client`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+MAGIC = 0x4853564E
+VERSION = 1
+MAX_BODY = 1 << 20
+UUID_LEN = 48
+NAME_LEN = 64
+MESSAGE_LEN = 248
+
+HEADER = struct.Struct("<IHHIIQ")
+
+
+class MsgType(enum.IntEnum):
+    REGISTER = 1
+    REGISTERED = 2
+    LOCK_REQUEST = 3
+    LOCK_GRANT = 4
+    LOCK_DROP = 5
+    LOCK_RELEASED = 6
+    SET_TQ = 7
+    SET_MODE = 8
+    STATUS_REQUEST = 9
+    STATUS_REPLY = 10
+    ERROR = 11
+    OK = 12
+    MEM_RESERVE = 20
+    MEM_GRANT = 21
+    MEM_RETURN = 22
+    LIMIT_UPDATE = 23
+    LIMIT_SET = 24
+    QUERY = 30
+    QUERY_REPLY = 31
+
+
+class WireMode(enum.IntEnum):
+    OFF = 0
+    ON = 1
+    AUTO = 2
+
+
+class WireBacking(enum.IntEnum):
+    DEVICE = 0
+    MANAGED = 1
+
+
+class ReleaseReason(enum.IntEnum):
+    DROPPED = 0
+    IDLE = 1
+    EXIT = 2
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    BAD_VERSION = 1
+    UNKNOWN_TYPE = 2
+    BAD_BODY = 3
+    PERMISSION = 4
+    INVALID = 5
+    NOT_FOUND = 6
+    NOT_REGISTERED = 7
+
+
+LIMIT_SINGLE_OVERSUB = 0x1
+LIMIT_SET_CLEAR_MEM = 0x1
+LIMIT_SET_CLEAR_CORE = 0x2
+LIMIT_SET_HAS_MEM = 0x4
+LIMIT_SET_HAS_CORE = 0x8
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be accepted; `status` says how to answer it."""
+
+    def __init__(self, status: Status, message: str, *, ref_type: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+        self.ref_type = ref_type
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _fixed(text: str, size: int) -> bytes:
+    data = text.encode("utf-8")[: size - 1]
+    return data
+
+
+# ---------------------------------------------------------------- bodies
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    TYPE: ClassVar[MsgType] = MsgType.REGISTER
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQQ{UUID_LEN}s{NAME_LEN}s{NAME_LEN}s")
+    pid: int
+    gpu_uuid: str
+    gpu_total_mem: int
+    env_mem_limit: int = 0
+    env_core_limit: int = 0
+    pod_namespace: str = ""
+    pod_name: str = ""
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(
+            self.pid,
+            self.env_core_limit,
+            self.gpu_total_mem,
+            self.env_mem_limit,
+            _fixed(self.gpu_uuid, UUID_LEN),
+            _fixed(self.pod_namespace, NAME_LEN),
+            _fixed(self.pod_name, NAME_LEN),
+        )
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Register:
+        pid, core, total, mem, uuid, ns, name = cls.FORMAT.unpack(body)
+        return cls(
+            pid=pid,
+            gpu_uuid=_cstr(uuid),
+            gpu_total_mem=total,
+            env_mem_limit=mem,
+            env_core_limit=core,
+            pod_namespace=_cstr(ns),
+            pod_name=_cstr(name),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QIIII")
+    mem_limit: int  # bytes, 0 = none
+    core_limit: int
+    mode: WireMode
+    backing: WireBacking = WireBacking.DEVICE
+    flags: int = 0
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(
+            self.mem_limit, self.core_limit, self.mode, self.backing, self.flags
+        )
+
+    @classmethod
+    def unpack(cls, body: bytes) -> WireLimits:
+        mem, core, mode, backing, flags = cls.FORMAT.unpack(body)
+        return cls(mem, core, WireMode(mode), WireBacking(backing), flags)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    TYPE: ClassVar[MsgType] = MsgType.REGISTERED
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<Q" + WireLimits.FORMAT.format[1:])
+    client_id: int
+    limits: WireLimits
+
+    def pack(self) -> bytes:
+        return struct.pack("<Q", self.client_id) + self.limits.pack()
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Registered:
+        cls.FORMAT.unpack(body)  # length check
+        (cid,) = struct.unpack_from("<Q", body)
+        return cls(cid, WireLimits.unpack(body[8:]))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUpdate:
+    TYPE: ClassVar[MsgType] = MsgType.LIMIT_UPDATE
+    FORMAT: ClassVar[struct.Struct] = WireLimits.FORMAT
+    limits: WireLimits
+
+    def pack(self) -> bytes:
+        return self.limits.pack()
+
+    @classmethod
+    def unpack(cls, body: bytes) -> LimitUpdate:
+        return cls(WireLimits.unpack(body))
+
+
+def _empty(name: str, msg_type: MsgType) -> type:
+    @dataclass(frozen=True, slots=True)
+    class Empty:
+        TYPE: ClassVar[MsgType] = msg_type
+        FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
+
+        def pack(self) -> bytes:
+            return b""
+
+        @classmethod
+        def unpack(cls, body: bytes) -> Any:
+            if body:
+                raise struct.error(f"{name} carries no body")
+            return cls()
+
+    Empty.__name__ = Empty.__qualname__ = name
+    return Empty
+
+
+LockRequest = _empty("LockRequest", MsgType.LOCK_REQUEST)
+LockDrop = _empty("LockDrop", MsgType.LOCK_DROP)
+StatusRequest = _empty("StatusRequest", MsgType.STATUS_REQUEST)
+
+
+@dataclass(frozen=True, slots=True)
+class LockGrant:
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    tq_ms: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.tq_ms, 0)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> LockGrant:
+        return cls(cls.FORMAT.unpack(body)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class LockReleased:
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_RELEASED
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    reason: ReleaseReason
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.reason, 0)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> LockReleased:
+        return cls(ReleaseReason(cls.FORMAT.unpack(body)[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class SetTq:
+    TYPE: ClassVar[MsgType] = MsgType.SET_TQ
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    seconds: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.seconds, 0)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> SetTq:
+        return cls(cls.FORMAT.unpack(body)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class SetMode:
+    TYPE: ClassVar[MsgType] = MsgType.SET_MODE
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<II{UUID_LEN}s")
+    mode: WireMode
+    gpu_uuid: str = ""
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.mode, 0, _fixed(self.gpu_uuid, UUID_LEN))
+
+    @classmethod
+    def unpack(cls, body: bytes) -> SetMode:
+        mode, _, uuid = cls.FORMAT.unpack(body)
+        return cls(WireMode(mode), _cstr(uuid))
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """OK (status 0) or ERROR frames."""
+
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<iI{MESSAGE_LEN}s")
+    status: Status
+    ref_type: int
+    message: str
+
+    @property
+    def TYPE(self) -> MsgType:  # noqa: N802 - mirrors the class attribute of other bodies
+        return MsgType.OK if self.status == Status.OK else MsgType.ERROR
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.status, self.ref_type, _fixed(self.message, MESSAGE_LEN))
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Result:
+        status, ref, msg = cls.FORMAT.unpack(body)
+        try:
+            st = Status(status)
+        except ValueError:
+            st = Status.INVALID
+        return cls(st, ref, _cstr(msg))
+
+
+@dataclass(frozen=True, slots=True)
+class MemReserve:
+    TYPE: ClassVar[MsgType] = MsgType.MEM_RESERVE
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
+    bytes: int
+    used: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.bytes, self.used)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> MemReserve:
+        return cls(*cls.FORMAT.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class MemGrant:
+    TYPE: ClassVar[MsgType] = MsgType.MEM_GRANT
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
+    granted: int
+    reserved: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.granted, self.reserved)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> MemGrant:
+        return cls(*cls.FORMAT.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class MemReturn:
+    TYPE: ClassVar[MsgType] = MsgType.MEM_RETURN
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
+    bytes: int
+    used: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.bytes, self.used)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> MemReturn:
+        return cls(*cls.FORMAT.unpack(body))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSet:
+    TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
+    pid: int = 0
+    flags: int = 0
+    mem_limit: int = 0
+    core_limit: int = 0
+    pod_namespace: str = ""
+    pod_name: str = ""
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(
+            self.pid,
+            self.flags,
+            self.mem_limit,
+            self.core_limit,
+            0,
+            _fixed(self.pod_namespace, NAME_LEN),
+            _fixed(self.pod_name, NAME_LEN),
+        )
+
+    @classmethod
+    def unpack(cls, body: bytes) -> LimitSet:
+        pid, flags, mem, core, _, ns, name = cls.FORMAT.unpack(body)
+        return cls(pid, flags, mem, core, _cstr(ns), _cstr(name))
+
+
+@dataclass(frozen=True, slots=True)
+class JsonBody:
+    """STATUS_REPLY, QUERY and QUERY_REPLY: a UTF-8 JSON document (CLI only)."""
+
+    msg_type: MsgType
+    doc: Any
+
+    @property
+    def TYPE(self) -> MsgType:  # noqa: N802
+        return self.msg_type
+
+    def pack(self) -> bytes:
+        return json.dumps(self.doc, sort_keys=True).encode("utf-8")
+
+
+Message = Any  # one of the body classes above
+
+_FIXED: dict[MsgType, Any] = {
+    cls.TYPE: cls
+    for cls in (
+        Register,
+        Registered,
+        LockRequest,
+        LockGrant,
+        LockDrop,
+        LockReleased,
+        SetTq,
+        SetMode,
+        StatusRequest,
+        MemReserve,
+        MemGrant,
+        MemReturn,
+        LimitUpdate,
+        LimitSet,
+    )
+}
+_JSON_TYPES = {MsgType.STATUS_REPLY, MsgType.QUERY, MsgType.QUERY_REPLY}
+# Every body struct, for the C probe comparison.
+BODY_FORMATS: dict[str, struct.Struct] = {
+    "nvs_header": HEADER,
+    "nvs_register": Register.FORMAT,
+    "nvs_limits": WireLimits.FORMAT,
+    "nvs_registered": Registered.FORMAT,
+    "nvs_lock_grant": LockGrant.FORMAT,
+    "nvs_lock_released": LockReleased.FORMAT,
+    "nvs_set_tq": SetTq.FORMAT,
+    "nvs_set_mode": SetMode.FORMAT,
+    "nvs_result": Result.FORMAT,
+    "nvs_mem_reserve": MemReserve.FORMAT,
+    "nvs_mem_grant": MemGrant.FORMAT,
+    "nvs_mem_return": MemReturn.FORMAT,
+    "nvs_limit_set": LimitSet.FORMAT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    msg_type: int
+    seq: int
+    body: bytes
+
+
+def encode(message: Message, *, seq: int = 0) -> bytes:
+    body = message.pack()
+    return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
+
+
+def decode_body(frame: Frame) -> Message:
+    """Parse a frame's body; raises ProtocolError saying what is wrong with it."""
+    try:
+        msg_type = MsgType(frame.msg_type)
+    except ValueError:
+        raise ProtocolError(
+            Status.UNKNOWN_TYPE, f"unknown message type {frame.msg_type}", ref_type=frame.msg_type
+        ) from None
+    try:
+        if msg_type in (MsgType.OK, MsgType.ERROR):
+            return Result.unpack(frame.body)
+        if msg_type in _JSON_TYPES:
+            return JsonBody(msg_type, json.loads(frame.body.decode("utf-8")))
+        return _FIXED[msg_type].unpack(frame.body)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(
+            Status.BAD_BODY,
+            f"{msg_type.name} body of {len(frame.body)} bytes is malformed: {exc}",
+            ref_type=frame.msg_type,
+        ) from None
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, take complete frames.
+
+    A bad magic or an oversized body makes the stream unusable (`ProtocolError` with
+    `fatal=True` semantics: the caller closes the connection); a wrong version is reported per
+    frame so the peer can be told which version we speak.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame | ProtocolError]:
+        self._buf += data
+        out: list[Frame | ProtocolError] = []
+        while len(self._buf) >= HEADER.size:
+            magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(self._buf)
+            if magic != MAGIC:
+                raise ProtocolError(Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer")
+            if length > MAX_BODY:
+                raise ProtocolError(Status.BAD_BODY, f"frame body of {length} bytes is too large")
+            if len(self._buf) < HEADER.size + length:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + length])
+            del self._buf[: HEADER.size + length]
+            if version != VERSION:
+                out.append(
+                    ProtocolError(
+                        Status.BAD_VERSION,
+                        f"protocol version {version} is not supported (this daemon speaks {VERSION})",
+                        ref_type=msg_type,
+                    )
+                )
+                continue
+            out.append(Frame(msg_type, seq, body))
+        return out

@@ -1,0 +1,69 @@
+"""Frame encoding and the decoder's handling of split, bad and unknown input."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance import protocol as p
+
+
+def test_round_trip_every_fixed_message() -> None:
+    limits = p.WireLimits(4 << 30, 50, p.WireMode.AUTO, p.WireBacking.MANAGED, 1)
+    messages = [
+        p.Register(pid=7, gpu_uuid="GPU-abc", gpu_total_mem=80 << 30, env_mem_limit=1 << 30,
+                   env_core_limit=30, pod_namespace="ns", pod_name="pod"),
+        p.Registered(9, limits),
+        p.LockRequest(),
+        p.LockGrant(30000),
+        p.LockDrop(),
+        p.LockReleased(p.ReleaseReason.IDLE),
+        p.SetTq(12),
+        p.SetMode(p.WireMode.OFF, "GPU-1"),
+        p.MemReserve(1 << 20, 5),
+        p.MemGrant(64 << 20, 128 << 20),
+        p.MemReturn(3, 4),
+        p.LimitUpdate(limits),
+        p.LimitSet(pid=3, flags=p.LIMIT_SET_HAS_MEM, mem_limit=1 << 30),
+        p.Result(p.Status.PERMISSION, 7, "only root may change the time quantum"),
+        p.JsonBody(p.MsgType.QUERY, {"query": "policy"}),
+    ]
+    data = b"".join(p.encode(m, seq=i) for i, m in enumerate(messages))
+    decoder = p.FrameDecoder()
+    frames = []
+    for i in range(0, len(data), 7):  # arbitrary split points
+        frames += decoder.feed(data[i : i + 7])
+    assert [f.seq for f in frames] == list(range(len(messages)))  # type: ignore[union-attr]
+    assert [p.decode_body(f) for f in frames] == messages  # type: ignore[arg-type]
+
+
+def test_long_strings_are_truncated_and_nul_terminated() -> None:
+    reg = p.Register(pid=1, gpu_uuid="G" * 100, gpu_total_mem=0)
+    frame = p.FrameDecoder().feed(p.encode(reg))[0]
+    assert p.decode_body(frame).gpu_uuid == "G" * (p.UUID_LEN - 1)  # type: ignore[union-attr]
+
+
+def test_unknown_type_and_bad_body_are_protocol_errors() -> None:
+    raw = p.HEADER.pack(p.MAGIC, p.VERSION, 999, 0, 0, 5)
+    frame = p.FrameDecoder().feed(raw)[0]
+    with pytest.raises(p.ProtocolError) as exc:
+        p.decode_body(frame)  # type: ignore[arg-type]
+    assert exc.value.status == p.Status.UNKNOWN_TYPE
+    raw = p.HEADER.pack(p.MAGIC, p.VERSION, p.MsgType.SET_TQ, 0, 3, 6) + b"abc"
+    with pytest.raises(p.ProtocolError) as exc:
+        p.decode_body(p.FrameDecoder().feed(raw)[0])  # type: ignore[arg-type]
+    assert exc.value.status == p.Status.BAD_BODY and "SET_TQ" in str(exc.value)
+
+
+def test_wrong_version_is_reported_and_stream_continues() -> None:
+    bad = p.HEADER.pack(p.MAGIC, 2, p.MsgType.LOCK_REQUEST, 0, 0, 1)
+    good = p.encode(p.LockRequest(), seq=2)
+    out = p.FrameDecoder().feed(bad + good)
+    assert isinstance(out[0], p.ProtocolError) and out[0].status == p.Status.BAD_VERSION
+    assert isinstance(out[1], p.Frame) and out[1].seq == 2
+
+
+def test_garbage_and_oversized_frames_are_fatal() -> None:
+    with pytest.raises(p.ProtocolError, match="bad magic"):
+        p.FrameDecoder().feed(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 10)
+    with pytest.raises(p.ProtocolError, match="too large"):
+        p.FrameDecoder().feed(p.HEADER.pack(p.MAGIC, 1, 1, 0, p.MAX_BODY + 1, 0))
