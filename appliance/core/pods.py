@@ -1,0 +1,195 @@
+"""Pods as the scheduler sees them, and the limits their annotations ask for.
+
+The pod watcher (`appliance.kube.pods`) turns API objects into `PodInfo`; this module turns a
+pod's annotations into `PodOverrides` under the policy's `AnnotationPolicy`. It is pure: no
+I/O, no clock, so every annotation rule is a plain function call in tests.
+
+A bad annotation never replaces a good value: the field keeps its previous override (when
+that is still allowed by the current policy) and an `AnnotationProblem` says what was wrong,
+on which pod and key, and what was kept. The daemon logs problems and reports them on the pod
+as Kubernetes Events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from appliance.policy.model import AnnotationPolicy
+from appliance.policy.quantity import MiB, QuantityError, format_bytes, parse_bytes
+
+MEMORY_LIMIT = "nvshare.com/gpu-memory-limit"
+CORE_LIMIT = "nvshare.com/gpu-core-limit"
+REALTIME_CHECK = "nvshare.com/realtime-check"
+HAMI_REALTIME_CHECK = "hami.io/enable-realtime-check"
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """Enough to name a pod in logs and to attach an Event to it."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the scheduler needs from one pod bound to this node."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> PodRef:
+        return PodRef(uid=self.uid, namespace=self.namespace, name=self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class PodOverrides:
+    """Limits a pod asks for through annotations; None means "the policy decides"."""
+
+    memory_bytes: int | None = None
+    core_percent: int | None = None
+    realtime_check: bool | None = None
+
+
+NO_OVERRIDES = PodOverrides()
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotationProblem:
+    """An annotation that was not applied: what, where, and what is in force instead."""
+
+    pod: PodRef
+    key: str
+    value: str
+    message: str
+    kept: str
+
+    def __str__(self) -> str:
+        return (
+            f"pod {self.pod}: annotation {self.key}={self.value!r} ignored: {self.message}; "
+            f"kept {self.kept}"
+        )
+
+
+def resolve_overrides(
+    annotations: Mapping[str, str],
+    *,
+    pod: PodRef,
+    policy: AnnotationPolicy,
+    previous: PodOverrides | None,
+) -> tuple[PodOverrides, list[AnnotationProblem]]:
+    """The overrides a pod's annotations ask for, and the annotations that were refused.
+
+    A missing annotation means no override. A refused one keeps the previous override for that
+    field if the current policy still allows it, else no override (the policy value applies).
+    """
+    prev = previous or NO_OVERRIDES
+    problems: list[AnnotationProblem] = []
+
+    def refuse(key: str, value: str, message: str, kept_value: object, shown: str) -> None:
+        kept = f"previous override {shown}" if kept_value is not None else "the policy value"
+        problems.append(
+            AnnotationProblem(pod=pod, key=key, value=value, message=message, kept=kept)
+        )
+
+    memory = _memory(annotations.get(MEMORY_LIMIT), policy=policy)
+    if isinstance(memory, str):
+        kept_mem = prev.memory_bytes if _memory_allowed(prev.memory_bytes, policy) else None
+        shown = format_bytes(kept_mem) if kept_mem is not None else ""
+        refuse(MEMORY_LIMIT, annotations[MEMORY_LIMIT], memory, kept_mem, shown)
+        memory = kept_mem
+
+    core = _core(annotations.get(CORE_LIMIT), policy=policy)
+    if isinstance(core, str):
+        kept_core = prev.core_percent if _core_allowed(prev.core_percent, policy) else None
+        refuse(CORE_LIMIT, annotations[CORE_LIMIT], core, kept_core, f"{kept_core}%")
+        core = kept_core
+
+    rt_key = REALTIME_CHECK if REALTIME_CHECK in annotations else HAMI_REALTIME_CHECK
+    realtime = _realtime(annotations.get(rt_key), policy=policy)
+    if isinstance(realtime, str):
+        kept_rt = prev.realtime_check if policy.allowed else None
+        refuse(rt_key, annotations[rt_key], realtime, kept_rt, str(kept_rt).lower())
+        realtime = kept_rt
+
+    return PodOverrides(memory_bytes=memory, core_percent=core, realtime_check=realtime), problems
+
+
+# Each parser returns the value, None for "no annotation", or a str saying why it was refused.
+
+
+def _memory(raw: str | None, *, policy: AnnotationPolicy) -> int | None | str:
+    if raw is None:
+        return None
+    if not policy.allowed:
+        return "annotations are disabled by policy (annotations.allowed is false)"
+    try:
+        value = parse_bytes(raw, bare_unit=MiB)
+    except QuantityError as e:
+        return f"{e} (a bare number means MiB)"
+    if value <= 0:
+        return "a memory limit must be greater than zero"
+    if not _memory_allowed(value, policy):
+        assert policy.max_memory_bytes is not None
+        return (
+            f"{format_bytes(value)} is above the policy cap annotations.maxMemory="
+            f"{format_bytes(policy.max_memory_bytes)}"
+        )
+    return value
+
+
+def _memory_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
+    if value is None or not policy.allowed:
+        return False
+    return policy.max_memory_bytes is None or value <= policy.max_memory_bytes
+
+
+def _core(raw: str | None, *, policy: AnnotationPolicy) -> int | None | str:
+    if raw is None:
+        return None
+    if not policy.allowed:
+        return "annotations are disabled by policy (annotations.allowed is false)"
+    text = raw.strip()
+    if not text.isdigit():
+        return f"{raw!r} is not a whole number of percent (expected 1-100)"
+    value = int(text)
+    if not 1 <= value <= 100:
+        return f"{value} is outside 1-100"
+    if not _core_allowed(value, policy):
+        return (
+            f"{value} is outside the policy range {policy.min_core_percent}-"
+            f"{policy.max_core_percent}"
+        )
+    return value
+
+
+def _core_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
+    if value is None or not policy.allowed:
+        return False
+    return policy.min_core_percent <= value <= policy.max_core_percent
+
+
+def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | None | str:
+    if raw is None:
+        return None
+    if not policy.allowed:
+        return "annotations are disabled by policy (annotations.allowed is false)"
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    return f"{raw!r} is not a boolean (expected true or false)"

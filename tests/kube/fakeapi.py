@@ -1,0 +1,947 @@
+"""A small, honest Kubernetes API server for tests that have no cluster.
+
+The pod watcher, the events sink and the webhook are tested against the real `kubernetes`
+Python client and the real `kubectl`, so the server they talk to must behave like an API
+server where it matters to them: one global, monotonically increasing resourceVersion;
+list then watch from a resourceVersion with replay; field and label selectors; bookmarks;
+410 Gone after compaction; merge, strategic-merge and JSON patches; optimistic concurrency
+on PUT and PATCH; and the discovery endpoints kubectl reads.
+
+What it does not do (and says so here rather than pretending): no authentication, no
+admission, no validation of object schemas, no limit/continue paging (allowed by the API:
+servers may ignore `limit`), strategic-merge patches replace lists instead of merging them
+by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
+contents. Resources: pods (with pods/status), nodes (with nodes/status), events,
+configmaps, namespaces; all core/v1.
+
+Use it in-process (`FakeApiServer().start()`, or the `fake_api` fixture in conftest.py), or
+standalone: `python tests/kube/fakeapi.py --port 8080 [--seed-node n1 --seed-pods 100]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import copy
+import datetime as _dt
+import json
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+Key = tuple[str, str, str]  # (plural, namespace or "", name)
+
+# plural -> (kind, namespaced, short names)
+RESOURCES: dict[str, tuple[str, bool, list[str]]] = {
+    "pods": ("Pod", True, ["po"]),
+    "nodes": ("Node", False, ["no"]),
+    "events": ("Event", True, ["ev"]),
+    "configmaps": ("ConfigMap", True, ["cm"]),
+    "namespaces": ("Namespace", False, ["ns"]),
+}
+SUBRESOURCES = {("pods", "status"), ("nodes", "status")}
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+class ApiError(Exception):
+    """An error answered as a core/v1 Status object."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> Obj:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- patches
+
+
+def merge_patch(target: Any, patch: Any, *, strategic: bool = False) -> Any:
+    """RFC 7386 JSON merge patch; strategic mode also drops `$directive` keys."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if strategic and k.startswith("$"):
+            continue
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v, strategic=strategic)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"JSON pointer {path!r} must start with '/'")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str], path: str) -> Any:
+    cur = doc
+    for p in parts[:-1]:
+        if isinstance(cur, dict) and p in cur:
+            cur = cur[p]
+        elif isinstance(cur, list) and p.isdigit() and int(p) < len(cur):
+            cur = cur[int(p)]
+        else:
+            raise ApiError(422, "Invalid", f"JSON patch path {path!r}: {p!r} does not exist")
+    return cur
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    parent = _parent(doc, parts, path)
+    last = parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise ApiError(422, "Invalid", f"JSON patch path {path!r} does not exist")
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    parent = _parent(doc, parts, path)
+    last = parts[-1] if parts else ""
+    if isinstance(parent, dict) and last in parent:
+        return parent.pop(last)
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent.pop(int(last))
+    raise ApiError(422, "Invalid", f"JSON patch remove: {path!r} does not exist")
+
+
+def _add(doc: Any, path: str, value: Any, *, replace: bool) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return copy.deepcopy(value)
+    parent = _parent(doc, parts, path)
+    last = parts[-1]
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise ApiError(422, "Invalid", f"JSON patch replace: {path!r} does not exist")
+        parent[last] = copy.deepcopy(value)
+    elif isinstance(parent, list):
+        if last == "-" and not replace:
+            parent.append(copy.deepcopy(value))
+        elif last.isdigit() and int(last) <= len(parent) - (1 if replace else 0):
+            if replace:
+                parent[int(last)] = copy.deepcopy(value)
+            else:
+                parent.insert(int(last), copy.deepcopy(value))
+        else:
+            raise ApiError(422, "Invalid", f"JSON patch: index in {path!r} is out of range")
+    else:
+        raise ApiError(422, "Invalid", f"JSON patch: parent of {path!r} is not a container")
+    return doc
+
+
+def json_patch(doc: Obj, ops: Any) -> Obj:
+    """RFC 6902 JSON patch: add, remove, replace, test, move, copy."""
+    if not isinstance(ops, list):
+        raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations")
+    out: Any = copy.deepcopy(doc)
+    for op in ops:
+        if not isinstance(op, dict) or "op" not in op or "path" not in op:
+            raise ApiError(422, "Invalid", f"JSON patch operation {op!r} needs op and path")
+        kind, path = op["op"], op["path"]
+        if kind == "add":
+            out = _add(out, path, op.get("value"), replace=False)
+        elif kind == "replace":
+            out = _add(out, path, op.get("value"), replace=True)
+        elif kind == "remove":
+            _remove(out, path)
+        elif kind == "test":
+            if _get(out, path) != op.get("value"):
+                raise ApiError(422, "Invalid", f"JSON patch test failed at {path!r}")
+        elif kind in ("move", "copy"):
+            src = op.get("from", "")
+            value = _remove(out, src) if kind == "move" else copy.deepcopy(_get(out, src))
+            out = _add(out, path, value, replace=False)
+        else:
+            raise ApiError(422, "Invalid", f"JSON patch operation {kind!r} is not supported")
+    if not isinstance(out, dict):
+        raise ApiError(422, "Invalid", "JSON patch replaced the object with a non-object")
+    return out
+
+
+# ---------------------------------------------------------------- selectors
+
+
+def _field(obj: Obj, dotted: str) -> str:
+    cur: Any = obj
+    for part in dotted.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    if cur is None:
+        return ""
+    if isinstance(cur, bool):
+        return "true" if cur else "false"
+    return str(cur)
+
+
+def field_matcher(selector: str | None) -> Callable[[Obj], bool]:
+    """`spec.nodeName=n1,metadata.namespace!=kube-system`; `=`, `==` and `!=`."""
+    terms: list[tuple[str, bool, str]] = []
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            terms.append((k.strip(), False, v.strip()))
+        elif "=" in term:
+            k, v = term.replace("==", "=", 1).split("=", 1)
+            terms.append((k.strip(), True, v.strip()))
+        else:
+            raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
+    return lambda obj: all((_field(obj, k) == v) == eq for k, eq, v in terms)
+
+
+def _split_outside_parens(s: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def label_matcher(selector: str | None) -> Callable[[Obj], bool]:
+    """`a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`, `a notin (x,y)`."""
+    preds: list[Callable[[dict[str, str]], bool]] = []
+    for term in _split_outside_parens(selector or ""):
+        words = term.split(None, 1)
+        if len(words) == 2 and words[1].startswith(("in ", "in(", "notin ", "notin(")):
+            op, rest = words[1].split("(", 1) if "(" in words[1] else (words[1], "")
+            values = {v.strip() for v in rest.rstrip(")").split(",") if v.strip()}
+            k, negate = words[0], op.strip() == "notin"
+            preds.append(lambda ls, k=k, vs=values, n=negate: (ls.get(k) in vs) != n)
+        elif "!=" in term:
+            k, v = (x.strip() for x in term.split("!=", 1))
+            preds.append(lambda ls, k=k, v=v: ls.get(k) != v)
+        elif "=" in term:
+            k, v = (x.strip() for x in term.replace("==", "=", 1).split("=", 1))
+            preds.append(lambda ls, k=k, v=v: ls.get(k) == v)
+        elif term.startswith("!"):
+            absent = term[1:].strip()
+            preds.append(lambda ls, k=absent: k not in ls)
+        else:
+            preds.append(lambda ls, k=term: k in ls)
+    return lambda obj: all(p(obj.get("metadata", {}).get("labels") or {}) for p in preds)
+
+
+# ---------------------------------------------------------------- the store
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    rv: int
+    type: str  # ADDED, MODIFIED, DELETED
+    key: Key
+    obj: Obj
+    prev: Obj | None
+
+
+class Store:
+    """Objects plus the history of changes that watches replay, under one condition."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.rv = 0
+        self.compacted_rv = 0
+        self.objects: dict[Key, Obj] = {}
+        self.history: list[Change] = []
+        self.history_rvs: list[int] = []
+        self.bookmark_generation = 0
+        for ns in ("default", "kube-system"):
+            self.create("namespaces", "", {"metadata": {"name": ns}})
+
+    def _record(self, kind: str, key: Key, obj: Obj, prev: Obj | None) -> None:
+        self.history.append(Change(self.rv, kind, key, obj, prev))
+        self.history_rvs.append(self.rv)
+        self.cond.notify_all()
+
+    def get(self, key: Key) -> Obj:
+        with self.cond:
+            if key not in self.objects:
+                raise ApiError(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            return copy.deepcopy(self.objects[key])
+
+    def list(self, plural: str, namespace: str) -> tuple[list[Obj], int]:
+        with self.cond:
+            items = [
+                copy.deepcopy(o)
+                for (p, ns, _), o in sorted(self.objects.items())
+                if p == plural and (not namespace or ns == namespace)
+            ]
+            return items, self.rv
+
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        kind, namespaced, _ = RESOURCES[plural]
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        with self.cond:
+            if namespaced:
+                if ("namespaces", "", namespace) not in self.objects:
+                    raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+                meta["namespace"] = namespace
+            else:
+                meta.pop("namespace", None)
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta.get("name")
+            if not name:
+                raise ApiError(422, "Invalid", f"{kind}: metadata.name is required")
+            key = (plural, namespace if namespaced else "", name)
+            if key in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            self.rv += 1
+            obj["kind"], obj["apiVersion"] = kind, "v1"
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now()
+            meta["resourceVersion"] = str(self.rv)
+            if plural == "namespaces":
+                obj.setdefault("status", {"phase": "Active"})
+            self.objects[key] = obj
+            self._record("ADDED", key, copy.deepcopy(obj), None)
+            return copy.deepcopy(obj)
+
+    def update(self, key: Key, new: Obj, *, check_rv: bool = True) -> Obj:
+        """Replace an object; a stale metadata.resourceVersion is a 409 Conflict."""
+        with self.cond:
+            old = self.objects.get(key)
+            if old is None:
+                raise ApiError(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            obj = copy.deepcopy(new)
+            meta = obj.setdefault("metadata", {})
+            given = meta.get("resourceVersion")
+            if check_rv and given and given != old["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has '
+                    "been modified; please apply your changes to the latest version and try again",
+                )
+            for immutable in ("uid", "creationTimestamp", "name", "namespace"):
+                if immutable in old["metadata"]:
+                    meta[immutable] = old["metadata"][immutable]
+            obj["kind"], obj["apiVersion"] = old["kind"], "v1"
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if obj == old:  # a no-op write neither bumps the version nor wakes watchers
+                return copy.deepcopy(old)
+            self.rv += 1
+            meta["resourceVersion"] = str(self.rv)
+            self.objects[key] = obj
+            self._record("MODIFIED", key, copy.deepcopy(obj), old)
+            return copy.deepcopy(obj)
+
+    def mutate(self, key: Key, fn: Callable[[Obj], Obj]) -> Obj:
+        with self.cond:
+            return self.update(key, fn(self.get(key)))
+
+    def delete(self, key: Key) -> Obj:
+        with self.cond:
+            old = self.objects.pop(key, None)
+            if old is None:
+                raise ApiError(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            self.rv += 1
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self.rv)
+            self._record("DELETED", key, gone, old)
+            return copy.deepcopy(gone)
+
+    def changes_after(self, rv: int) -> list[Change]:
+        return self.history[bisect.bisect_right(self.history_rvs, rv) :]
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _HttpServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # quiet: tests read `FakeApiServer.requests` instead
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.fake._track(self.connection, True)
+
+    def finish(self) -> None:
+        self.server.fake._track(self.connection, False)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"request body is not JSON: {e}") from None
+
+    def _send(self, code: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        fake = self.server.fake
+        fake.requests.append((method, url.path, query))
+        try:
+            if method == "GET" and url.path in fake.discovery:
+                self._send(200, fake.discovery[url.path]())
+                return
+            if method == "POST" and url.path == "/_fake/compact":
+                self._send(200, {"compactedResourceVersion": str(fake.compact())})
+                return
+            body = self._body() if method in ("POST", "PUT", "PATCH") else None
+            result = fake._serve(self, method, url.path, query, body)
+            if result is not None:
+                code, obj = result
+                self._send(code, obj)
+        except ApiError as e:
+            self._send(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    fake: FakeApiServer
+
+
+def _route(path: str) -> tuple[str, str, str, str]:
+    """/api/v1[/namespaces/NS]/PLURAL[/NAME[/SUB]] -> (plural, namespace, name, subresource)."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] != ["api", "v1"] or len(parts) < 3:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
+    rest = parts[2:]
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    plural = rest[0]
+    if plural not in RESOURCES:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
+    name = rest[1] if len(rest) > 1 else ""
+    sub = rest[2] if len(rest) > 2 else ""
+    if sub and (plural, sub) not in SUBRESOURCES or len(rest) > 3:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
+    if RESOURCES[plural][1] is False:
+        namespace = ""
+    return plural, namespace, name, sub
+
+
+class FakeApiServer:
+    """The fake API server: `start()`, `.url`, seeding helpers, `compact()`, `stop()`.
+
+    `stop()` then `start()` restarts it on the same port with the same objects and
+    resourceVersions, as a real API server backed by etcd would come back.
+    """
+
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int = 0, bookmark_interval_s: float = 60.0
+    ) -> None:
+        self.host, self.port = host, port
+        self.bookmark_interval_s = bookmark_interval_s
+        self.store = Store()
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self._httpd: _HttpServer | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        self._stalled: set[socket.socket] = set()
+        self._stopping = False
+        self.discovery: dict[str, Callable[[], Obj]] = {
+            "/api": self._api_versions,
+            "/api/v1": self._api_v1,
+            "/apis": lambda: {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+            "/version": lambda: {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": "v1.32.0-nvshare-fake",
+                "platform": "linux/amd64",
+            },
+        }
+
+    # ---- lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> FakeApiServer:
+        self._stopping = False
+        self._httpd = _HttpServer((self.host, self.port), _Handler)
+        self._httpd.fake = self
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection (watches end abruptly)."""
+        if self._httpd is None:
+            return
+        self._stopping = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._conns_lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        with self.store.cond:
+            self.store.cond.notify_all()
+        self._httpd = None
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._conns_lock:
+            if add:
+                self._conns.add(conn)
+            else:
+                self._conns.discard(conn)
+                self._stalled.discard(conn)
+
+    # ---- controls for tests
+
+    @property
+    def resource_version(self) -> int:
+        with self.store.cond:
+            return self.store.rv
+
+    def compact(self) -> int:
+        """Forget history up to now: watches from an older resourceVersion get 410 Gone."""
+        with self.store.cond:
+            self.store.compacted_rv = self.store.rv
+            return self.store.rv
+
+    def bookmark_now(self) -> None:
+        """Make every open watch that asked for bookmarks send one now."""
+        with self.store.cond:
+            self.store.bookmark_generation += 1
+            self.store.cond.notify_all()
+
+    def stall_open_watches(self) -> int:
+        """Open watches go silent (connection kept open, nothing sent), like a dead peer."""
+        with self._conns_lock:
+            self._stalled |= self._conns
+            return len(self._stalled)
+
+    def watch_count(self) -> int:
+        return sum(1 for m, _, q in self.requests if m == "GET" and _is_true(q.get("watch")))
+
+    # ---- seeding and direct edits (no HTTP involved)
+
+    def add_namespace(self, name: str) -> Obj:
+        return self.store.create("namespaces", "", {"metadata": {"name": name}})
+
+    def add_node(
+        self, name: str, *, labels: dict[str, str] | None = None, status: Obj | None = None
+    ) -> Obj:
+        body: Obj = {"metadata": {"name": name, "labels": dict(labels or {})}}
+        body["status"] = status or {"conditions": [{"type": "Ready", "status": "True"}]}
+        return self.store.create("nodes", "", body)
+
+    def add_pod(
+        self,
+        name: str,
+        *,
+        namespace: str = "default",
+        node: str | None = None,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        spec: Obj | None = None,
+    ) -> Obj:
+        """Create a pod directly; its namespace is created when missing."""
+        with self.store.cond:
+            if ("namespaces", "", namespace) not in self.store.objects:
+                self.add_namespace(namespace)
+        pod_spec: Obj = dict(spec or {"containers": [{"name": "main", "image": "cuda:latest"}]})
+        if node:
+            pod_spec["nodeName"] = node
+        body: Obj = {
+            "metadata": {
+                "name": name,
+                "labels": dict(labels or {}),
+                "annotations": dict(annotations or {}),
+            },
+            "spec": pod_spec,
+            "status": {"phase": "Running" if node else "Pending"},
+        }
+        return self.store.create("pods", namespace, body)
+
+    def get(self, plural: str, name: str, *, namespace: str = "") -> Obj:
+        return self.store.get((plural, namespace if RESOURCES[plural][1] else "", name))
+
+    def update(
+        self, plural: str, name: str, fn: Callable[[Obj], Obj], *, namespace: str = ""
+    ) -> Obj:
+        """Read-modify-write one object; `fn` gets a copy and returns the new object."""
+        return self.store.mutate((plural, namespace if RESOURCES[plural][1] else "", name), fn)
+
+    def set_pod_annotations(
+        self, name: str, changes: dict[str, str | None], *, namespace: str = "default"
+    ) -> Obj:
+        """Merge annotations into a pod; a None value removes the key."""
+        patch = {"metadata": {"annotations": changes}}
+        return self.update("pods", name, lambda o: merge_patch(o, patch), namespace=namespace)
+
+    def delete(self, plural: str, name: str, *, namespace: str = "") -> Obj:
+        return self.store.delete((plural, namespace if RESOURCES[plural][1] else "", name))
+
+    # ---- discovery
+
+    def _api_versions(self) -> Obj:
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
+            ],
+        }
+
+    def _api_v1(self) -> Obj:
+        resources: list[Obj] = []
+        for plural, (kind, namespaced, short) in RESOURCES.items():
+            resources.append(
+                {
+                    "name": plural,
+                    "singularName": kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kind,
+                    "verbs": VERBS,
+                    "shortNames": short,
+                }
+            )
+            if (plural, "status") in SUBRESOURCES:
+                resources.append(
+                    {
+                        "name": f"{plural}/status",
+                        "singularName": "",
+                        "namespaced": namespaced,
+                        "kind": kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+
+    # ---- REST
+
+    def _serve(
+        self, h: _Handler, method: str, path: str, query: dict[str, str], body: Any
+    ) -> tuple[int, Any] | None:
+        plural, namespace, name, _sub = _route(path)
+        key: Key = (plural, namespace, name)
+        if not name:
+            if method == "GET" and _is_true(query.get("watch")):
+                self._watch(h, plural, namespace, query)
+                return None
+            if method == "GET":
+                return 200, self._list(h, plural, namespace, query)
+            if method == "POST":
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "POST needs a JSON object body")
+                if RESOURCES[plural][1] and not namespace:
+                    namespace = body.get("metadata", {}).get("namespace") or ""
+                    if not namespace:
+                        raise ApiError(400, "BadRequest", "a namespace is required")
+                return 201, self.store.create(plural, namespace, body)
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
+        if RESOURCES[plural][1] and not namespace:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource {path}"
+            )
+        if method == "GET":
+            return 200, self.store.get(key)
+        if method == "PUT":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "PUT needs a JSON object body")
+            return 200, self.store.update(key, body)
+        if method == "PATCH":
+            return 200, self._patch(key, h.headers.get("Content-Type", ""), body)
+        if method == "DELETE":
+            return 200, self.store.delete(key)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    def _patch(self, key: Key, content_type: str, body: Any) -> Obj:
+        ctype = content_type.split(";")[0].strip()
+        with self.store.cond:
+            cur = self.store.get(key)
+            if ctype == "application/json-patch+json":
+                new = json_patch(cur, body)
+            elif ctype == "application/merge-patch+json":
+                new = merge_patch(cur, body)
+            elif ctype == "application/strategic-merge-patch+json":
+                new = merge_patch(cur, body, strategic=True)
+            else:
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format: {ctype}",
+                )
+            given = new.get("metadata", {}).get("resourceVersion")
+            if given != cur["metadata"]["resourceVersion"]:
+                return self.store.update(key, new)  # a precondition in the patch: 409 if stale
+            return self.store.update(key, new, check_rv=False)
+
+    def _list(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> Obj:
+        fmatch = field_matcher(query.get("fieldSelector"))
+        lmatch = label_matcher(query.get("labelSelector"))
+        items, rv = self.store.list(plural, namespace)
+        items = [o for o in items if fmatch(o) and lmatch(o)]
+        if "as=Table" in h.headers.get("Accept", ""):
+            return _table(items, rv)
+        for o in items:  # list items carry no kind/apiVersion, as from a real server
+            o.pop("kind", None)
+            o.pop("apiVersion", None)
+        kind = RESOURCES[plural][0]
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(rv)},
+            "items": items,
+        }
+
+    def _watch(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> None:
+        fmatch = field_matcher(query.get("fieldSelector"))
+        lmatch = label_matcher(query.get("labelSelector"))
+        bookmarks = _is_true(query.get("allowWatchBookmarks"))
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        kind = RESOURCES[plural][0]
+        rv_param = query.get("resourceVersion", "")
+        store = self.store
+
+        def matches(o: Obj | None, key: Key) -> bool:
+            if o is None or key[0] != plural or (namespace and key[1] != namespace):
+                return False
+            return fmatch(o) and lmatch(o)
+
+        with store.cond:
+            if rv_param not in ("", "0"):
+                try:
+                    cursor = int(rv_param)
+                except ValueError:
+                    raise ApiError(
+                        400, "BadRequest", f"invalid resourceVersion {rv_param!r}"
+                    ) from None
+                initial: list[Obj] = []
+                if cursor < store.compacted_rv:
+                    expired = ApiError(
+                        410,
+                        "Expired",
+                        f"too old resource version: {cursor} ({store.compacted_rv})",
+                    )
+                    initial = [{"type": "ERROR", "object": expired.status()}]
+            else:  # "start at most recent": synthetic ADDED for what exists now
+                cursor = store.rv
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for k, o in sorted(store.objects.items())
+                    if matches(o, k)
+                ]
+            generation = store.bookmark_generation
+
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        conn = h.connection
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + self.bookmark_interval_s
+        try:
+            for ev in initial:
+                h.write_chunk(json.dumps(ev).encode() + b"\n")
+            if initial and initial[0]["type"] == "ERROR":
+                return
+            for batch in self._watch_batches(cursor, generation, deadline, next_bookmark, conn):
+                out = []
+                for ev in batch:
+                    if ev["type"] == "BOOKMARK":
+                        if bookmarks:
+                            meta = {"resourceVersion": ev["rv"]}
+                            out.append(
+                                {
+                                    "type": "BOOKMARK",
+                                    "object": {"kind": kind, "apiVersion": "v1", "metadata": meta},
+                                }
+                            )
+                        continue
+                    change: Change = ev["change"]
+                    was, now = matches(change.prev, change.key), matches(change.obj, change.key)
+                    if change.type == "DELETED":
+                        kind_out = "DELETED" if was else None
+                    elif was and now:
+                        kind_out = "MODIFIED"
+                    elif now:
+                        kind_out = "ADDED"
+                    elif was:  # left the selection: watchers see it go away
+                        kind_out = "DELETED"
+                    else:
+                        kind_out = None
+                    if kind_out:
+                        out.append({"type": kind_out, "object": change.obj})
+                if out:
+                    h.write_chunk(b"".join(json.dumps(e).encode() + b"\n" for e in out))
+            h.write_chunk(b"")
+        except OSError:
+            h.close_connection = True
+
+    def _watch_batches(
+        self,
+        cursor: int,
+        generation: int,
+        deadline: float,
+        next_bookmark: float,
+        conn: socket.socket,
+    ) -> Iterator[list[dict[str, Any]]]:
+        store = self.store
+        while True:
+            with store.cond:
+                while True:
+                    if self._stopping:
+                        return
+                    now = time.monotonic()
+                    stalled = conn in self._stalled
+                    pending = not stalled and bool(store.changes_after(cursor))
+                    wanted = not stalled and (
+                        store.bookmark_generation != generation or now >= next_bookmark
+                    )
+                    if pending or wanted:
+                        break
+                    if now >= deadline:
+                        return
+                    store.cond.wait(
+                        min(deadline, next_bookmark) - now if not stalled else deadline - now
+                    )
+                changes = store.changes_after(cursor)
+                cursor = store.rv
+                batch: list[dict[str, Any]] = [{"type": "EVENT", "change": c} for c in changes]
+                if wanted:
+                    generation = store.bookmark_generation
+                    next_bookmark = now + self.bookmark_interval_s
+                    batch.append({"type": "BOOKMARK", "rv": str(cursor)})
+            yield batch
+
+
+def _is_true(v: str | None) -> bool:
+    return (v or "").lower() in ("1", "true")
+
+
+def _table(items: list[Obj], rv: int) -> Obj:
+    """The meta.k8s.io/v1 Table that `kubectl get` asks for, with Name and Age columns."""
+    rows = []
+    for o in items:
+        meta = o.get("metadata", {})
+        created = meta.get("creationTimestamp") or _now()
+        born = _dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+        age = int((_dt.datetime.now(_dt.timezone.utc) - born).total_seconds())
+        partial = {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": meta,
+        }
+        rows.append({"cells": [meta.get("name", ""), f"{age}s"], "object": partial})
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": str(rv)},
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0},
+            {"name": "Age", "type": "string", "format": "", "description": "", "priority": 0},
+        ],
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--bookmark-interval", type=float, default=60.0, metavar="SECONDS")
+    ap.add_argument("--seed-node", help="create this node and put --seed-pods pods on it")
+    ap.add_argument("--seed-pods", type=int, default=0)
+    args = ap.parse_args()
+    fake = FakeApiServer(host=args.host, port=args.port, bookmark_interval_s=args.bookmark_interval)
+    if args.seed_node:
+        fake.add_node(args.seed_node)
+        for i in range(args.seed_pods):
+            fake.add_pod(f"pod-{i}", node=args.seed_node)
+    fake.start()
+    print(f"fake API server listening on {fake.url}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    fake.stop()
+
+
+if __name__ == "__main__":
+    main()
