@@ -333,7 +333,7 @@ class DevicePlugin:
             while not self._stopping.is_set():
                 if pending:
                     pending = not self.register()
-                timeout_ms = int(self._register_retry_s * 1000) if pending else 500
+                timeout_ms = int(self._register_retry_s * 1000) if pending else 200
                 for event in inotify.read(timeout=timeout_ms):
                     if event.name == KUBELET_SOCKET and event.mask & (
                         flags.CREATE | flags.MOVED_TO

@@ -1,0 +1,411 @@
+"""The MIG-fallback mutating admission webhook.
+
+A pod that asks for a MIG profile no node can give (say `nvidia.com/mig-3g.40gb`) pends until
+one frees up. When the policy lists that profile in a `migFallback.chains` chain, this webhook
+rewrites the pod at CREATE to the next profile in the chain that some node has free, and
+annotates the pod with what it did (`nvshare.com/mig-fallback: "3g.40gb->2g.20gb"`), so the
+user can see why their pod got a smaller slice.
+
+It must never be the reason a pod is refused: every error of ours (API server unreachable,
+malformed pod, a bug) answers "allowed, unchanged" with a warning, and the configuration
+uses `failurePolicy: Ignore` for the case where the webhook is down altogether.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from appliance.policy.quantity import QuantityError, parse_bytes
+
+log = logging.getLogger(__name__)
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+FALLBACK_ANNOTATION = "nvshare.com/mig-fallback"
+_TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+
+Chains = Sequence[Sequence[str]]
+Availability = Callable[[str, int], bool]  # (resource name, count) -> some node has it free
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """One rewrite: every request and limit of `requested` becomes `granted`."""
+
+    requested: str  # resource names, "nvidia.com/mig-3g.40gb"
+    granted: str
+
+    @property
+    def summary(self) -> str:
+        return f"{profile_of(self.requested)}->{profile_of(self.granted)}"
+
+
+def profile_of(name: str) -> str:
+    """`nvidia.com/mig-3g.40gb` or `3g.40gb` -> `3g.40gb`."""
+    return name.removeprefix(MIG_RESOURCE_PREFIX)
+
+
+def resource_of(profile: str) -> str:
+    """`3g.40gb` (as policy chains spell it) or a full resource name -> the resource name."""
+    return profile if profile.startswith(MIG_RESOURCE_PREFIX) else MIG_RESOURCE_PREFIX + profile
+
+
+def _count(value: Any) -> int:
+    try:
+        return parse_bytes(str(value))
+    except QuantityError:
+        return 0
+
+
+def _container_amount(container: Mapping[str, Any], resource: str) -> int:
+    # Extended resources must have request == limit; a pod may spell either one alone.
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if resource in values:
+            return _count(values[resource])
+    return 0
+
+
+def pod_request(pod: Mapping[str, Any], resource: str) -> int:
+    """How much of `resource` a pod holds: the larger of its containers' sum and any init."""
+    spec = pod.get("spec") or {}
+    containers = sum(_container_amount(c, resource) for c in spec.get("containers") or [])
+    inits = [_container_amount(c, resource) for c in spec.get("initContainers") or []]
+    return max([containers, *inits])
+
+
+def requested_mig_resources(pod: Mapping[str, Any]) -> list[str]:
+    spec = pod.get("spec") or {}
+    names: dict[str, None] = {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name in resources.get(section) or {}:
+                if name.startswith(MIG_RESOURCE_PREFIX):
+                    names[name] = None
+    return list(names)
+
+
+def choose_fallbacks(
+    pod: Mapping[str, Any], *, chains: Chains, available: Availability
+) -> tuple[list[Fallback], list[str]]:
+    """The rewrites this pod needs, and warnings for profiles that have no way out."""
+    fallbacks: list[Fallback] = []
+    warnings: list[str] = []
+    for resource in requested_mig_resources(pod):
+        count = pod_request(pod, resource)
+        chain = next(
+            (
+                [resource_of(p) for p in c]
+                for c in chains
+                if resource in [resource_of(p) for p in c]
+            ),
+            None,
+        )
+        if chain is None or count == 0 or available(resource, count):
+            continue
+        later = chain[chain.index(resource) + 1 :]
+        granted = next((r for r in later if available(r, count)), None)
+        if granted is None:
+            warnings.append(
+                f"{resource} x{count} is not free on any node, nor is any fallback "
+                f"({', '.join(profile_of(r) for r in later) or 'none after it'}); "
+                "the pod is left unchanged and will wait"
+            )
+            continue
+        fallbacks.append(Fallback(requested=resource, granted=granted))
+    return fallbacks, warnings
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> list[dict[str, Any]]:
+    """RFC 6902 operations that move every request/limit and add the annotation."""
+    ops: list[dict[str, Any]] = []
+    spec = pod.get("spec") or {}
+    for kind in ("containers", "initContainers"):
+        for index, container in enumerate(spec.get(kind) or []):
+            resources = container.get("resources") or {}
+            for section in ("limits", "requests"):
+                values = resources.get(section) or {}
+                base = f"/spec/{kind}/{index}/resources/{section}"
+                for fallback in fallbacks:
+                    if fallback.requested not in values:
+                        continue
+                    amount = _count(values[fallback.requested])
+                    amount += _count(values.get(fallback.granted, 0))
+                    ops.append({"op": "remove", "path": f"{base}/{_escape(fallback.requested)}"})
+                    ops.append(
+                        {
+                            "op": "add",
+                            "path": f"{base}/{_escape(fallback.granted)}",
+                            "value": str(amount),
+                        }
+                    )
+    summary = ",".join(f.summary for f in fallbacks)
+    if (pod.get("metadata") or {}).get("annotations") is None:
+        ops.append(
+            {"op": "add", "path": "/metadata/annotations", "value": {FALLBACK_ANNOTATION: summary}}
+        )
+    else:
+        ops.append(
+            {
+                "op": "add",
+                "path": f"/metadata/annotations/{_escape(FALLBACK_ANNOTATION)}",
+                "value": summary,
+            }
+        )
+    return ops
+
+
+class MigFallbackWebhook:
+    """AdmissionReview in, AdmissionReview out; no I/O except through `available`."""
+
+    def __init__(self, *, chains: Callable[[], Chains], available: Availability) -> None:
+        self._chains = chains
+        self._available = available
+
+    def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        request = body.get("request") or {}
+        response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+        try:
+            self._mutate(request, response)
+        except Exception as exc:  # fail open: our error must not block anyone's pod
+            log.exception("MIG fallback failed for %s; admitting unchanged", _pod_name(request))
+            response.pop("patch", None)
+            response.pop("patchType", None)
+            response["warnings"] = [f"nvshare MIG fallback skipped ({exc}); pod admitted unchanged"]
+        return {
+            "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
+            "kind": "AdmissionReview",
+            "response": response,
+        }
+
+    def _mutate(self, request: Mapping[str, Any], response: dict[str, Any]) -> None:
+        pod = request.get("object") or {}
+        if request.get("operation") != "CREATE" or pod.get("kind", "Pod") != "Pod":
+            return
+        if not requested_mig_resources(pod):
+            return
+        fallbacks, warnings = choose_fallbacks(
+            pod, chains=self._chains(), available=self._available
+        )
+        if warnings:
+            response["warnings"] = warnings
+            for warning in warnings:
+                log.warning("pod %s: %s", _pod_name(request), warning)
+        if fallbacks:
+            patch = fallback_patch(pod, fallbacks)
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+            log.info(
+                "pod %s: MIG fallback %s",
+                _pod_name(request),
+                ",".join(f.summary for f in fallbacks),
+            )
+
+
+def _pod_name(request: Mapping[str, Any]) -> str:
+    pod = request.get("object") or {}
+    metadata = pod.get("metadata") or {}
+    name = metadata.get("name") or metadata.get("generateName") or "<unnamed>"
+    return f"{request.get('namespace') or metadata.get('namespace') or 'default'}/{name}"
+
+
+class ClusterAvailability:
+    """Free MIG devices per node: allocatable minus what bound, running pods request.
+
+    Reads Nodes and Pods through the `kubernetes` client and keeps the answer for `ttl_s`,
+    so a burst of pod creations costs one list of each. A resource counts as available when
+    one node has `count` free (a pod cannot straddle nodes). Node selectors, affinities and
+    taints are not considered: a fallback may still pend, as the original request would have.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_client: Any,
+        ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from kubernetes import client
+
+        self._api_client = api_client
+        self._core = client.CoreV1Api(api_client)
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._free: dict[str, dict[str, int]] = {}
+        self._read_at: float | None = None
+
+    def __call__(self, resource: str, count: int) -> bool:
+        return any(free.get(resource, 0) >= count for free in self.free_per_node().values())
+
+    def free_per_node(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl_s:
+                self._free = self._read()
+                self._read_at = now
+            return self._free
+
+    def _read(self) -> dict[str, dict[str, int]]:
+        serialize = self._api_client.sanitize_for_serialization
+        free: dict[str, dict[str, int]] = {}
+        for node in self._core.list_node(_request_timeout=10).items:
+            raw = serialize(node)
+            allocatable = (raw.get("status") or {}).get("allocatable") or {}
+            free[raw["metadata"]["name"]] = {
+                name: _count(value)
+                for name, value in allocatable.items()
+                if name.startswith(MIG_RESOURCE_PREFIX)
+            }
+        for item in self._core.list_pod_for_all_namespaces(_request_timeout=10).items:
+            pod = serialize(item)
+            on = (pod.get("spec") or {}).get("nodeName")
+            if on not in free or (pod.get("status") or {}).get("phase") in _TERMINATED_PHASES:
+                continue
+            for resource in requested_mig_resources(pod):
+                free[on][resource] = free[on].get(resource, 0) - pod_request(pod, resource)
+        return free
+
+
+class _ReviewHandler(BaseHTTPRequestHandler):
+    server: WebhookServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("webhook %s: " + format, self.client_address[0], *args)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path in ("/healthz", "/readyz"):
+            self._send(200, b"ok\n", "text/plain")
+        else:
+            self._send(404, b"not found\n", "text/plain")
+
+    def do_POST(self) -> None:  # noqa: N802
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length))
+            if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
+                raise ValueError("the body is not an AdmissionReview with a request")
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.warning("webhook: bad request from %s: %s", self.client_address[0], exc)
+            self._send(400, f"expected an AdmissionReview: {exc}\n".encode(), "text/plain")
+            return
+        answer = self.server.webhook.review(body)
+        self._send(200, json.dumps(answer).encode(), "application/json")
+
+    def _send(self, code: int, payload: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class WebhookServer(ThreadingHTTPServer):
+    """HTTPS server answering AdmissionReviews on any POST path, and /healthz on GET."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        *,
+        webhook: MigFallbackWebhook,
+        cert_file: Path,
+        key_file: Path,
+        host: str = "0.0.0.0",
+        port: int = 8443,
+    ) -> None:
+        super().__init__((host, port), _ReviewHandler)
+        self.webhook = webhook
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
+        # The handshake runs in the request's thread, so one slow client cannot stall accept().
+        self.socket = context.wrap_socket(
+            self.socket, server_side=True, do_handshake_on_connect=False
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+class PolicyChains:
+    """The policy's `migFallback.chains`, re-read every `ttl_s`; a bad policy keeps the old."""
+
+    def __init__(
+        self,
+        *,
+        policy_dir: Path,
+        load: Callable[[Path], Chains],
+        ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._policy_dir = policy_dir
+        self._load = load
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._chains: Chains = ()
+        self._read_at: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Chains:
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl_s:
+                self._read_at = now
+                try:
+                    self._chains = self._load(self._policy_dir)
+                except Exception as exc:
+                    log.error(
+                        "reading MIG fallback chains from %s failed (%s); keeping %d chain(s)",
+                        self._policy_dir,
+                        exc,
+                        len(self._chains),
+                    )
+            return self._chains
+
+
+def policy_chains(policy_dir: Path) -> Chains:
+    """The merged policy's `migFallback.chains` (the loader validates and reports errors)."""
+    from appliance.policy.load import load_policy_dir
+
+    return load_policy_dir(policy_dir).mig_fallback.chains
+
+
+def serve_webhook(
+    *,
+    policy_dir: Path,
+    cert_file: Path,
+    key_file: Path,
+    port: int,
+    api_client: Any,
+    host: str = "0.0.0.0",
+) -> None:
+    """Run the webhook until interrupted: HTTPS on `host:port`, chains from `policy_dir`."""
+    webhook = MigFallbackWebhook(
+        chains=PolicyChains(policy_dir=Path(policy_dir), load=policy_chains),
+        available=ClusterAvailability(api_client=api_client),
+    )
+    server = WebhookServer(
+        webhook=webhook, cert_file=Path(cert_file), key_file=Path(key_file), host=host, port=port
+    )
+    log.info("MIG fallback webhook listening on https://%s:%d (policy %s)", host, port, policy_dir)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
