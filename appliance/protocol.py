@@ -479,7 +479,9 @@ class FrameDecoder:
         while len(self._buf) >= HEADER.size:
             magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(self._buf)
             if magic != MAGIC:
-                raise ProtocolError(Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer")
+                raise ProtocolError(
+                    Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer"
+                )
             if length > MAX_BODY:
                 raise ProtocolError(Status.BAD_BODY, f"frame body of {length} bytes is too large")
             if len(self._buf) < HEADER.size + length:
@@ -490,7 +492,7 @@ class FrameDecoder:
                 out.append(
                     ProtocolError(
                         Status.BAD_VERSION,
-                        f"protocol version {version} is not supported (this daemon speaks {VERSION})",
+                        f"protocol version {version} is not supported (we speak {VERSION})",
                         ref_type=msg_type,
                     )
                 )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from appliance.core.identity import ClientIdentity
 from appliance.core.pods import PodInfo, PodOverrides, PodRef

@@ -8,9 +8,9 @@ lower the result. Every value carries the name of what set it, for `policy expla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Mapping
 
 from appliance.core.identity import ClientIdentity
 from appliance.core.pods import PodInfo, PodOverrides

@@ -22,8 +22,9 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from appliance import protocol as p
 from appliance.core import events as ev
@@ -200,7 +201,9 @@ class Scheduler:
             mem_limit=c.limits.memory_bytes or 0,
             core_limit=c.limits.core_percent,
             mode=wire_mode,
-            backing=p.WireBacking.MANAGED if mem.backing is Backing.MANAGED else p.WireBacking.DEVICE,
+            backing=p.WireBacking.MANAGED
+            if mem.backing is Backing.MANAGED
+            else p.WireBacking.DEVICE,
             flags=p.LIMIT_SINGLE_OVERSUB if mem.single_process_oversubscription else 0,
         )
 
@@ -231,7 +234,12 @@ class Scheduler:
         self.counters["registrations"] += 1
         log.info(
             "client %d registered: pid %d uid %d gpu %s pod %s limits %s",
-            c.id, c.ident.pid, c.ident.uid, c.gpu, self._pod_label(c), describe(c.limits),
+            c.id,
+            c.ident.pid,
+            c.ident.uid,
+            c.gpu,
+            self._pod_label(c),
+            describe(c.limits),
         )
         return [ev.Send(c.id, p.Registered(c.id, c.wire), e.seq)]
 
@@ -261,7 +269,9 @@ class Scheduler:
         self.counters["disconnects"] += 1
         log.info(
             "client %d (pid %d) gone%s; %s of reservation freed",
-            c.id, c.ident.pid, " while holding the lock" if was_holder else "",
+            c.id,
+            c.ident.pid,
+            " while holding the lock" if was_holder else "",
             format_bytes(c.reserved),
         )
         return self._schedule(gpu, now)
@@ -316,7 +326,9 @@ class Scheduler:
         self.counters["grants"] += 1
         self.counters["wait_seconds_total_us"] += int((now - c.requested_at) * 1e6)
         log.debug("grant gpu %s -> client %d (pid %d)", gpu.facts.uuid, c.id, c.ident.pid)
-        return ev.Send(c.id, p.LockGrant(int(self.time_quantum(gpu.facts.uuid) * 1000)), c.request_seq)
+        return ev.Send(
+            c.id, p.LockGrant(int(self.time_quantum(gpu.facts.uuid) * 1000)), c.request_seq
+        )
 
     def _drop(self, c: Client, now: float, why: str) -> ev.Send:
         self._bill(c, now)
@@ -416,7 +428,9 @@ class Scheduler:
         return self.gpu_memory(c.gpu) - self.policy.memory.reserve_bytes
 
     def subject_reserved(self, subject: str, gpu: str) -> int:
-        return sum(x.reserved for x in self.clients.values() if x.subject == subject and x.gpu == gpu)
+        return sum(
+            x.reserved for x in self.clients.values() if x.subject == subject and x.gpu == gpu
+        )
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
         rt = self.policy.realtime_check
@@ -433,7 +447,8 @@ class Scheduler:
                 self._stale_logged.add(c.gpu)
                 log.warning(
                     "real-time check on gpu %s skipped: no NVML sample newer than %.1fs",
-                    c.gpu, rt.max_sample_age_s,
+                    c.gpu,
+                    rt.max_sample_age_s,
                 )
             self.counters["realtime_skipped"] += 1
             return False
@@ -445,7 +460,10 @@ class Scheduler:
             log.warning(
                 "real-time check (warning): client %d wants %s, gpu %s has %s free beyond the "
                 "%s margin; granted anyway",
-                c.id, format_bytes(need), c.gpu, format_bytes(max(available, 0)),
+                c.id,
+                format_bytes(need),
+                c.gpu,
+                format_bytes(max(available, 0)),
                 format_bytes(rt.safety_margin_bytes),
             )
             return False
@@ -453,7 +471,11 @@ class Scheduler:
         log.warning(
             "real-time check (strict): refused %s to client %d (pid %d): gpu %s has %s free "
             "beyond the %s margin",
-            format_bytes(need), c.id, c.ident.pid, c.gpu, format_bytes(max(available, 0)),
+            format_bytes(need),
+            c.id,
+            c.ident.pid,
+            c.gpu,
+            format_bytes(max(available, 0)),
             format_bytes(rt.safety_margin_bytes),
         )
         return True
@@ -469,8 +491,12 @@ class Scheduler:
             self.counters["memory_refusals"] += 1
             log.info(
                 "memory refused: client %d (pid %d, %s) asked %s more; ledger %s of %s",
-                c.id, c.ident.pid, c.subject, format_bytes(e.bytes),
-                format_bytes(limit - headroom), format_bytes(limit),
+                c.id,
+                c.ident.pid,
+                c.subject,
+                format_bytes(e.bytes),
+                format_bytes(limit - headroom),
+                format_bytes(limit),
             )
             return [ev.Send(c.id, p.MemGrant(0, c.reserved), e.seq)]
         granted = max(e.bytes, min(self.policy.memory.chunk_bytes, headroom))
@@ -621,6 +647,13 @@ class Scheduler:
                 continue
             if pod is not None and label.split(" ")[0] != pod:
                 continue
-            out.append({"client": c.id, "pid": c.ident.pid, "pod": label, "gpu": c.gpu,
-                        **describe(c.limits)})
+            out.append(
+                {
+                    "client": c.id,
+                    "pid": c.ident.pid,
+                    "pod": label,
+                    "gpu": c.gpu,
+                    **describe(c.limits),
+                }
+            )
         return out

@@ -39,13 +39,23 @@ class Harness:
         self.now = target
         return out
 
-    def register(self, *, pid: int | None = None, pod_uid: str | None = None,
-                 uid: int = 1000, gpu: str = GPU, total: int = 80 * GiB,
-                 env_mem: int = 0, groups: frozenset[str] = frozenset(), **ident: Any) -> int:
+    def register(
+        self,
+        *,
+        pid: int | None = None,
+        pod_uid: str | None = None,
+        uid: int = 1000,
+        gpu: str = GPU,
+        total: int = 80 * GiB,
+        env_mem: int = 0,
+        groups: frozenset[str] = frozenset(),
+        **ident: Any,
+    ) -> int:
         cid = self.next_id
         self.next_id += 1
-        identity = ClientIdentity(pid=pid or 100 + cid, uid=uid, gid=uid, pod_uid=pod_uid,
-                                  groups=groups, **ident)
+        identity = ClientIdentity(
+            pid=pid or 100 + cid, uid=uid, gid=uid, pod_uid=pod_uid, groups=groups, **ident
+        )
         out = self.feed(ev.ClientRegistered(cid, 1, identity, gpu, total, env_mem))
         assert isinstance(out[0].message, p.Registered)
         return cid

@@ -110,9 +110,11 @@ def test_policy_change_replaces_runtime_overrides(harness: Harness) -> None:
 
 
 def test_quota_client_is_dropped_when_its_share_is_spent_and_waits_for_next_window() -> None:
-    settings = SchedulerSettings(compute_window_s=1.0, carry_over_percent=0,
-                                 drop_tail_billing_percent=100)
+    settings = SchedulerSettings(
+        compute_window_s=1.0, carry_over_percent=0, drop_tail_billing_percent=100
+    )
     from appliance.policy.model import Limits
+
     h = Harness(Scheduler(Policy(scheduler=settings, defaults=Limits(core_percent=30))))
     a = h.register()
     assert h.wire(a).core_limit == 30
@@ -127,9 +129,11 @@ def test_quota_client_is_dropped_when_its_share_is_spent_and_waits_for_next_wind
 
 
 def test_quota_share_matches_the_limit_over_many_windows() -> None:
-    settings = SchedulerSettings(compute_window_s=1.0, carry_over_percent=0,
-                                 drop_tail_billing_percent=100)
+    settings = SchedulerSettings(
+        compute_window_s=1.0, carry_over_percent=0, drop_tail_billing_percent=100
+    )
     from appliance.policy.model import Limits
+
     h = Harness(Scheduler(Policy(scheduler=settings, defaults=Limits(core_percent=40))))
     a = h.register()
     held = 0.0

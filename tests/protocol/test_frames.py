@@ -10,8 +10,15 @@ from appliance import protocol as p
 def test_round_trip_every_fixed_message() -> None:
     limits = p.WireLimits(4 << 30, 50, p.WireMode.AUTO, p.WireBacking.MANAGED, 1)
     messages = [
-        p.Register(pid=7, gpu_uuid="GPU-abc", gpu_total_mem=80 << 30, env_mem_limit=1 << 30,
-                   env_core_limit=30, pod_namespace="ns", pod_name="pod"),
+        p.Register(
+            pid=7,
+            gpu_uuid="GPU-abc",
+            gpu_total_mem=80 << 30,
+            env_mem_limit=1 << 30,
+            env_core_limit=30,
+            pod_namespace="ns",
+            pod_name="pod",
+        ),
         p.Registered(9, limits),
         p.LockRequest(),
         p.LockGrant(30000),

@@ -21,12 +21,23 @@ ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {
     "nvs_header": ["magic", "version", "type", "flags", "body_len", "seq"],
     "nvs_register": [
-        "pid", "env_core_limit", "gpu_total_mem", "env_mem_limit", "gpu_uuid",
-        "pod_namespace", "pod_name",
+        "pid",
+        "env_core_limit",
+        "gpu_total_mem",
+        "env_mem_limit",
+        "gpu_uuid",
+        "pod_namespace",
+        "pod_name",
     ],
     "nvs_limits": ["mem_limit", "core_limit", "mode", "backing", "flags"],
-    "nvs_registered": ["client_id", "limits.mem_limit", "limits.core_limit", "limits.mode",
-                       "limits.backing", "limits.flags"],
+    "nvs_registered": [
+        "client_id",
+        "limits.mem_limit",
+        "limits.core_limit",
+        "limits.mode",
+        "limits.backing",
+        "limits.flags",
+    ],
     "nvs_lock_grant": ["tq_ms", "reserved"],
     "nvs_lock_released": ["reason", "reserved"],
     "nvs_set_tq": ["seconds", "reserved"],
@@ -35,8 +46,15 @@ FIELDS = {
     "nvs_mem_reserve": ["bytes", "used"],
     "nvs_mem_grant": ["granted", "reserved"],
     "nvs_mem_return": ["bytes", "used"],
-    "nvs_limit_set": ["pid", "flags", "mem_limit", "core_limit", "reserved", "pod_namespace",
-                      "pod_name"],
+    "nvs_limit_set": [
+        "pid",
+        "flags",
+        "mem_limit",
+        "core_limit",
+        "reserved",
+        "pod_namespace",
+        "pod_name",
+    ],
 }
 
 
@@ -56,8 +74,12 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     if cc is None:
         pytest.skip("no C compiler on PATH: cannot compile the layout probe")
     out = tmp_path_factory.mktemp("probe")
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "nvshare_proto.h"',
-             "int main(void) {"]
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        '#include "nvshare_proto.h"',
+        "int main(void) {",
+    ]
     for name, fields in FIELDS.items():
         lines.append(f'printf("{name} %zu\\n", sizeof(struct {name}));')
         for f in fields:
@@ -66,8 +88,10 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     src = out / "probe.c"
     src.write_text("\n".join(lines))
     exe = out / "probe"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", str(ROOT / "ld_hook"),
-                    str(src), "-o", str(exe)], check=True)
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", "-I", str(ROOT / "ld_hook"), str(src), "-o", str(exe)],
+        check=True,
+    )
     text = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return {k: int(v) for k, v in (line.split() for line in text.splitlines())}
 
@@ -78,7 +102,7 @@ def test_struct_matches_c_header(name: str, c_layout: dict[str, int]) -> None:
     assert fmt.size == c_layout[name], f"{name}: Python {fmt.size} bytes, C {c_layout[name]}"
     offsets = python_offsets(fmt)
     assert len(offsets) == len(FIELDS[name])
-    for field, off in zip(FIELDS[name], offsets):
+    for field, off in zip(FIELDS[name], offsets, strict=True):
         assert off == c_layout[f"{name}.{field}"], f"{name}.{field}"
 
 

@@ -1,0 +1,367 @@
+"""Entry points: `nvshare-scheduler` (the node daemon) and `nvsharectl` (talks to it).
+
+nvsharectl keeps nvshare's flags (`-T/--set-tq`, `-S/--anti-thrash`) and adds status, mode,
+limit and policy tools. Every command prints what the daemon answered; when no daemon answers
+it prints one line saying where it looked and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from appliance import protocol as p
+from appliance.client import ControlClient, DaemonUnavailable
+from appliance.policy.quantity import QuantityError, format_bytes, parse_bytes
+from appliance.server import socket_dir_from_env
+
+DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"nvsharectl: {message}", err=True)
+    sys.exit(1)
+
+
+def _connect(ctx: click.Context) -> ControlClient:
+    try:
+        return ControlClient(ctx.obj["socket_dir"])
+    except DaemonUnavailable as exc:
+        _fail(str(exc))
+
+
+def _answer(reply: Any) -> None:
+    """Print the daemon's OK/ERROR reply; exit 1 on an error."""
+    if isinstance(reply, p.Result):
+        if reply.status is p.Status.OK:
+            click.echo(reply.message)
+            return
+        _fail(f"the scheduler refused: {reply.message}")
+    _fail(f"unexpected reply from the scheduler: {reply!r}")
+
+
+def _request(ctx: click.Context, message: Any) -> Any:
+    with _connect(ctx) as conn:
+        try:
+            return conn.request(message)
+        except (DaemonUnavailable, OSError) as exc:
+            _fail(str(exc))
+
+
+# ------------------------------------------------------------------ nvsharectl
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-T",
+    "--set-tq",
+    "set_tq",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Set the time quantum of the scheduler to N seconds (nvshare's flag).",
+)
+@click.option(
+    "-S",
+    "--anti-thrash",
+    "anti_thrash",
+    type=click.Choice(["on", "off"]),
+    help="Turn anti-thrashing (strict serialisation) on or off (nvshare's flag).",
+)
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_SOCKET_DIR",
+    default=None,
+    help="Where scheduler.sock lives [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
+)
+@click.pass_context
+def nvsharectl(
+    ctx: click.Context, set_tq: int | None, anti_thrash: str | None, socket_dir: Path | None
+) -> None:
+    """Control and inspect the nvshare scheduler."""
+    ctx.obj = {"socket_dir": socket_dir or socket_dir_from_env()}
+    if set_tq is not None:
+        _answer(_request(ctx, p.SetTq(set_tq)))
+        if set_tq < 10:
+            click.echo(
+                "note: quanta under 10 s can cost throughput when jobs thrash "
+                "(nvshare's measurements)",
+                err=True,
+            )
+    if anti_thrash is not None:
+        mode = p.WireMode.ON if anti_thrash == "on" else p.WireMode.OFF
+        _answer(_request(ctx, p.SetMode(mode)))
+    if ctx.invoked_subcommand is None and set_tq is None and anti_thrash is None:
+        ctx.invoke(status)
+
+
+def _fmt_mem(n: int | None) -> str:
+    return "-" if not n else format_bytes(n) if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f}Mi"
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    policy = doc.get("policy") or {}
+    if policy:
+        state = "valid" if policy.get("valid") else "INVALID (last good kept)"
+        click.echo(
+            f"policy: {policy.get('dir')} hash {str(policy.get('hash'))[:12]} {state}; "
+            f"files: {', '.join(policy.get('files') or []) or '(none: defaults)'}"
+        )
+        if policy.get("last_error"):
+            click.echo(f"  last error: {policy['last_error']}")
+        for name, source in sorted((policy.get("env_overrides") or {}).items()):
+            click.echo(f"  override from environment: {name} ({source})")
+    gpus = doc.get("gpus", [])
+    if not gpus:
+        click.echo(
+            f"no GPUs in use yet (default mode {doc.get('default_mode')}, "
+            f"TQ {doc.get('default_time_quantum_s'):g} s)"
+        )
+    for g in gpus:
+        click.echo(
+            f"GPU {g['uuid']}  mode {g['mode']} ({g['mode_source']})  "
+            f"TQ {g['time_quantum_s']:g} s ({g['tq_source']})  "
+            f"memory {_fmt_mem(g['memory_total'])}"
+        )
+        click.echo(f"  lock holders: {g['holders'] or '-'}  queue: {g['queue'] or '-'}")
+    clients = doc.get("clients", [])
+    if clients:
+        click.echo(
+            f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
+            f"{'MEM LIMIT':>9} {'CORE':>5} GPU"
+        )
+    for c in clients:
+        click.echo(
+            f"{c['id']:>4} {c['pid']:>8} {c['pod']:<28} {c['state']:<9} "
+            f"{_fmt_mem(c['memory_used']):>9} {_fmt_mem(c['memory_limit']):>9} "
+            f"{c['core_limit']:>4}% {c['gpu']}"
+        )
+
+
+@nvsharectl.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's status document.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Show GPUs, modes, time quanta, clients, lock holders and queues."""
+    doc = _request(ctx, p.StatusRequest())
+    if not isinstance(doc, p.JsonBody):
+        _answer(doc)
+        return
+    if as_json:
+        click.echo(json.dumps(doc.doc, indent=2, sort_keys=True))
+    else:
+        _print_status(doc.doc)
+
+
+@nvsharectl.command()
+@click.argument("mode", type=click.Choice(["on", "off", "auto"]))
+@click.option("--gpu", default="", help="Only this GPU (UUID); default every GPU.")
+@click.pass_context
+def mode(ctx: click.Context, mode: str, gpu: str) -> None:
+    """Set the scheduling mode: on (serialise), off (free-running) or auto."""
+    wire = {"on": p.WireMode.ON, "off": p.WireMode.OFF, "auto": p.WireMode.AUTO}[mode]
+    _answer(_request(ctx, p.SetMode(wire, gpu)))
+
+
+def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
+    if (pid is None) == (pod is None):
+        raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
+    if pod is not None:
+        ns, _, name = pod.rpartition("/")
+        return 0, ns or "default", name
+    assert pid is not None
+    return pid, "", ""
+
+
+@nvsharectl.group()
+def limit() -> None:
+    """Change a process's or pod's limits while it runs (root or the admin group)."""
+
+
+@limit.command("set")
+@click.option("--pid", type=int, help="A process connected to the scheduler.")
+@click.option("--pod", help="A pod, as NAMESPACE/NAME.")
+@click.option("--core", type=click.IntRange(1, 100), help="Compute share in percent.")
+@click.argument("memory", required=False)
+@click.pass_context
+def limit_set(
+    ctx: click.Context, pid: int | None, pod: str | None, core: int | None, memory: str | None
+) -> None:
+    """Set MEMORY (e.g. 4Gi; a bare number is MiB) and/or --core."""
+    target_pid, ns, name = _target(pid, pod)
+    flags, mem = 0, 0
+    if memory is not None:
+        try:
+            mem = parse_bytes(memory, bare_unit=1 << 20)
+        except QuantityError as exc:
+            raise click.BadParameter(str(exc), param_hint="MEMORY") from None
+        flags |= p.LIMIT_SET_HAS_MEM
+    if core is not None:
+        flags |= p.LIMIT_SET_HAS_CORE
+    if not flags:
+        raise click.UsageError("give a MEMORY limit, --core, or both")
+    _answer(_request(ctx, p.LimitSet(target_pid, flags, mem, core or 0, ns, name)))
+
+
+@limit.command("clear")
+@click.option("--pid", type=int)
+@click.option("--pod")
+@click.option("--memory/--no-memory", "clear_mem", default=True, help="Clear the memory limit.")
+@click.option("--core/--no-core", "clear_core", default=True, help="Clear the core limit.")
+@click.pass_context
+def limit_clear(
+    ctx: click.Context, pid: int | None, pod: str | None, clear_mem: bool, clear_core: bool
+) -> None:
+    """Remove limits set with `limit set`: the policy (or annotation) value applies again."""
+    target_pid, ns, name = _target(pid, pod)
+    flags = (p.LIMIT_SET_CLEAR_MEM if clear_mem else 0) | (
+        p.LIMIT_SET_CLEAR_CORE if clear_core else 0
+    )
+    _answer(_request(ctx, p.LimitSet(target_pid, flags, 0, 0, ns, name)))
+
+
+@nvsharectl.group()
+def policy() -> None:
+    """Validate policy files offline, or inspect the running daemon's policy."""
+
+
+@policy.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def policy_validate(paths: tuple[Path, ...]) -> None:
+    """Check policy files, directories or ConfigMap manifests (offline)."""
+    from appliance.policy.load import validate_paths
+
+    errors = validate_paths(list(paths))
+    for err in errors:
+        click.echo(str(err), err=True)
+    if errors:
+        click.echo(f"{len(errors)} error(s)", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {', '.join(str(x) for x in paths)}")
+
+
+def _query(ctx: click.Context, name: str, **args: Any) -> Any:
+    reply = _request(ctx, p.JsonBody(p.MsgType.QUERY, {"query": name, **args}))
+    if isinstance(reply, p.Result):
+        _answer(reply)
+    return reply.doc
+
+
+@policy.command("show")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def policy_show(ctx: click.Context, as_json: bool) -> None:
+    """The running daemon's effective policy, and which file set each value."""
+    doc = _query(ctx, "policy")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    click.echo(
+        f"# policy from {doc['dir']} (hash {doc['hash'][:12]}; files: "
+        f"{', '.join(doc['files']) or 'none'})"
+    )
+    for path, (value, source) in sorted(doc["values"].items()):
+        click.echo(f"{path} = {json.dumps(value)}    # {source}")
+
+
+@policy.command("explain")
+@click.option("--pid", type=int)
+@click.option("--pod", help="NAMESPACE/NAME")
+@click.pass_context
+def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
+    """The effective limits of a client and what set each of them."""
+    if (pid is None) == (pod is None):
+        raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
+    rows = _query(ctx, "explain", pid=pid, pod=pod)["clients"]
+    if not rows:
+        _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")
+    for row in rows:
+        click.echo(f"client {row['client']} pid {row['pid']} pod {row['pod']} gpu {row['gpu']}")
+        for key in ("memory", "core", "gated"):
+            click.echo(f"  {key}: {row[key]}")
+
+
+# ------------------------------------------------------------ nvshare-scheduler
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_POLICY_DIR",
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Directory of policy files (a mounted ConfigMap) [env NVSHARE_POLICY_DIR].",
+)
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_SOCKET_DIR",
+    default=None,
+    help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
+)
+@click.option(
+    "--admin-group",
+    envvar="NVSHARE_ADMIN_GROUP",
+    default=None,
+    help="Unix group whose members may change state like root [env NVSHARE_ADMIN_GROUP].",
+)
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default=None,
+    help="Watch this node's pods [env NODE_NAME]; without it, no pod watch.",
+)
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
+)
+@click.option(
+    "--device-plugin/--no-device-plugin",
+    default=False,
+    help="Serve the kubelet device plugin (nvshare.com/gpu).",
+)
+@click.option(
+    "--hook-host-path",
+    default="/var/lib/nvshare/lib/libnvshare.so",
+    show_default=True,
+    help="Where the hook lives on the host, for the device plugin's mounts.",
+)
+@click.option(
+    "--debug", is_flag=True, envvar="NVSHARE_DEBUG", help="Debug logging [env NVSHARE_DEBUG]."
+)
+@click.pass_context
+def scheduler_main(
+    ctx: click.Context,
+    policy_dir: Path,
+    socket_dir: Path | None,
+    admin_group: str | None,
+    node_name: str | None,
+    kube_api: str | None,
+    device_plugin: bool,
+    hook_host_path: str,
+    debug: bool,
+) -> None:
+    """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from appliance.daemon import DaemonConfig, run_daemon
+
+    config = DaemonConfig(
+        policy_dir=policy_dir,
+        socket_dir=socket_dir or socket_dir_from_env(),
+        admin_group=admin_group,
+        node_name=node_name,
+        kube_api=kube_api,
+        device_plugin=device_plugin,
+        hook_host_path=hook_host_path,
+        debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
+    )
+    sys.exit(run_daemon(config))

@@ -1,0 +1,74 @@
+"""A blocking control connection to the daemon, for nvsharectl and tests."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from pathlib import Path
+from typing import Any
+
+from appliance import protocol as p
+from appliance.server import SOCKET_NAME
+
+
+class DaemonUnavailable(Exception):
+    """No daemon answers on the socket; the message says where we looked."""
+
+
+class ControlClient:
+    def __init__(self, socket_dir: Path, *, timeout: float = 10.0) -> None:
+        self.path = socket_dir / SOCKET_NAME
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self._sock.close()
+            raise DaemonUnavailable(
+                f"no nvshare scheduler is running at {self.path} ({exc.strerror}); start it "
+                "(systemctl start nvshare-scheduler) or set NVSHARE_SOCKET_DIR"
+            ) from None
+        except PermissionError:
+            self._sock.close()
+            raise DaemonUnavailable(f"permission denied connecting to {self.path}") from None
+        self._seq = itertools.count(1)
+        self._decoder = p.FrameDecoder()
+        self._pending: list[p.Frame | p.ProtocolError] = []
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def send(self, message: Any) -> int:
+        seq = next(self._seq)
+        self._sock.sendall(p.encode(message, seq=seq))
+        return seq
+
+    def receive(self) -> tuple[int, Any]:
+        """The next frame from the daemon, as (seq, decoded body)."""
+        while not self._pending:
+            data = self._sock.recv(65536)
+            if not data:
+                raise DaemonUnavailable(f"the scheduler at {self.path} closed the connection")
+            self._pending += self._decoder.feed(data)
+        item = self._pending.pop(0)
+        if isinstance(item, p.ProtocolError):
+            return 0, p.Result(item.status, item.ref_type, str(item))
+        return item.seq, p.decode_body(item)
+
+    def request(self, message: Any) -> Any:
+        """Send and wait for the reply carrying the same sequence number."""
+        seq = self.send(message)
+        while True:
+            got, body = self.receive()
+            if got == seq:
+                return body
+
+    def query(self, name: str, **args: Any) -> Any:
+        reply = self.request(p.JsonBody(p.MsgType.QUERY, {"query": name, **args}))
+        return reply

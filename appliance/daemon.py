@@ -1,0 +1,310 @@
+"""The composition root: wires sources (policy dir, pod watch, NVML) and sinks (socket server,
+metrics, Kubernetes Events, systemd) around the scheduler core. No scheduling logic lives here.
+
+Threads (the policy watcher, the pod watcher, the device plugin) hand their events to the
+asyncio loop with `call_soon_threadsafe`; only the loop touches the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from appliance import sdnotify
+from appliance.core import events as ev
+from appliance.core.limits import GpuFacts
+from appliance.core.pods import PodInfo, PodOverrides, PodRef, resolve_overrides
+from appliance.core.scheduler import Scheduler
+from appliance.gpu.nvml import Nvml
+from appliance.metrics import ApplianceCollector, serve_metrics
+from appliance.policy.errors import PolicyError, PolicyLoadError
+from appliance.policy.model import Policy
+from appliance.policy.watch import PolicyWatcher
+from appliance.server import SchedulerServer
+
+log = logging.getLogger("nvshare.daemon")
+
+NVML_SAMPLE_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    policy_dir: Path
+    socket_dir: Path
+    admin_group: str | None = None
+    node_name: str | None = None
+    kube_api: str | None = None
+    device_plugin: bool = False
+    hook_host_path: str = "/var/lib/nvshare/lib/libnvshare.so"
+    debug: bool = False
+    metrics: bool = True  # tests turn the HTTP endpoint off
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
+        self.config = config
+        self.nvml = nvml or Nvml()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.watcher = PolicyWatcher(
+            config.policy_dir,
+            on_policy=lambda pol: self._from_thread(ev.PolicyChanged(pol)),
+            on_error=self._policy_errors,
+        )
+        self.core: Scheduler | None = None
+        self.server: SchedulerServer | None = None
+        self.registry = CollectorRegistry()
+        self._overrides: dict[str, PodOverrides] = {}
+        self._stopping: asyncio.Event | None = None
+        self._ready = False
+        self._threads: list[Any] = []
+
+    # ------------------------------------------------------------------ glue
+
+    def _from_thread(self, event: ev.Event) -> None:
+        if self.loop is not None and self.server is not None:
+            self.loop.call_soon_threadsafe(self.server.dispatch, event)
+
+    def _policy_errors(self, errors: list[PolicyError]) -> None:
+        # The watcher already logged them once per distinct set; they show in status/metrics.
+        pass
+
+    def status_extra(self) -> dict[str, Any]:
+        w = self.watcher
+        good = w.last_good
+        env = {k: v for k, v in (good.sources.items() if good else []) if v.startswith("env ")}
+        return {
+            "policy": {
+                "dir": str(self.config.policy_dir),
+                "hash": good.content_hash if good else "",
+                "files": list(good.files) if good else [],
+                "valid": not w.last_errors,
+                "last_error": "; ".join(str(e) for e in w.last_errors) or None,
+                "last_reload_time": w.last_reload_time,
+                "reload_counts": dict(w.reload_counts),
+                "env_overrides": {v.removeprefix("env "): k for k, v in env.items()},
+            },
+            "nvml": self.nvml.available,
+        }
+
+    def query_policy(self, doc: dict[str, Any]) -> dict[str, Any]:
+        good = self.watcher.last_good or Policy()
+        return {
+            "dir": str(self.config.policy_dir),
+            "hash": good.content_hash,
+            "files": list(good.files),
+            "effective": _jsonable(dataclasses.replace(good, sources={})),
+            "values": {path: [None, src] for path, src in sorted(good.sources.items())},
+        }
+
+    def query_explain(self, doc: dict[str, Any]) -> dict[str, Any]:
+        assert self.core is not None
+        pid = doc.get("pid")
+        pod = doc.get("pod")
+        return {"clients": self.core.explain(pid=int(pid) if pid else None, pod=pod)}
+
+    # ------------------------------------------------------------------- pods
+
+    def _on_pod(self, pod: PodInfo) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._apply_pod, pod)
+
+    def _apply_pod(self, pod: PodInfo) -> None:
+        assert self.core is not None and self.server is not None
+        overrides, problems = resolve_overrides(
+            pod.annotations,
+            pod=pod.ref,
+            policy=self.core.policy.annotations,
+            previous=self._overrides.get(pod.uid),
+        )
+        self._overrides[pod.uid] = overrides
+        for problem in problems:
+            log.warning("%s", problem)
+            if self.events is not None:
+                self.events.warn(problem.pod, "InvalidNvshareAnnotation", str(problem))
+        self.server.dispatch(ev.PodUpdated(pod, overrides))
+
+    def _on_pod_deleted(self, ref: PodRef) -> None:
+        assert self.loop is not None and self.server is not None
+        self._overrides.pop(ref.uid, None)
+        self.loop.call_soon_threadsafe(self.server.dispatch, ev.PodRemoved(ref))
+
+    events: Any = None
+
+    def _start_kube(self) -> None:
+        from appliance.kube.events import EventRecorder
+        from appliance.kube.pods import PodWatcher, api_client_from_env
+
+        assert self.config.node_name
+        api = api_client_from_env(self.config.kube_api)
+        self.events = EventRecorder(api, node_name=self.config.node_name)
+        watcher = PodWatcher(
+            api_client=api,
+            node_name=self.config.node_name,
+            on_pod=self._on_pod,
+            on_pod_deleted=self._on_pod_deleted,
+        )
+        watcher.start()
+        self._threads.append(watcher)
+        log.info("watching pods of node %s", self.config.node_name)
+
+    def _start_device_plugin(self) -> None:
+        from appliance.kube.deviceplugin import DevicePlugin
+
+        assert self.core is not None
+        core = self.core
+        settings = core.policy.device_plugin
+
+        def load() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for c in list(core.clients.values()):
+                counts[c.gpu] = counts.get(c.gpu, 0) + 1
+            return counts
+
+        plugin = DevicePlugin(
+            gpus=self.nvml.inventory,
+            health=self.nvml.healthy,
+            replicas_per_gpu=settings.replicas_per_gpu,
+            resource_name=settings.resource_name,
+            hook_host_path=self.config.hook_host_path,
+            socket_host_dir=str(self.config.socket_dir),
+            load=load,
+        )
+        plugin.start()
+        self._threads.append(plugin)
+
+    # ------------------------------------------------------------------- run
+
+    async def _sample_nvml(self) -> None:
+        assert self.server is not None
+        while True:
+            samples = await asyncio.to_thread(self.nvml.sample)
+            if samples:
+                self.server.dispatch(
+                    ev.GpuFreeMemory(
+                        {s.uuid: s.memory_free for s in samples}, time=self.server.now()
+                    )
+                )
+            await asyncio.sleep(NVML_SAMPLE_INTERVAL_S)
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            await asyncio.sleep(interval / 2)
+
+    def _reload(self) -> None:
+        sdnotify.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        result = self.watcher.reload_now()
+        log.info("SIGHUP: policy reload %s", getattr(result, "value", result))
+        sdnotify.notify("READY=1", "STATUS=policy reloaded")
+
+    async def run(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        try:
+            policy = self.watcher.start()
+        except PolicyLoadError as exc:
+            log.error("refusing to start: the policy in %s is invalid:", self.config.policy_dir)
+            for err in exc.errors:
+                log.error("  %s", err)
+            return 2
+        inventory = {
+            g.uuid: GpuFacts(uuid=g.uuid, index=g.index, model=g.name, total_memory=g.memory_total)
+            for g in (self.nvml.inventory() if self.nvml.available else [])
+        }
+        self.core = Scheduler(policy, inventory=inventory)
+        self.server = SchedulerServer(
+            self.core,
+            socket_dir=self.config.socket_dir,
+            admin_group=self.config.admin_group,
+            queries={"policy": self.query_policy, "explain": self.query_explain},
+            status_extra=self.status_extra,
+        )
+        await self.server.start()
+        tasks = []
+        if self.nvml.available:
+            tasks.append(asyncio.create_task(self._sample_nvml()))
+        else:
+            log.info("NVML is not available: no real-time memory check, GPU sizes come from hooks")
+        if self.config.metrics and policy.metrics.enabled:
+            core, server = self.core, self.server
+            self.registry.register(
+                ApplianceCollector(
+                    lambda: self.loop_call(
+                        lambda: {**core.status(server.now()), **self.status_extra()}
+                    )
+                )
+            )
+            serve_metrics(
+                address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready
+            )
+            log.info("metrics on http://%s/metrics", policy.metrics.address)
+        if self.config.node_name:
+            self._start_kube()
+        if self.config.device_plugin:
+            self._start_device_plugin()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._stopping.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self._reload)
+        if (interval := sdnotify.watchdog_interval()) is not None:
+            tasks.append(asyncio.create_task(self._watchdog(interval)))
+        self._ready = True
+        sdnotify.notify("READY=1", f"STATUS=serving {self.server.path}")
+        log.info(
+            "nvshare scheduler ready (policy %s, mode %s, TQ %gs)",
+            policy.content_hash[:12],
+            policy.scheduler.mode.value,
+            policy.scheduler.time_quantum_s,
+        )
+        await self._stopping.wait()
+        sdnotify.notify("STOPPING=1")
+        log.info("stopping")
+        for t in tasks:
+            t.cancel()
+        for thing in self._threads:
+            thing.stop()
+        if self.events is not None:
+            self.events.close()
+        self.watcher.stop()
+        await self.server.stop()
+        return 0
+
+    def loop_call(self, fn: Any) -> Any:
+        """Run `fn` on the event loop from another thread (metrics scrapes) and wait for it."""
+        assert self.loop is not None
+        fut = asyncio.run_coroutine_threadsafe(_call(fn), self.loop)
+        return fut.result(timeout=5)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
+
+
+def run_daemon(config: DaemonConfig) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if config.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(Daemon(config).run())

@@ -1,0 +1,93 @@
+"""Client identity from the kernel: SO_PEERCRED, then /proc/<pid> for groups, exe and cgroup.
+
+What a client says about itself (pod name hints in REGISTER) is kept apart and only used as a
+flagged fallback by the scheduler.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import socket
+import struct
+from pathlib import Path
+
+from appliance.core.identity import ClientIdentity
+from appliance.kube.cgroup import cgroup_identity
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def _group_ids(pid: int, gid: int, proc_root: Path) -> set[int]:
+    ids = {gid}
+    try:
+        for line in (proc_root / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                ids.update(int(x) for x in line.split()[1:])
+    except OSError:
+        pass
+    return ids
+
+
+def _group_names(ids: set[int]) -> frozenset[str]:
+    names = set()
+    for gid in ids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            names.add(str(gid))
+    return frozenset(names)
+
+
+def is_admin(pid: int, uid: int, gid: int, *, admin_group: str | None, proc_root: Path) -> bool:
+    """Root, or a member of the configured admin group (primary or supplementary)."""
+    if uid == 0:
+        return True
+    if not admin_group:
+        return False
+    return admin_group in _group_names(_group_ids(pid, gid, proc_root))
+
+
+def identify(
+    pid: int,
+    uid: int,
+    gid: int,
+    *,
+    proc_root: Path = Path("/proc"),
+    claimed_namespace: str = "",
+    claimed_pod: str = "",
+) -> ClientIdentity:
+    try:
+        user: str | None = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = None
+    try:
+        exe: str | None = os.readlink(proc_root / str(pid) / "exe")
+    except OSError:
+        exe = None
+    try:
+        cg = cgroup_identity(pid, proc_root=proc_root)
+        pod_uid, container, unit = cg.pod_uid, cg.container_id, cg.systemd_unit
+    except (OSError, ProcessLookupError):
+        pod_uid = container = unit = None
+    return ClientIdentity(
+        pid=pid,
+        uid=uid,
+        gid=gid,
+        user=user,
+        groups=_group_names(_group_ids(pid, gid, proc_root)),
+        executable=exe,
+        systemd_unit=unit,
+        pod_uid=pod_uid,
+        container_id=container,
+        claimed_namespace=claimed_namespace,
+        claimed_pod=claimed_pod,
+    )

@@ -1,0 +1,154 @@
+"""Prometheus metrics, read from the scheduler's state at scrape time.
+
+Names follow nvshare's fork (`nvshare_gpu_*`, `nvshare_client_*`, `nvshare_scheduler_*`) so
+existing dashboards keep working; policy reload health is `nvshare_policy_*`. The collector
+takes a snapshot function, so tests scrape a real registry without a daemon.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+Snapshot = Callable[[], dict[str, Any]]
+
+
+class ApplianceCollector(Collector):
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        doc = self._snapshot()
+        gpu_labels = ["gpu_uuid"]
+        mode = GaugeMetricFamily(
+            "nvshare_gpu_mode", "Scheduling mode: 0 off, 1 on, 2 auto", labels=gpu_labels
+        )
+        tq = GaugeMetricFamily(
+            "nvshare_gpu_time_quantum_seconds", "Time quantum", labels=gpu_labels
+        )
+        mem = GaugeMetricFamily(
+            "nvshare_gpu_memory_total_bytes",
+            "GPU memory the scheduler plans with (declared or reported)",
+            labels=gpu_labels,
+        )
+        holders = GaugeMetricFamily(
+            "nvshare_gpu_lock_holders", "Clients holding the lock", labels=gpu_labels
+        )
+        queue = GaugeMetricFamily(
+            "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=gpu_labels
+        )
+        codes = {"off": 0, "on": 1, "auto": 2}
+        for g in doc.get("gpus", []):
+            label = [g["uuid"]]
+            mode.add_metric(label, codes[g["mode"]])
+            tq.add_metric(label, g["time_quantum_s"])
+            mem.add_metric(label, g["memory_total"])
+            holders.add_metric(label, len(g["holders"]))
+            queue.add_metric(label, len(g["queue"]))
+        yield from (mode, tq, mem, holders, queue)
+
+        labels = ["client_id", "pid", "pod", "gpu_uuid"]
+        used = GaugeMetricFamily(
+            "nvshare_client_memory_used_bytes", "Memory the client allocated", labels=labels
+        )
+        limit = GaugeMetricFamily(
+            "nvshare_client_memory_limit_bytes", "Effective memory limit (0 = none)", labels=labels
+        )
+        core = GaugeMetricFamily(
+            "nvshare_client_core_limit_percent", "Effective compute share", labels=labels
+        )
+        holding = GaugeMetricFamily(
+            "nvshare_client_holding_lock", "1 while holding the lock", labels=labels
+        )
+        for c in doc.get("clients", []):
+            label = [str(c["id"]), str(c["pid"]), c["pod"], c["gpu"]]
+            used.add_metric(label, c["memory_used"])
+            limit.add_metric(label, c["memory_limit"] or 0)
+            core.add_metric(label, c["core_limit"])
+            holding.add_metric(label, 1 if c["state"] in ("holding", "draining") else 0)
+        yield from (used, limit, core, holding)
+
+        counters = doc.get("counters", {})
+        clients = GaugeMetricFamily("nvshare_scheduler_clients", "Connected clients")
+        clients.add_metric([], len(doc.get("clients", [])))
+        yield clients
+        for name, help_text in (
+            ("grants", "Lock grants"),
+            ("registrations", "Client registrations"),
+            ("disconnects", "Client disconnections"),
+            ("memory_refusals", "Memory reservations refused"),
+            ("limit_updates", "Limit updates pushed to hooks"),
+            ("realtime_warnings", "Real-time checks that would have refused (warning mode)"),
+            ("realtime_refusals", "Reservations refused by the real-time check"),
+        ):
+            fam = CounterMetricFamily(f"nvshare_scheduler_{name}", help_text)
+            fam.add_metric([], counters.get(name, 0))
+            yield fam
+        drops = CounterMetricFamily(
+            "nvshare_scheduler_drops", "Lock drops by reason", labels=["reason"]
+        )
+        for reason in ("quantum", "quota"):
+            drops.add_metric([reason], counters.get(f"drops_{reason}", 0))
+        yield drops
+        releases = CounterMetricFamily(
+            "nvshare_scheduler_releases", "Lock releases by reason", labels=["reason"]
+        )
+        for reason in ("dropped", "idle", "exit"):
+            releases.add_metric([reason], counters.get(f"releases_{reason}", 0))
+        yield releases
+
+        policy = doc.get("policy")
+        if policy:
+            valid = GaugeMetricFamily(
+                "nvshare_policy_valid", "1 if the last reload attempt was valid"
+            )
+            valid.add_metric([], 1 if policy.get("valid") else 0)
+            yield valid
+            last = GaugeMetricFamily(
+                "nvshare_policy_last_reload_timestamp_seconds",
+                "Wall time of the last reload attempt",
+            )
+            last.add_metric([], policy.get("last_reload_time") or 0)
+            yield last
+            reloads = CounterMetricFamily(
+                "nvshare_policy_reloads", "Policy reloads by result", labels=["result"]
+            )
+            for result, n in sorted((policy.get("reload_counts") or {}).items()):
+                reloads.add_metric([result], n)
+            yield reloads
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+def serve_metrics(
+    *, address: str, registry: CollectorRegistry, ready: Callable[[], bool]
+) -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz on `address` ("host:port") in a daemon thread."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            ok = ready()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+            )
+            return [b"ready\n" if ok else b"not ready\n"]
+        return metrics_app(environ, start_response)
+
+    host, _, port = address.rpartition(":")
+    server = make_server(host or "0.0.0.0", int(port), app, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,80 @@
+"""A real daemon process on a real Unix socket in a temp dir, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class RunningDaemon:
+    proc: subprocess.Popen[str]
+    socket_dir: Path
+    policy_dir: Path
+    log: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daemon(
+    tmp: Path,
+    policy_yaml: str = "",
+    *,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+) -> RunningDaemon:
+    policy_dir = tmp / "policy"
+    policy_dir.mkdir(exist_ok=True)
+    if policy_yaml:
+        (policy_dir / "policy.yaml").write_text(policy_yaml)
+    socket_dir = tmp / "run"
+    log = tmp / "daemon.log"
+    env = {**os.environ, "NVSHARE_SOCKET_DIR": str(socket_dir), **(extra_env or {})}
+    if "metrics:" not in policy_yaml:
+        (policy_dir / "zz-test-metrics.yaml").write_text("metrics: {enabled: false}\n")
+    proc = subprocess.Popen(
+        [str(BIN / "nvshare-scheduler"), "--policy-dir", str(policy_dir), *(args or [])],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    sock = socket_dir / "scheduler.sock"
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"daemon did not start:\n{log.read_text()}")
+        time.sleep(0.02)
+    return RunningDaemon(proc, socket_dir, policy_dir, log)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+    d = start_daemon(tmp_path, "scheduler: {mode: 'on', timeQuantum: 2s}\n")
+    yield d
+    d.stop()

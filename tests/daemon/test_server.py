@@ -1,0 +1,158 @@
+"""The daemon over its real socket: lock traffic, bad peers, permissions, nvsharectl."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from appliance import protocol as p
+from appliance.client import ControlClient
+
+from .conftest import BIN, RunningDaemon
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def register(d: RunningDaemon, **kw: object) -> tuple[ControlClient, p.Registered]:
+    c = ControlClient(d.socket_dir, timeout=5)
+    reply = c.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=16 << 30, **kw))  # type: ignore[arg-type]
+    assert isinstance(reply, p.Registered)
+    return c, reply
+
+
+def test_lock_is_serialised_and_handed_over_on_release(daemon: RunningDaemon) -> None:
+    a, ra = register(daemon)
+    b, _ = register(daemon)
+    assert ra.limits.mode is p.WireMode.ON
+    assert isinstance(a.request(p.LockRequest()), p.LockGrant)
+    seq = b.send(p.LockRequest())
+    a.send(p.LockReleased(p.ReleaseReason.IDLE))
+    got_seq, grant = b.receive()
+    assert isinstance(grant, p.LockGrant) and got_seq == seq
+
+
+def test_killed_holder_hands_the_lock_over_at_once(daemon: RunningDaemon) -> None:
+    a, _ = register(daemon)
+    b, _ = register(daemon)
+    a.request(p.LockRequest())
+    b.send(p.LockRequest())
+    a.close()  # the kernel closes the socket of a process killed with -9 just the same
+    start = time.monotonic()
+    _, grant = b.receive()
+    assert isinstance(grant, p.LockGrant)
+    assert time.monotonic() - start < 2.0  # at once, not after the 2 s quantum
+
+
+def test_quantum_preempts_the_holder_when_someone_waits(daemon: RunningDaemon) -> None:
+    a, _ = register(daemon)
+    b, _ = register(daemon)
+    a.request(p.LockRequest())
+    b.send(p.LockRequest())
+    _, drop = a.receive()
+    assert isinstance(drop, p.LockDrop)
+    a.send(p.LockReleased(p.ReleaseReason.DROPPED))
+    assert isinstance(b.receive()[1], p.LockGrant)
+
+
+def test_garbage_closes_only_that_connection(daemon: RunningDaemon) -> None:
+    good, _ = register(daemon)
+    bad = socket.socket(socket.AF_UNIX)
+    bad.connect(str(daemon.socket_dir / "scheduler.sock"))
+    bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)))
+    data = bad.recv(4096)
+    frames = p.FrameDecoder().feed(data)
+    reply = p.decode_body(frames[0])  # type: ignore[arg-type]
+    assert isinstance(reply, p.Result) and "bad magic" in reply.message
+    assert bad.recv(10) == b""  # closed
+    assert isinstance(good.request(p.LockRequest()), p.LockGrant)
+
+
+def test_unknown_type_and_bad_version_get_error_frames(daemon: RunningDaemon) -> None:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(daemon.socket_dir / "scheduler.sock"))
+    s.sendall(p.HEADER.pack(p.MAGIC, p.VERSION, 777, 0, 0, 1))
+    s.sendall(p.HEADER.pack(p.MAGIC, 9, p.MsgType.LOCK_REQUEST, 0, 0, 2))
+    s.sendall(p.encode(p.LockRequest(), seq=3))
+    dec = p.FrameDecoder()
+    replies: list[p.Result] = []
+    while len(replies) < 3:
+        replies += [p.decode_body(f) for f in dec.feed(s.recv(4096))]  # type: ignore[arg-type]
+    assert [r.status for r in replies] == [
+        p.Status.UNKNOWN_TYPE,
+        p.Status.BAD_VERSION,
+        p.Status.NOT_REGISTERED,
+    ]
+
+
+def test_a_client_that_never_reads_does_not_stall_others(daemon: RunningDaemon) -> None:
+    hog = socket.socket(socket.AF_UNIX)
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.connect(str(daemon.socket_dir / "scheduler.sock"))
+    for i in range(3000):  # thousands of status replies that nobody reads
+        hog.sendall(p.encode(p.StatusRequest(), seq=i))
+    other, _ = register(daemon)
+    start = time.monotonic()
+    assert isinstance(other.request(p.LockRequest()), p.LockGrant)
+    assert time.monotonic() - start < 5
+
+
+def test_half_closed_client_is_treated_as_gone(daemon: RunningDaemon) -> None:
+    a, _ = register(daemon)
+    b, _ = register(daemon)
+    a.request(p.LockRequest())
+    b.send(p.LockRequest())
+    a._sock.shutdown(socket.SHUT_WR)
+    assert isinstance(b.receive()[1], p.LockGrant)
+
+
+def nvsharectl(
+    d: RunningDaemon, *args: str, user: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "nvsharectl"), *args],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        user=user,
+    )
+
+
+def test_nvsharectl_set_tq_and_anti_thrash(daemon: RunningDaemon) -> None:
+    r = nvsharectl(daemon, "-T", "45")
+    assert r.returncode == 0 and "time quantum set to 45 s" in r.stdout
+    r = nvsharectl(daemon, "--anti-thrash", "off")
+    assert r.returncode == 0 and "mode off" in r.stdout
+    register(daemon)
+    r = nvsharectl(daemon, "status", "--json")
+    import json
+
+    doc = json.loads(r.stdout)
+    assert doc["gpus"][0]["time_quantum_s"] == 45 and doc["gpus"][0]["mode"] == "off"
+    assert doc["gpus"][0]["tq_source"] == "nvsharectl"
+    r = nvsharectl(daemon)
+    assert r.returncode == 0 and GPU in r.stdout and "mode off" in r.stdout
+
+
+def test_nvsharectl_rejects_bad_tq_before_asking(daemon: RunningDaemon) -> None:
+    r = nvsharectl(daemon, "-T", "0")
+    assert r.returncode == 2 and "--set-tq" in r.stderr
+
+
+def test_only_root_changes_state_but_anyone_reads_status(daemon: RunningDaemon) -> None:
+    daemon.socket_dir.chmod(0o755)
+    r = nvsharectl(daemon, "-T", "5", user=65534)
+    assert r.returncode == 1 and "only root" in r.stderr and "nothing changed" in r.stderr
+    r = nvsharectl(daemon, "status", user=65534)
+    assert r.returncode == 0
+
+
+def test_nvsharectl_without_daemon_is_one_clear_line(tmp_path: Path) -> None:
+    env = {"NVSHARE_SOCKET_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [str(BIN / "nvsharectl"), "status"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "no nvshare scheduler is running" in r.stderr
