@@ -1,0 +1,212 @@
+"""deploy/ renders with kustomize, validates offline (strict), and keeps its promises.
+
+The promises are the ones that break sharing silently when lost: the policy ConfigMap is
+mounted as a directory (a subPath mount never updates), the socket directory (not the socket)
+is shared with the host, the daemon sees host PIDs, RBAC grants nothing beyond what the
+components use, and a broken webhook cannot block pods.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "nvshare-system"
+KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+ALLOWED_GRANTS = {
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("", "nodes", "get"),
+    ("", "nodes", "list"),
+}
+
+
+@cache
+def kustomize_output() -> tuple[str | None, str]:
+    """(rendered YAML, "") or (None, why kustomize could not be used here)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None, "kubectl is not installed"
+    done = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        return None, f"`kubectl kustomize` failed (too old a kustomize?): {done.stderr.strip()}"
+    return done.stdout, ""
+
+
+def manifest_files() -> list[Path]:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
+    return [DEPLOY / name for name in kustomization["resources"] if name.endswith(".yaml")]
+
+
+@cache
+def _objects() -> tuple[dict[str, Any], ...]:
+    rendered, _why = kustomize_output()
+    if rendered is not None:
+        docs = list(yaml.safe_load_all(rendered))
+    else:  # the files as written: every property below still holds for them
+        docs = [d for f in manifest_files() for d in yaml.safe_load_all(f.read_text("utf-8"))]
+    return tuple(d for d in docs if d)
+
+
+def objects(kind: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in _objects() if kind is None or o["kind"] == kind]
+
+
+def one(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in objects(kind) if o["metadata"]["name"] == name]
+    return found
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for kind in ("DaemonSet", "Deployment"):
+        for workload in objects(kind):
+            yield workload["metadata"]["name"], workload["spec"]["template"]["spec"]
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def test_kustomize_builds_one_namespace_with_the_policy_configmap() -> None:
+    rendered, why = kustomize_output()
+    if rendered is None:
+        pytest.skip(f"{why}; the manifest files are validated one by one instead")
+    for obj in objects():
+        if obj["kind"] not in {
+            "Namespace",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "MutatingWebhookConfiguration",
+        }:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+    policy = one("ConfigMap", "nvshare-policy")  # no hash suffix: updates hot-reload in place
+    source = ROOT / "configmaps" / "default" / "policy.yaml"
+    assert policy["data"] == {"policy.yaml": source.read_text(encoding="utf-8")}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_strictly_against_the_kubernetes_schema(version: str) -> None:
+    assert objects(), "nothing rendered"
+    for obj in objects():
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_strict_validation_would_catch_a_misspelled_field() -> None:
+    daemonset = yaml.safe_load(yaml.safe_dump(one("DaemonSet", "nvshare-node")))
+    daemonset["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_the_policy_configmap_is_mounted_as_a_directory_and_nothing_uses_subpath() -> None:
+    mounted = 0
+    for name, spec in pod_specs():
+        volumes = {
+            v["name"]
+            for v in spec["volumes"]
+            if v.get("configMap", {}).get("name") == "nvshare-policy"
+        }
+        for container in containers(spec):
+            for mount in container.get("volumeMounts", []):
+                assert "subPath" not in mount and "subPathExpr" not in mount, (name, mount)
+                if mount["name"] in volumes:
+                    assert mount["mountPath"] == "/etc/nvshare/policy.d"
+                    mounted += 1
+    assert mounted == 2  # the node daemon and the webhook
+
+
+def test_rbac_grants_nothing_beyond_what_the_components_use() -> None:
+    granted = set()
+    for role in [*objects("ClusterRole"), *objects("Role")]:
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    assert granted <= ALLOWED_GRANTS, granted - ALLOWED_GRANTS
+    node = {
+        (r, v)
+        for rule in one("ClusterRole", "nvshare-node")["rules"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert {("pods", "watch"), ("events", "create")} <= node
+    roles = {r["metadata"]["name"] for r in objects("ClusterRole")}
+    for binding in objects("ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] in roles  # never a built-in role such as admin
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE
+
+
+def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> None:
+    spec = one("DaemonSet", "nvshare-node")["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+    host_paths = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    (daemon,) = spec["containers"]  # no bind-mount sidecar
+    mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+    sockets = [n for n, p in host_paths.items() if p["path"] == "/var/run/nvshare"]
+    assert sockets and host_paths[sockets[0]]["type"] == "DirectoryOrCreate"
+    assert mounts[sockets[0]] == "/var/run/nvshare"
+    assert not any(p["path"].endswith(".sock") for p in host_paths.values())
+    assert "/var/lib/kubelet/device-plugins" in {p["path"] for p in host_paths.values()}
+    env = {e["name"]: e for e in daemon["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert daemon["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {p["containerPort"] for p in daemon["ports"]} == {9402}
+    assert "--policy-dir" in daemon["command"]
+
+
+def test_no_container_is_privileged_and_the_hook_is_installed_by_an_init_container() -> None:
+    for name, spec in pod_specs():
+        for container in containers(spec):
+            context = container.get("securityContext", {})
+            assert not context.get("privileged", False), (name, container["name"])
+            assert context.get("allowPrivilegeEscalation") is False, (name, container["name"])
+    spec = one("DaemonSet", "nvshare-node")["spec"]["template"]["spec"]
+    (installer,) = spec["initContainers"]
+    script = " ".join(installer["command"])
+    source = re.search(r"cp (\S+libnvshare\.so) ", script)
+    assert source, script
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    assert f"libnvshare.so {source.group(1)}\n" in dockerfile  # the image has it there
+    (mount,) = installer["volumeMounts"]
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/var/lib/nvshare/lib"
+
+
+def test_the_webhook_cannot_block_pods_and_points_at_its_service() -> None:
+    (config,) = objects("MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == [
+        "pods"
+    ]
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {"kube-system", NAMESPACE} <= set(excluded)
+    target = hook["clientConfig"]["service"]
+    service = one("Service", target["name"])
+    assert target["namespace"] == NAMESPACE
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
+    deployment = one("Deployment", "nvshare-webhook")["spec"]["template"]["spec"]
+    assert port["targetPort"] in {p["name"] for c in deployment["containers"] for p in c["ports"]}
+    assert deployment["securityContext"]["runAsNonRoot"] is True
