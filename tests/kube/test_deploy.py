@@ -173,7 +173,7 @@ def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> Non
     assert daemon["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert {p["containerPort"] for p in daemon["ports"]} == {9402}
-    assert "--policy-dir" in daemon["command"]
+    assert "--policy-dir" in daemon["command"] and "--device-plugin" in daemon["command"]
 
 
 def test_no_container_is_privileged_and_the_hook_is_installed_by_an_init_container() -> None:
