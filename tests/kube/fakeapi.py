@@ -820,6 +820,7 @@ class FakeApiServer:
             for ev in initial:
                 h.write_chunk(json.dumps(ev).encode() + b"\n")
             if initial and initial[0]["type"] == "ERROR":
+                h.write_chunk(b"")  # the stream ends cleanly after the error, as on a real server
                 return
             for batch in self._watch_batches(cursor, generation, deadline, next_bookmark, conn):
                 out = []

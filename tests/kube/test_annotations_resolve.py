@@ -25,9 +25,7 @@ def resolve(
     policy: AnnotationPolicy = OPEN,
     previous: PodOverrides | None = None,
 ) -> tuple[PodOverrides, list[str], list[str]]:
-    overrides, problems = resolve_overrides(
-        annotations, pod=POD, policy=policy, previous=previous
-    )
+    overrides, problems = resolve_overrides(annotations, pod=POD, policy=policy, previous=previous)
     return overrides, [str(p) for p in problems], [p.kept for p in problems]
 
 
