@@ -154,6 +154,11 @@ class DevicePlugin:
 
     def start(self) -> None:
         """Serve, register if kubelet is there, and watch for kubelet restarts and health."""
+        if not self.kubelet_dir.is_dir():
+            raise FileNotFoundError(
+                f"the kubelet device-plugins directory {self.kubelet_dir} does not exist; "
+                "mount it from the host (kubelet creates it) or turn the device plugin off"
+            )
         self._stopping.clear()
         self._refresh_devices()
         self._serve()
@@ -327,29 +332,37 @@ class DevicePlugin:
         return True
 
     def _watch_kubelet(self, inotify: inotify_simple.INotify) -> None:
-        flags = inotify_simple.flags
         pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
         try:
             while not self._stopping.is_set():
-                if pending:
-                    pending = not self.register()
-                timeout_ms = int(self._register_retry_s * 1000) if pending else 200
-                for event in inotify.read(timeout=timeout_ms):
-                    if event.name == KUBELET_SOCKET and event.mask & (
-                        flags.CREATE | flags.MOVED_TO
-                    ):
-                        # A new kubelet: it has wiped the directory, so serve again if our
-                        # socket is gone, then register (after serving: kubelet dials back).
-                        if not self.socket_path.exists():
-                            self._serve()
-                        pending = True
-                    elif event.name == self.endpoint and event.mask & flags.DELETE:
-                        if not self._stopping.is_set():
-                            log.warning("%s was deleted; serving again", self.socket_path)
-                            self._serve()
-                            pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
+                try:
+                    pending = self._watch_once(inotify, pending=pending)
+                except Exception:
+                    # Never let the watch die: without it a kubelet restart loses the plugin.
+                    log.exception("device plugin: handling a kubelet directory change failed")
+                    self._stopping.wait(self._register_retry_s)
         finally:
             inotify.close()
+
+    def _watch_once(self, inotify: inotify_simple.INotify, *, pending: bool) -> bool:
+        """Register if due, then handle one batch of directory events; returns `pending`."""
+        flags = inotify_simple.flags
+        if pending:
+            pending = not self.register()
+        timeout_ms = int(self._register_retry_s * 1000) if pending else 200
+        for event in inotify.read(timeout=timeout_ms):
+            if event.name == KUBELET_SOCKET and event.mask & (flags.CREATE | flags.MOVED_TO):
+                # A new kubelet: it has wiped the directory, so serve again if our socket is
+                # gone, then register (after serving: kubelet dials back at once).
+                if not self.socket_path.exists():
+                    self._serve()
+                pending = True
+            elif event.name == self.endpoint and event.mask & flags.DELETE:
+                if not self._stopping.is_set():
+                    log.warning("%s was deleted; serving again", self.socket_path)
+                    self._serve()
+                    pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
+        return pending
 
     def _watch_health(self) -> None:
         while not self._stopping.wait(self._health_interval_s):

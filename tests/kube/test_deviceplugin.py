@@ -200,16 +200,19 @@ def test_preferred_devices_packs_a_gpu_only_when_it_must() -> None:
     ]
 
 
+@pytest.mark.parametrize("wipes_plugin_sockets", [True, False])
 def test_re_registers_and_serves_again_after_a_kubelet_restart(
-    tmp_path: Path, plugin: DevicePlugin
+    tmp_path: Path, plugin: DevicePlugin, wipes_plugin_sockets: bool
 ) -> None:
     kubelet = FakeKubelet(tmp_path)
     plugin.start()
     assert kubelet.requests.get(timeout=WAIT).endpoint == "nvshare.sock"
-    # A kubelet restart: its socket goes away, it wipes the plugin sockets, then comes back.
+    # A kubelet restart: its socket goes away, it (usually) wipes the plugin sockets, then
+    # it comes back.
     kubelet.stop()
     (tmp_path / "kubelet.sock").unlink(missing_ok=True)
-    plugin.socket_path.unlink()
+    if wipes_plugin_sockets:
+        plugin.socket_path.unlink()
     restarted = FakeKubelet(tmp_path)
     try:
         assert restarted.requests.get(timeout=WAIT).resource_name == "nvshare.com/gpu"
@@ -230,3 +233,19 @@ def test_a_plugin_started_before_kubelet_registers_when_kubelet_appears(
         assert kubelet.requests.get(timeout=WAIT).version == "v1beta1"
     finally:
         kubelet.stop()
+
+
+def test_a_missing_kubelet_directory_is_a_clear_error(tmp_path: Path, gpus: Gpus) -> None:
+    plugin = DevicePlugin(
+        gpus=gpus.inventory,
+        health=gpus.healthy,
+        replicas_per_gpu=2,
+        resource_name="nvshare.com/gpu",
+        kubelet_dir=tmp_path / "device-plugins",
+        hook_host_path="/var/lib/nvshare/lib/libnvshare.so",
+        socket_host_dir="/var/run/nvshare",
+        load=dict,
+    )
+    with pytest.raises(FileNotFoundError, match="device-plugins directory .* does not exist"):
+        plugin.start()
+    plugin.stop()
