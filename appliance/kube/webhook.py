@@ -387,6 +387,25 @@ def policy_chains(policy_dir: Path) -> Chains:
     return load_policy_dir(policy_dir).mig_fallback.chains
 
 
+def build_webhook_server(
+    *,
+    policy_dir: Path,
+    cert_file: Path,
+    key_file: Path,
+    port: int,
+    api_client: Any,
+    host: str = "0.0.0.0",
+) -> WebhookServer:
+    """The production webhook, bound but not yet serving (port 0 picks a free port)."""
+    webhook = MigFallbackWebhook(
+        chains=PolicyChains(policy_dir=Path(policy_dir), load=policy_chains),
+        available=ClusterAvailability(api_client=api_client),
+    )
+    return WebhookServer(
+        webhook=webhook, cert_file=Path(cert_file), key_file=Path(key_file), host=host, port=port
+    )
+
+
 def serve_webhook(
     *,
     policy_dir: Path,
@@ -397,12 +416,13 @@ def serve_webhook(
     host: str = "0.0.0.0",
 ) -> None:
     """Run the webhook until interrupted: HTTPS on `host:port`, chains from `policy_dir`."""
-    webhook = MigFallbackWebhook(
-        chains=PolicyChains(policy_dir=Path(policy_dir), load=policy_chains),
-        available=ClusterAvailability(api_client=api_client),
-    )
-    server = WebhookServer(
-        webhook=webhook, cert_file=Path(cert_file), key_file=Path(key_file), host=host, port=port
+    server = build_webhook_server(
+        policy_dir=policy_dir,
+        cert_file=cert_file,
+        key_file=key_file,
+        port=port,
+        api_client=api_client,
+        host=host,
     )
     log.info("MIG fallback webhook listening on https://%s:%d (policy %s)", host, port, policy_dir)
     try:

@@ -27,6 +27,7 @@ from appliance.kube.webhook import (
     MigFallbackWebhook,
     PolicyChains,
     WebhookServer,
+    build_webhook_server,
     policy_chains,
 )
 
@@ -108,6 +109,17 @@ class Webhook:
         return dict(answer["response"])
 
 
+def running(server: WebhookServer, cert_file: Path) -> Iterator[Webhook]:
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield Webhook(server, cert_file)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 @pytest.fixture
 def webhook(certificate: tuple[Path, Path], api_client: client.ApiClient) -> Iterator[Webhook]:
     cert_file, key_file = certificate
@@ -121,14 +133,7 @@ def webhook(certificate: tuple[Path, Path], api_client: client.ApiClient) -> Ite
         host="127.0.0.1",
         port=0,
     )
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield Webhook(server, cert_file)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    yield from running(server, cert_file)
 
 
 def mig_pod(profile: str, count: int = 1, **metadata: Any) -> dict[str, Any]:
@@ -260,3 +265,33 @@ def test_chains_come_from_the_policy_dir_and_a_bad_edit_keeps_the_last_good(
     assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
     (tmp_path / "10-mig.yaml").write_text("migFallback:\n  chains: 3\n", encoding="utf-8")
     assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
+
+
+def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_the_api(
+    tmp_path: Path,
+    certificate: tuple[Path, Path],
+    fake_api: FakeApiServer,
+    api_client: client.ApiClient,
+) -> None:
+    (tmp_path / "50-mig.yaml").write_text(
+        'migFallback:\n  chains:\n    - ["3g.40gb", "1g.10gb"]\n', encoding="utf-8"
+    )
+    seed(fake_api)
+    cert_file, key_file = certificate
+    server = build_webhook_server(
+        policy_dir=tmp_path,
+        cert_file=cert_file,
+        key_file=key_file,
+        port=0,
+        api_client=api_client,
+        host="127.0.0.1",
+    )
+    for webhook in running(server, cert_file):
+        pod = mig_pod("3g.40gb")
+        patched = applied(pod, webhook.review(pod))
+        assert patched["metadata"]["annotations"]["nvshare.com/mig-fallback"] == "3g.40gb->1g.10gb"
+        health = urllib.request.urlopen(
+            webhook.url.replace("/mutate", "/healthz"), context=webhook.tls, timeout=30
+        )
+        assert health.status == 200
+        health.close()
