@@ -45,8 +45,14 @@ static void *hook_fn(int id)
 typedef void *(*dlsym_fn)(void *, const char *);
 static _Atomic(dlsym_fn) real_dlsym_p;
 
+/*
+ * Sanitizer runtimes resolve their interceptors with dlsym before they are initialised, so the
+ * dlsym path must not be instrumented (no effect on the shipped build).
+ */
+#define NVS_UNINSTRUMENTED __attribute__((no_sanitize("address", "thread", "undefined")))
+
 /* glibc 2.34 moved dlsym into libc with a new version; older ones only have the first one. */
-static dlsym_fn real_dlsym(void)
+NVS_UNINSTRUMENTED static dlsym_fn real_dlsym(void)
 {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_p, memory_order_acquire);
     if (f != NULL) return f;
@@ -207,7 +213,7 @@ NVS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
  * Interposed dlsym. Cheap for every other name (two character compares). Known limit: a caller's
  * dlsym(RTLD_NEXT, ...) is resolved relative to libnvshare.so rather than the caller.
  */
-NVS_EXPORT void *dlsym(void *handle, const char *name)
+NVS_EXPORT NVS_UNINSTRUMENTED void *dlsym(void *handle, const char *name)
 {
     dlsym_fn ds = real_dlsym();
     if (ds == NULL) return NULL;

@@ -9,6 +9,7 @@
  * device i adds i to the last byte), NVSHARE_FAKE_GPU_COUNT (default 1), NVSHARE_FAKE_LAUNCH_US
  * (default 1000), NVSHARE_FAKE_FAIL_ALLOC_SIZE (an allocation of exactly these bytes fails with
  * CUDA_ERROR_UNKNOWN, to test the hook's rollback).
+ * Linked with -Bsymbolic-functions: like the real driver, its internal calls never reach the hook.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -479,10 +480,11 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     *pitch = (w + 511) / 512 * 512;
     return take(cur_dev(), w * h, rounded(*pitch * h), p);
 }
+/* Managed memory pages in and out on demand: it is not limited by the device size. */
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t bytes, unsigned flags)
 {
     (void)flags;
-    return take(cur_dev(), bytes, rounded(bytes), p);
+    return take(cur_dev(), bytes, 0, p);
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s)
 {

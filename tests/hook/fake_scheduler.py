@@ -1,0 +1,267 @@
+"""A small scripted stand-in for the node scheduler, speaking ld_hook/nvshare_proto.h.
+
+It exists so the hook's side of the protocol (registration, lock grant/drop/release, chunked
+memory reservations, limit updates, daemon death) can be tested exactly and quickly, with every
+frame the hook sends recorded for assertions. The real daemon is tested against the hook in
+test_with_daemon.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+HEADER = struct.Struct("<IHHIIQ")
+MAGIC = 0x4853564E
+REGISTER, REGISTERED, LOCK_REQUEST, LOCK_GRANT, LOCK_DROP, LOCK_RELEASED = 1, 2, 3, 4, 5, 6
+ERROR = 11
+MEM_RESERVE, MEM_GRANT, MEM_RETURN, LIMIT_UPDATE = 20, 21, 22, 23
+MODE_OFF, MODE_ON = 0, 1
+BACKING_DEVICE, BACKING_MANAGED = 0, 1
+LIMITS = struct.Struct("<QIIII")
+REGISTER_BODY = struct.Struct("<IIQQ48s64s64s")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    mem_limit: int = 0
+    core_limit: int = 100
+    mode: int = MODE_ON
+    backing: int = BACKING_DEVICE
+    flags: int = 0
+
+    def pack(self) -> bytes:
+        return LIMITS.pack(self.mem_limit, self.core_limit, self.mode, self.backing, self.flags)
+
+
+@dataclass(slots=True)
+class Client:
+    conn: socket.socket
+    client_id: int
+    pid: int = 0
+    uuid: str = ""
+    env_mem_limit: int = 0
+    gpu_total_mem: int = 0
+    pod: tuple[str, str] = ("", "")
+    reserved: int = 0
+    used: int = 0
+    lock_since: float = 0.0
+    dropped: bool = False
+    pending_seq: int = 0
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, type_: int, seq: int, body: bytes = b"") -> None:
+        with self.send_lock:
+            try:
+                self.conn.sendall(HEADER.pack(MAGIC, 1, type_, 0, len(body), seq) + body)
+            except OSError:
+                pass
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = conn.recv(n - len(data))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class FakeScheduler:
+    """Serves scheduler.sock in `socket_dir` on a background thread until stop()."""
+
+    def __init__(
+        self,
+        socket_dir: str,
+        *,
+        limits: Limits = Limits(),
+        tq_s: float = 0.0,
+        chunk: int = 64 << 20,
+        pod_limit: int = 0,
+    ) -> None:
+        self.path = os.path.join(socket_dir, "scheduler.sock")
+        self.limits = limits
+        self.tq_s = tq_s
+        self.chunk = chunk
+        self.pod_limit = pod_limit
+        self.mu = threading.Condition()
+        self.clients: list[Client] = []
+        self.events: list[tuple[int, int, tuple[int, ...]]] = []  # (client_id, type, fields)
+        self.holder: Client | None = None
+        self.queue: list[Client] = []
+        self._next_id = 1
+        self._stopping = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        if tq_s > 0:
+            self._threads.append(threading.Thread(target=self._quantum, daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # ---- observation helpers for tests ----
+    def wait_for(self, predicate: object, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.mu:
+            while not predicate():  # type: ignore[operator]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.mu.wait(left)
+            return True
+
+    def count(self, type_: int) -> int:
+        with self.mu:
+            return sum(1 for _, t, _ in self.events if t == type_)
+
+    def total_reserved(self) -> int:
+        with self.mu:
+            return sum(c.reserved for c in self.clients)
+
+    def push_limits(self, limits: Limits) -> None:
+        with self.mu:
+            self.limits = limits
+            clients = list(self.clients)
+        for c in clients:
+            c.send(LIMIT_UPDATE, 0, limits.pack())
+
+    def stop(self) -> None:
+        """Die like kill -9: every connection and the listener close at once."""
+        with self.mu:
+            self._stopping = True
+            clients = list(self.clients)
+            self.clients.clear()
+            self.mu.notify_all()
+        for c in clients:
+            try:
+                c.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.conn.close()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # ---- server ----
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self.mu:
+                client = Client(conn=conn, client_id=self._next_id)
+                self._next_id += 1
+            t = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            t.start()
+
+    def _serve(self, c: Client) -> None:
+        while True:
+            head = _recv_exact(c.conn, HEADER.size)
+            if head is None:
+                break
+            magic, _version, type_, _flags, length, seq = HEADER.unpack(head)
+            body = _recv_exact(c.conn, length) if length else b""
+            if magic != MAGIC or body is None:
+                break
+            self._handle(c, type_, seq, body)
+        self._gone(c)
+
+    def _record(self, c: Client, type_: int, fields: tuple[int, ...] = ()) -> None:
+        self.events.append((c.client_id, type_, fields))
+        self.mu.notify_all()
+
+    def _handle(self, c: Client, type_: int, seq: int, body: bytes) -> None:
+        with self.mu:
+            if type_ == REGISTER:
+                pid, _core, total, env_mem, uuid, ns, name = REGISTER_BODY.unpack(body)
+                c.pid, c.gpu_total_mem, c.env_mem_limit = pid, total, env_mem
+                c.uuid = uuid.rstrip(b"\0").decode()
+                c.pod = (ns.rstrip(b"\0").decode(), name.rstrip(b"\0").decode())
+                self.clients.append(c)
+                self._record(c, type_, (pid,))
+                c.send(REGISTERED, seq, struct.pack("<Q", c.client_id) + self.limits.pack())
+            elif type_ == LOCK_REQUEST:
+                self._record(c, type_)
+                if self.limits.mode == MODE_OFF or self.holder is None:
+                    self._grant(c, seq)
+                else:
+                    self.queue.append(c)
+                    c.pending_seq = seq
+            elif type_ == LOCK_RELEASED:
+                (reason, _) = struct.unpack("<II", body)
+                self._record(c, type_, (reason,))
+                if self.holder is c:
+                    self._next_holder()
+            elif type_ == MEM_RESERVE:
+                want, used = struct.unpack("<QQ", body)
+                c.used = used
+                others = sum(x.reserved for x in self.clients if x is not c)
+                room = self.pod_limit - others - c.reserved if self.pod_limit else 1 << 62
+                granted = min(max(want, self.chunk), room) if room >= want else 0
+                c.reserved += granted
+                self._record(c, type_, (want, used, granted))
+                c.send(MEM_GRANT, seq, struct.pack("<QQ", granted, c.reserved))
+            elif type_ == MEM_RETURN:
+                give, used = struct.unpack("<QQ", body)
+                c.reserved -= give
+                c.used = used
+                self._record(c, type_, (give, used))
+            else:
+                self._record(c, type_)
+                msg = b"unknown type".ljust(248, b"\0")
+                c.send(ERROR, seq, struct.pack("<iI", 2, type_) + msg)
+
+    def _grant(self, c: Client, seq: int) -> None:
+        self.holder = c
+        c.lock_since = time.monotonic()
+        c.dropped = False
+        self._record(c, LOCK_GRANT)
+        c.send(LOCK_GRANT, seq, struct.pack("<II", int(self.tq_s * 1000), 0))
+
+    def _next_holder(self) -> None:
+        self.holder = None
+        if self.queue:
+            nxt = self.queue.pop(0)
+            self._grant(nxt, nxt.pending_seq)
+
+    def _gone(self, c: Client) -> None:
+        with self.mu:
+            if c in self.clients:
+                self.clients.remove(c)
+            if c in self.queue:
+                self.queue.remove(c)
+            c.reserved = 0
+            self._record(c, -1)
+            if self.holder is c and not self._stopping:
+                self._next_holder()
+        c.conn.close()
+
+    def _quantum(self) -> None:
+        while True:
+            time.sleep(min(self.tq_s / 4, 0.05))
+            with self.mu:
+                if self._stopping:
+                    return
+                h = self.holder
+                if h and self.queue and not h.dropped and time.monotonic() - h.lock_since > self.tq_s:
+                    h.dropped = True
+                    self._record(h, LOCK_DROP)
+                    h.send(LOCK_DROP, 0)
