@@ -16,6 +16,7 @@ every event and from every bookmark) and tell a 410 Gone apart from other failur
 
 Callbacks run on the watcher's thread, in API order. `on_pod` fires when a pod appears or when
 what `PodInfo` carries (node, labels, annotations) changes; status-only updates are not passed on.
+A callback that raises is logged; the watch goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -137,8 +139,12 @@ class PodWatcher:
                 if need_list:
                     self._relist()
                     need_list = False
+                opened = time.monotonic()
                 if self._watch_once():
                     failures = 0
+                elif time.monotonic() - opened < 1.0:  # empty and instant: do not spin
+                    failures += 1
+                    self._stop.wait(self._delay(failures))
             except _Gone:
                 log.info("pod watch on node %s: history expired (410); listing again", self._node)
                 need_list = True
@@ -186,11 +192,11 @@ class PodWatcher:
         for uid, info in current.items():
             if before.get(uid) != info:
                 self._remember(info)
-                self._on_pod(info)
+                self._emit(info)
         for uid, old in before.items():
             if uid not in current:
                 self._forget(uid)
-                self._on_pod_deleted(old.ref)
+                self._emit_deleted(old.ref)
         self._rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         self.relists += 1
         self.synced.set()
@@ -243,13 +249,25 @@ class PodWatcher:
                 changed = self._known.get(info.uid) != info
             if changed:
                 self._remember(info)
-                self._on_pod(info)
+                self._emit(info)
         elif kind == "DELETED":
             info = pod_info(obj)
             if self._forget(info.uid):
-                self._on_pod_deleted(info.ref)
+                self._emit_deleted(info.ref)
         if rv:  # BOOKMARK carries only this
             self._rv = str(rv)
+
+    def _emit(self, info: PodInfo) -> None:
+        try:
+            self._on_pod(info)
+        except Exception:  # noqa: BLE001 - a consumer's bug must not stop the watch
+            log.exception("on_pod callback failed for pod %s/%s", info.namespace, info.name)
+
+    def _emit_deleted(self, ref: PodRef) -> None:
+        try:
+            self._on_pod_deleted(ref)
+        except Exception:  # noqa: BLE001 - a consumer's bug must not stop the watch
+            log.exception("on_pod_deleted callback failed for pod %s", ref)
 
     def _remember(self, info: PodInfo) -> None:
         with self._lock:

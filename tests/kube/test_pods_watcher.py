@@ -235,3 +235,31 @@ def test_stop_ends_the_thread_promptly(
     wait_until(lambda: fake_api.watch_count() >= 1, "a watch request")
     watcher.stop(timeout=10)
     assert watcher._thread is not None and not watcher._thread.is_alive()
+
+
+def test_a_failing_callback_is_logged_and_the_watch_goes_on(
+    fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_api.add_pod("bad", node="n1")
+    recorder = Recorder()
+
+    def on_pod(info: PodInfo) -> None:
+        if info.name == "bad":
+            raise ValueError("consumer bug")
+        recorder.on_pod(info)
+
+    api = api_client_from_env(fake_api.url)
+    watcher = PodWatcher(
+        api_client=api, node_name="n1", on_pod=on_pod, on_pod_deleted=recorder.on_pod_deleted
+    )
+    watcher.start()
+    try:
+        fake_api.add_pod("good", node="n1")
+        recorder.wait_for("the good pod", saw("pod", "good"))
+    finally:
+        watcher.stop()
+        api.close()
+    assert any(
+        "on_pod callback failed for pod default/bad" in r.getMessage() for r in caplog.records
+    )
+    assert watcher.relists == 1
