@@ -124,8 +124,9 @@ install_files() {
   record file "$UNIT"
 
   make_dirs "$POLICY_DIR"; flush_dirs
-  if [ -e "$ROOT$DEFAULT_POLICY" ]; then
-    say "keeping the existing $DEFAULT_POLICY"
+  if compgen -G "$ROOT$POLICY_DIR/*.yaml" >/dev/null || compgen -G "$ROOT$POLICY_DIR/*.yml" >/dev/null \
+     || compgen -G "$ROOT$POLICY_DIR/*.json" >/dev/null; then
+    say "$POLICY_DIR already holds a policy; not adding the default one"
   else
     act install -m 0644 "$REPO/configmaps/default/policy.yaml" "$ROOT$DEFAULT_POLICY"
     if [ "$DRY_RUN" = 0 ]; then

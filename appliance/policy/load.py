@@ -22,7 +22,6 @@ import hashlib
 import os
 import re
 import stat
-import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -438,7 +437,7 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
                 match=model.RuleMatch(
                     namespace=match.get("namespace"),
                     pod_name=match.get("podName"),
-                    pod_labels=types.MappingProxyType(dict(match.get("podLabels") or {})),
+                    pod_labels=dict(match.get("podLabels") or {}),
                     uid=match.get("uid"),
                     user=match.get("user"),
                     group=match.get("group"),
@@ -515,7 +514,7 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
         metrics=model.MetricsSettings(
             enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]
         ),
-        sources=types.MappingProxyType(dict(merge.sources)),
+        sources=dict(merge.sources),
         files=tuple(f.name for f in snapshot.files),
         content_hash=snapshot.content_hash,
     )
@@ -539,6 +538,7 @@ def _check_file(f: PolicyFile) -> tuple[ParsedDocument, list[PolicyError]]:
     if isinstance(doc.value, dict):
         problems += _value_problems(doc.value)
     errors += [error(doc.line_of(path), path, message) for path, message in problems]
+    errors.sort(key=lambda e: e.line if e.line is not None else 0)  # stable: schema order
     return doc, errors
 
 

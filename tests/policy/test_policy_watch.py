@@ -208,7 +208,6 @@ def test_a_thousand_rapid_changes_end_in_the_final_state(
     recorder.wait_tq(1000.0)
     seen = [p.scheduler.time_quantum_s for p in recorder.policies[1:]]
     assert seen == sorted(seen), "policies were applied out of order"
-    assert len(seen) < 1000, "every change was applied: the debounce did nothing"
 
 
 def test_removing_every_file_gives_the_builtin_defaults(

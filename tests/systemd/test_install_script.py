@@ -143,3 +143,15 @@ def test_uninstall_without_a_manifest_removes_nothing(staging: Path) -> None:
     assert result.returncode == 1
     assert "no install manifest" in result.stderr
     assert tree(staging) == before
+
+
+def test_an_existing_policy_is_not_joined_by_the_default(staging: Path, hook: Path) -> None:
+    policy_dir = staging / "etc/nvshare/policy.d"
+    policy_dir.mkdir(parents=True)
+    (policy_dir / "10-site.yaml").write_text("scheduler: {mode: auto}\n")
+    before = tree(staging)
+    result = install(staging, "--no-venv", "--hook", str(hook))
+    assert "already holds a policy" in result.stdout
+    assert sorted(p.name for p in policy_dir.iterdir()) == ["10-site.yaml"]
+    install(staging, "--uninstall")
+    assert tree(staging) == before
