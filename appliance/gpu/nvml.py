@@ -113,7 +113,7 @@ class Nvml:
                 name = _text(self._lib.nvmlDeviceGetName(handle))
                 total = int(self._lib.nvmlDeviceGetMemoryInfo(handle).total)
             except self._lib.NVMLError as exc:
-                self._log_once(f"inventory of GPU {index}", exc)
+                self._log_once(f"inventory of GPU {index}", exc, "left out of the inventory")
                 continue
             gpus.append(
                 GpuInfo(
@@ -138,12 +138,12 @@ class Nvml:
                 handle = self._lib.nvmlDeviceGetHandleByIndex(index)
                 uuid = _text(self._lib.nvmlDeviceGetUUID(handle))
             except self._lib.NVMLError as exc:
-                self._log_once(f"sample of GPU {index}", exc)
+                self._log_once(f"sample of GPU {index}", exc, "left out of this sample")
                 continue
             try:
                 memory = self._lib.nvmlDeviceGetMemoryInfo(handle)
             except self._lib.NVMLError as exc:
-                self._log_once(f"memory of GPU {uuid}", exc)
+                self._log_once(f"memory of GPU {uuid}", exc, "reported unhealthy")
                 samples.append(
                     GpuSample(
                         uuid=uuid,
@@ -183,7 +183,7 @@ class Nvml:
             handle = self._lib.nvmlDeviceGetHandleByUUID(uuid)
             self._lib.nvmlDeviceGetMemoryInfo(handle)
         except self._lib.NVMLError as exc:
-            self._log_once(f"health of GPU {uuid}", exc)
+            self._log_once(f"health of GPU {uuid}", exc, "reported unhealthy")
             return False
         return True
 
@@ -195,7 +195,7 @@ class Nvml:
                 self._lib.nvmlEventSetFree(self._events)
             self._lib.nvmlShutdown()
         except self._lib.NVMLError as exc:
-            self._log_once("shutdown", exc)
+            self._log_once("shutdown", exc, "ignored")
         self.available = False
 
     # -- helpers --------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class Nvml:
         try:
             return int(self._lib.nvmlDeviceGetCount())
         except self._lib.NVMLError as exc:
-            self._log_once("device count", exc)
+            self._log_once("device count", exc, "no GPUs listed this time")
             return 0
 
     def _mig_enabled(self, handle: Any) -> bool:
@@ -219,7 +219,7 @@ class Nvml:
             return int(self._lib.nvmlDeviceGetUtilizationRates(handle).gpu)
         except self._lib.NVMLError as exc:
             if getattr(exc, "value", None) != self._lib.NVML_ERROR_NOT_SUPPORTED:
-                self._log_once(f"utilization of GPU {uuid}", exc)
+                self._log_once(f"utilization of GPU {uuid}", exc, "utilization unknown")
             return None
 
     def _register_xid_events(self) -> None:
@@ -227,7 +227,7 @@ class Nvml:
         try:
             self._events = self._lib.nvmlEventSetCreate()
         except (self._lib.NVMLError, AttributeError) as exc:
-            self._log_once("XID event set", exc)
+            self._log_once("XID event set", exc, "health from queries only")
             return
         for index in range(self._count()):
             try:
@@ -236,7 +236,7 @@ class Nvml:
                     handle, self._lib.nvmlEventTypeXidCriticalError, self._events
                 )
             except self._lib.NVMLError as exc:
-                self._log_once(f"XID events of GPU {index}", exc)
+                self._log_once(f"XID events of GPU {index}", exc, "health from queries only")
 
     def _drain_xid_events(self) -> None:
         if self._events is None:
@@ -247,7 +247,7 @@ class Nvml:
                     event = self._lib.nvmlEventSetWait_v2(self._events, 0)
                 except self._lib.NVMLError as exc:
                     if getattr(exc, "value", None) != self._lib.NVML_ERROR_TIMEOUT:
-                        self._log_once("XID event wait", exc)
+                        self._log_once("XID event wait", exc, "XIDs not read this time")
                     return
                 xid = int(event.eventData)
                 if xid in APPLICATION_XIDS:
@@ -255,15 +255,15 @@ class Nvml:
                 try:
                     uuid = _text(self._lib.nvmlDeviceGetUUID(event.device))
                 except self._lib.NVMLError as exc:
-                    self._log_once("UUID of a GPU reporting an XID", exc)
+                    self._log_once("UUID of a GPU reporting an XID", exc, "that XID is ignored")
                     continue
                 if uuid not in self._xid_unhealthy:
                     log.error("GPU %s reported critical XID %d; marking it unhealthy", uuid, xid)
                 self._xid_unhealthy[uuid] = xid
 
-    def _log_once(self, what: str, exc: BaseException) -> None:
+    def _log_once(self, what: str, exc: BaseException, consequence: str) -> None:
         key = (what, str(exc))
         if key in self._logged:
             return
         self._logged.add(key)
-        log.warning("NVML error in %s: %s (left out of this result)", what, exc)
+        log.warning("NVML error in %s: %s (%s; said once)", what, exc, consequence)
