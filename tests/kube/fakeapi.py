@@ -443,12 +443,13 @@ class _Handler(BaseHTTPRequestHandler):
         fake.requests.append((method, url.path, query))
         try:
             if method == "GET" and url.path in fake.discovery:
+                self._body()
                 self._send(200, fake.discovery[url.path]())
                 return
             if method == "POST" and url.path == "/_fake/compact":
                 self._send(200, {"compactedResourceVersion": str(fake.compact())})
                 return
-            body = self._body() if method in ("POST", "PUT", "PATCH") else None
+            body = self._body()  # always read it, or a DELETE body would poison keep-alive
             result = fake._serve(self, method, url.path, query, body)
             if result is not None:
                 code, obj = result
@@ -457,6 +458,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as e:  # a bug in the fake must show as a 500, not a dropped connection
+            self._send(500, ApiError(500, "InternalError", f"{type(e).__name__}: {e}").status())
 
     def write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -698,7 +701,7 @@ class FakeApiServer:
     def _serve(
         self, h: _Handler, method: str, path: str, query: dict[str, str], body: Any
     ) -> tuple[int, Any] | None:
-        plural, namespace, name, _sub = _route(path)
+        plural, namespace, name, sub = _route(path)
         key: Key = (plural, namespace, name)
         if not name:
             if method == "GET" and _is_true(query.get("watch")):
@@ -724,33 +727,30 @@ class FakeApiServer:
         if method == "PUT":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "PUT needs a JSON object body")
-            return 200, self.store.update(key, body)
+            return 200, self._write(key, sub, lambda cur: body)
         if method == "PATCH":
-            return 200, self._patch(key, h.headers.get("Content-Type", ""), body)
-        if method == "DELETE":
+            ctype = h.headers.get("Content-Type", "")
+            return 200, self._write(key, sub, lambda cur: _apply_patch(cur, ctype, body))
+        if method == "DELETE" and not sub:
             return 200, self.store.delete(key)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
 
-    def _patch(self, key: Key, content_type: str, body: Any) -> Obj:
-        ctype = content_type.split(";")[0].strip()
+    def _write(self, key: Key, sub: str, make: Callable[[Obj], Obj]) -> Obj:
+        """PUT or PATCH: status changes only through /status, and /status changes only status."""
         with self.store.cond:
             cur = self.store.get(key)
-            if ctype == "application/json-patch+json":
-                new = json_patch(cur, body)
-            elif ctype == "application/merge-patch+json":
-                new = merge_patch(cur, body)
-            elif ctype == "application/strategic-merge-patch+json":
-                new = merge_patch(cur, body, strategic=True)
-            else:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format: {ctype}",
-                )
-            given = new.get("metadata", {}).get("resourceVersion")
-            if given != cur["metadata"]["resourceVersion"]:
-                return self.store.update(key, new)  # a precondition in the patch: 409 if stale
-            return self.store.update(key, new, check_rv=False)
+            new = make(copy.deepcopy(cur))
+            if key[0] in ("pods", "nodes"):
+                if sub == "status":
+                    meta = dict(cur["metadata"])
+                    if "resourceVersion" in new.get("metadata", {}):
+                        meta["resourceVersion"] = new["metadata"]["resourceVersion"]
+                    new = {**cur, "metadata": meta, "status": new.get("status") or {}}
+                elif "status" in cur:
+                    new["status"] = cur["status"]
+                else:
+                    new.pop("status", None)
+            return self.store.update(key, new)  # a stale resourceVersion given: 409
 
     def _list(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> Obj:
         fmatch = field_matcher(query.get("fieldSelector"))
@@ -890,6 +890,23 @@ class FakeApiServer:
                     next_bookmark = now + self.bookmark_interval_s
                     batch.append({"type": "BOOKMARK", "rv": str(cursor)})
             yield batch
+
+
+def _apply_patch(cur: Obj, content_type: str, body: Any) -> Obj:
+    ctype = content_type.split(";")[0].strip()
+    if ctype == "application/json-patch+json":
+        return json_patch(cur, body)
+    if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        raise ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format: {ctype}",
+        )
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequest", f"a {ctype} body must be a JSON object")
+    patched = merge_patch(cur, body, strategic=ctype.startswith("application/strategic"))
+    assert isinstance(patched, dict)
+    return patched
 
 
 def _is_true(v: str | None) -> bool:

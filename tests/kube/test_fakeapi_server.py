@@ -263,6 +263,36 @@ def test_events_nodes_and_deletes(fake_api: FakeApiServer, api_client: client.Ap
     assert api.list_namespaced_pod("default").items == []
 
 
+def test_status_changes_only_through_the_status_subresource(
+    fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    fake_api.add_node("n1", status={"allocatable": {"nvshare.com/gpu": "10"}})
+    api = client.CoreV1Api(api_client)
+    ignored = api.patch_node(
+        "n1", {"metadata": {"labels": {"x": "1"}}, "status": {"allocatable": {"cpu": "1"}}}
+    )
+    assert ignored.metadata.labels == {"x": "1"}
+    assert ignored.status.allocatable == {"nvshare.com/gpu": "10"}
+    changed = api.patch_node_status(
+        "n1", {"metadata": {"labels": {"y": "2"}}, "status": {"allocatable": {"cpu": "1"}}}
+    )
+    assert changed.metadata.labels == {"x": "1"}
+    assert changed.status.allocatable == {"nvshare.com/gpu": "10", "cpu": "1"}
+
+
+def test_unknown_patch_type_is_415(fake_api: FakeApiServer) -> None:
+    import http.client
+
+    fake_api.add_pod("p")
+    conn = http.client.HTTPConnection(fake_api.host, fake_api.port)
+    try:
+        conn.request("PATCH", "/api/v1/namespaces/default/pods/p", "{}", {"Content-Type": "text/x"})
+        resp = conn.getresponse()
+        assert resp.status == 415 and json.loads(resp.read())["reason"] == "UnsupportedMediaType"
+    finally:
+        conn.close()
+
+
 @pytest.fixture
 def kubectl(fake_api: FakeApiServer, tmp_path: Path) -> Any:
     exe = shutil.which("kubectl")
@@ -298,6 +328,15 @@ def test_kubectl_annotate_sets_and_removes(kubectl: Any, fake_api: FakeApiServer
     kubectl("annotate", "pod", "trainer", "nvshare.com/gpu-memory-limit-")
     pod = fake_api.get("pods", "trainer", namespace="default")
     assert pod["metadata"]["annotations"] == {"other": "x"}
+
+
+def test_kubectl_delete_sends_a_body_and_the_pod_goes(
+    kubectl: Any, fake_api: FakeApiServer
+) -> None:
+    fake_api.add_pod("a", node="n1")
+    fake_api.add_pod("b", node="n1")
+    kubectl("delete", "pod", "a", "b", "--wait=false")
+    assert fake_api.store.list("pods", "default")[0] == []
 
 
 def test_kubectl_get_lists_pods_and_reads_json(kubectl: Any, fake_api: FakeApiServer) -> None:
