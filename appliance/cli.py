@@ -365,3 +365,41 @@ def scheduler_main(
         debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
     )
     sys.exit(run_daemon(config))
+
+
+@scheduler_main.command("webhook")
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Policy directory holding migFallback chains.",
+)
+@click.option("--cert-file", type=click.Path(path_type=Path), required=True)
+@click.option("--key-file", type=click.Path(path_type=Path), required=True)
+@click.option("--port", type=int, default=8443, show_default=True)
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL; default in-cluster or kubeconfig.",
+)
+def webhook(
+    policy_dir: Path, cert_file: Path, key_file: Path, port: int, kube_api: str | None
+) -> None:
+    """Serve the MIG-fallback mutating admission webhook over HTTPS."""
+    import logging
+
+    from appliance.kube.pods import api_client_from_env
+    from appliance.kube.webhook import serve_webhook
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve_webhook(
+        policy_dir=policy_dir,
+        cert_file=cert_file,
+        key_file=key_file,
+        port=port,
+        api_client=api_client_from_env(kube_api),
+    )

@@ -56,7 +56,8 @@ class Connection:
         transport = self.writer.transport
         if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
             log.warning("%s is not reading its socket; disconnecting it", self.peer)
-            self.close()
+            self.closed = True
+            transport.abort()  # close() would wait to flush what it never reads
             return False
         self.writer.write(p.encode(message, seq=seq))
         return True
@@ -91,6 +92,7 @@ class SchedulerServer:
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def path(self) -> Path:
@@ -116,6 +118,8 @@ class SchedulerServer:
             self._server.close()
             for conn in list(self._clients.values()):
                 conn.close()
+            if self._tasks:  # let every connection task see its EOF and finish
+                await asyncio.wait(self._tasks, timeout=5)
             await self._server.wait_closed()
         try:
             self.path.unlink()
@@ -144,6 +148,10 @@ class SchedulerServer:
     # ----------------------------------------------------------------- connections
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         sock: socket.socket = writer.get_extra_info("socket")
         pid, uid, gid = peer_credentials(sock)
         conn = Connection(writer=writer, pid=pid, uid=uid, gid=gid, peer=f"pid {pid} (uid {uid})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,13 +58,13 @@ def start_daemon(
     env = {**os.environ, "NVSHARE_SOCKET_DIR": str(socket_dir), **(extra_env or {})}
     if "metrics:" not in policy_yaml:
         (policy_dir / "zz-test-metrics.yaml").write_text("metrics: {enabled: false}\n")
-    proc = subprocess.Popen(
-        [str(BIN / "nvshare-scheduler"), "--policy-dir", str(policy_dir), *(args or [])],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "nvshare-scheduler"), "--policy-dir", str(policy_dir), *(args or [])],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     sock = socket_dir / "scheduler.sock"
     deadline = time.monotonic() + 20
     while not sock.exists():
@@ -78,3 +79,19 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
     d = start_daemon(tmp_path, "scheduler: {mode: 'on', timeQuantum: 2s}\n")
     yield d
     d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets() -> Iterator[list[socket.socket]]:
+    """Sockets a test opened (through `track`) are closed when it ends."""
+    yield OPEN
+    while OPEN:
+        OPEN.pop().close()
+
+
+OPEN: list[socket.socket] = []
+
+
+def track(sock: socket.socket) -> socket.socket:
+    OPEN.append(sock)
+    return sock

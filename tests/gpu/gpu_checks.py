@@ -1,0 +1,483 @@
+"""Real-GPU checks and benchmarks, run by tests/gpu/run.sh on a machine with an NVIDIA GPU.
+
+Everything runs in one process tree: the daemon (`python -m appliance`), PyTorch workers and
+CUDA C programs under LD_PRELOAD=libnvshare.so, and (for the Kubernetes scenario) the fake
+API server from tests/kube. Prints one line per check and a summary; writes all numbers as
+JSON to $OUT/gpu_results.json (or ./gpu_results.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
+PROGRAMS = Path(os.environ.get("NVSHARE_GPU_PROGRAMS", "/tmp/nvshare-programs"))
+WORKER = Path(__file__).with_name("torch_worker.py")
+GiB = 1 << 30
+RESULTS: dict[str, Any] = {}
+CHECKS: list[tuple[str, bool, str]] = []
+sys.path.insert(0, str(ROOT))
+
+from appliance import protocol as p  # noqa: E402
+from appliance.client import ControlClient  # noqa: E402
+
+
+def check(name: str, ok: bool, detail: str = "") -> bool:
+    CHECKS.append((name, ok, detail))
+    print(f"CHECK {'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return ok
+
+
+class Daemon:
+    def __init__(self, policy: str, *, args: list[str] | None = None) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="nvshare-gpu-"))
+        (self.tmp / "policy").mkdir()
+        (self.tmp / "policy" / "policy.yaml").write_text(policy + "\nmetrics: {enabled: false}\n")
+        self.sock_dir = self.tmp / "run"
+        self.log = self.tmp / "daemon.log"
+        env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.sock_dir)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "appliance",
+                "--policy-dir",
+                str(self.tmp / "policy"),
+                "--debug",
+                *(args or []),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while not (self.sock_dir / "scheduler.sock").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("daemon did not start:\n" + self.log.read_text())
+            time.sleep(0.05)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "NVSHARE_SOCKET_DIR": str(self.sock_dir),
+            "LD_PRELOAD": str(HOOK),
+            **extra,
+        }
+
+    def ctl(self, message: Any) -> Any:
+        with ControlClient(self.sock_dir) as c:
+            return c.request(message)
+
+    def status(self) -> dict[str, Any]:
+        with ControlClient(self.sock_dir) as c:
+            return c.request(p.StatusRequest()).doc  # type: ignore[no-any-return]
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return self.log.read_text()
+
+
+class Worker:
+    """torch_worker.py serve, talking JSON lines over pipes."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "serve"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, line: str) -> dict[str, Any]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out:
+            raise RuntimeError(
+                f"worker died: {self.proc.stderr.read() if self.proc.stderr else ''}"
+            )
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    def close(self) -> int:
+        try:
+            self.ask("exit")
+        except (RuntimeError, BrokenPipeError):
+            pass
+        return self.proc.wait(30)
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{cmd} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def nvml_used() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def overlap_fraction(a: list[list[float]], b: list[list[float]]) -> float:
+    total = sum(t1 - t0 for t0, t1 in a) + sum(t1 - t0 for t0, t1 in b)
+    shared = 0.0
+    for x0, x1 in a:
+        for y0, y1 in b:
+            shared += max(0.0, min(x1, y1) - max(x0, y0))
+    return 2 * shared / total if total else 0.0
+
+
+# --------------------------------------------------------------------- checks
+
+
+def gated_torch() -> None:
+    d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
+    try:
+        out = run([sys.executable, str(WORKER), "work", "40"], env=d.env(NVSHARE_DEBUG="1"))
+    finally:
+        log = d.stop()
+    grants = log.count("grant gpu")
+    regs = log.count("registered: pid")
+    RESULTS["gated_torch"] = {"registrations": regs, "grants": grants, "worker": json.loads(out)}
+    check(
+        "a. PyTorch runs under the hook with gated launches",
+        regs >= 1 and grants >= 1,
+        f"{regs} registration(s), {grants} lock grant(s) in the daemon log",
+    )
+
+
+def serialised_pair() -> None:
+    results = {}
+    for mode in ("on", "off"):
+        d = Daemon(f"scheduler: {{mode: '{mode}', timeQuantum: 2s, idleRelease: 200ms}}")
+        tmp = d.tmp
+        try:
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), "burn", "8", str(tmp / f"iv{i}.json")],
+                    env=d.env(),
+                )
+                for i in range(2)
+            ]
+            codes = [pr.wait(120) for pr in procs]
+        finally:
+            d.stop()
+        ivs = [json.loads((tmp / f"iv{i}.json").read_text()) for i in range(2)]
+        frac = overlap_fraction(ivs[0], ivs[1])
+        results[mode] = {"exit_codes": codes, "overlap": frac, "bursts": [len(x) for x in ivs]}
+    RESULTS["pair_overlap"] = results
+    on, off = results["on"], results["off"]
+    check(
+        "b. two PyTorch processes in mode on never overlap, both finish",
+        on["exit_codes"] == [0, 0] and on["overlap"] < 0.01,
+        f"overlap of busy intervals {on['overlap']:.2%} (mode off, same run: "
+        f"{off['overlap']:.2%}); bursts {on['bursts']}",
+    )
+
+
+def launch_bound() -> None:
+    prog = str(PROGRAMS)
+    d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
+    native, hooked = [], []
+    try:
+        for _ in range(3):
+            native.append(float(run([prog, "launch", "20000"]).split()[1]))
+            hooked.append(float(run([prog, "launch", "20000"], env=d.env()).split()[1]))
+    finally:
+        log = d.stop()
+    n, h = statistics.median(native), statistics.median(hooked)
+    RESULTS["launch_bound"] = {
+        "native_us": native,
+        "hooked_us": hooked,
+        "ratio": h / n,
+        "grants": log.count("grant gpu"),
+    }
+    check(
+        "c. launch-bound loop, hooked vs native (benchmark)",
+        log.count("grant gpu") >= 1,
+        f"native {n:.3f} us, hooked {h:.3f} us per launch, ratio {h / n:.3f}x (target <= 1.01x)",
+    )
+
+
+def torch_memory() -> None:
+    d = Daemon("defaults: {memoryLimit: 1Gi}")
+    base = nvml_used()
+    summary: dict[str, Any] = {}
+    try:
+        for label, extra in (
+            ("default", {}),
+            ("expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+        ):
+            w = Worker(d.env(**extra))
+            info = w.ask("info")
+            big = w.ask(f"alloc {2 * GiB}")
+            small = w.ask(f"alloc {512 << 20}")
+            summary[label] = {"info": info, "2GiB": big["result"], "512MiB": small["result"]}
+            check(
+                f"memory: PyTorch ({label} allocator) stops at 1Gi with OutOfMemoryError",
+                big["result"] == "oom" and small["result"] == "ok",
+                f"2Gi -> {big['result']}, 512Mi -> {small['result']}",
+            )
+            check(
+                f"memory: torch.cuda.mem_get_info shows the limit ({label})",
+                info["total"] == GiB and 0 <= info["free"] <= GiB,
+                f"free {info['free']}, total {info['total']}",
+            )
+            if label == "default":
+                pid = w.proc.pid
+                t0 = time.monotonic()
+                reply = d.ctl(p.LimitSet(pid=pid, flags=p.LIMIT_SET_HAS_MEM, mem_limit=4 * GiB))
+                grown = w.ask(f"alloc {2 * GiB}")
+                dt = time.monotonic() - t0
+                summary["raise_seconds"] = dt
+                check(
+                    "memory: limit raised 1Gi -> 4Gi live, the 2Gi tensor then fits",
+                    reply.status == p.Status.OK and grown["result"] == "ok" and dt < 1.0,
+                    f"{grown['result']} {dt * 1000:.0f} ms after `limit set`",
+                )
+                outcomes = []
+                for i in range(20):
+                    limit = GiB if i % 2 == 0 else 4 * GiB
+                    d.ctl(p.LimitSet(pid=pid, flags=p.LIMIT_SET_HAS_MEM, mem_limit=limit))
+                    got = w.ask(f"alloc {2 * GiB}")["result"]
+                    outcomes.append((limit // GiB, got))
+                right = all((got == "oom") == (lim == 1) for lim, got in outcomes)
+                summary["toggles"] = outcomes
+                check(
+                    "memory: 20 live toggles 1Gi/4Gi, every allocation outcome right",
+                    right,
+                    " ".join(f"{lim}G:{got}" for lim, got in outcomes),
+                )
+                d.ctl(p.LimitSet(pid=pid, flags=p.LIMIT_SET_CLEAR_MEM))
+                cleared = w.ask(f"alloc {2 * GiB}")["result"]
+                check(
+                    "memory: `limit clear` restores the policy value (1Gi)",
+                    cleared == "oom",
+                    f"2Gi after clear -> {cleared}",
+                )
+            w.close()
+        time.sleep(0.5)
+        after = nvml_used()
+        summary["nvml_used_baseline"], summary["nvml_used_after"] = base, after
+        check(
+            "memory: NVML used memory back at baseline after the workers exit",
+            abs(after - base) < 64 << 20,
+            f"baseline {base >> 20} MiB, after {after >> 20} MiB",
+        )
+        prog = str(PROGRAMS)
+        over = run([prog, "alloc_paths", str(2 * GiB)], env=d.env())
+        under = run([prog, "alloc_paths", str(256 << 20)], env=d.env())
+        summary["alloc_paths_2GiB"], summary["alloc_paths_256MiB"] = over, under
+        paths = ("cudaMallocAsync", "cudaMallocFromPoolAsync", "cudaMallocArray", "cudaMalloc")
+        refused = all(f"{x} {2 * GiB} oom" in over for x in paths)
+        allowed = all(f"{x} {256 << 20} ok" in under for x in paths)
+        check(
+            "memory: CUDA C async, pool and array allocations stop at the limit",
+            refused and allowed,
+            over.replace("\n", "; ") + " | " + under.replace("\n", "; "),
+        )
+    finally:
+        d.stop()
+    RESULTS["torch_memory"] = summary
+
+
+def alloc_bench() -> None:
+    prog = str(PROGRAMS)
+    d = Daemon("scheduler: {mode: 'on'}")
+    try:
+        pairs_native = float(run([prog, "malloc", "20000"]).split()[1])
+        pairs_hooked = float(run([prog, "malloc", "20000"], env=d.env()).split()[1])
+        free_native = float(run([prog, "free_live", "4000"]).split()[1])
+        free_hooked = float(run([prog, "free_live", "4000"], env=d.env()).split()[1])
+    finally:
+        d.stop()
+    RESULTS["alloc_bench"] = {
+        "malloc_free_pair_us": [pairs_native, pairs_hooked],
+        "free_4000_live_us": [free_native, free_hooked],
+    }
+    check(
+        "bench: 2 MiB cudaMalloc/cudaFree pair",
+        True,
+        f"native {pairs_native:.2f} us, hooked {pairs_hooked:.2f} us, "
+        f"ratio {pairs_hooked / pairs_native:.2f}x",
+    )
+    check(
+        "bench: cudaFree with 4,000 live allocations",
+        True,
+        f"native {free_native:.2f} us, hooked {free_hooked:.2f} us, "
+        f"ratio {free_hooked / free_native:.2f}x",
+    )
+
+
+def makespan(steps: int) -> None:
+    def pair(policy: str) -> tuple[float, list[float]]:
+        d = Daemon(policy)
+        t0 = time.monotonic()
+        try:
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), "work", str(steps)],
+                    env=d.env(),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(2)
+            ]
+            outs = [pr.communicate(timeout=400)[0] for pr in procs]
+        finally:
+            d.stop()
+        return time.monotonic() - t0, [json.loads(o)["seconds"] for o in outs]
+
+    d = Daemon("scheduler: {mode: 'on'}")
+    try:
+        solo = json.loads(run([sys.executable, str(WORKER), "work", str(steps)], env=d.env()))
+    finally:
+        d.stop()
+    free_ms, free_jobs = pair("scheduler: {mode: 'off'}")
+    on_ms, on_jobs = pair("scheduler: {mode: 'on', timeQuantum: 30s}")
+    RESULTS["makespan"] = {
+        "steps": steps,
+        "solo_s": solo["seconds"],
+        "free_running_s": free_ms,
+        "free_jobs_s": free_jobs,
+        "mode_on_s": on_ms,
+        "mode_on_jobs_s": on_jobs,
+    }
+    check(
+        "bench: two compute-bound jobs, makespan mode on vs free-running",
+        True,
+        f"solo {solo['seconds']:.1f} s; free-running {free_ms:.1f} s; mode on TQ30 "
+        f"{on_ms:.1f} s ({on_ms / free_ms:.2f}x of free-running)",
+    )
+
+
+def kube_annotations() -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "kube"))
+    from fakeapi import FakeApiServer  # type: ignore[import-not-found]
+    from kubernetes import client
+
+    api_server = FakeApiServer().start()
+    node = "gpu-node"
+    api_server.add_node(node)
+    api_server.add_pod(
+        "pod-a", namespace="team", node=node, annotations={"nvshare.com/gpu-memory-limit": "1Gi"}
+    )
+    api_server.add_pod(
+        "pod-b", namespace="team", node=node, annotations={"nvshare.com/gpu-memory-limit": "3Gi"}
+    )
+    d = Daemon("scheduler: {mode: 'off'}", args=["--node-name", node, "--kube-api", api_server.url])
+    summary: dict[str, Any] = {}
+    try:
+        time.sleep(1.0)  # the first list
+        a = Worker(d.env(NVSHARE_POD_NAMESPACE="team", NVSHARE_POD_NAME="pod-a"))
+        b = Worker(d.env(NVSHARE_POD_NAMESPACE="team", NVSHARE_POD_NAME="pod-b"))
+        ra, rb = a.ask(f"alloc {2 * GiB}")["result"], b.ask(f"alloc {2 * GiB}")["result"]
+        check(
+            "kube: pod-a at 1Gi fails 2Gi while pod-b at 3Gi succeeds",
+            ra == "oom" and rb == "ok",
+            f"pod-a {ra}, pod-b {rb}",
+        )
+        cfg = client.Configuration()
+        cfg.host = api_server.url
+        core = client.CoreV1Api(client.ApiClient(cfg))
+
+        def annotate(value: str) -> float:
+            t0 = time.monotonic()
+            core.patch_namespaced_pod(
+                "pod-a",
+                "team",
+                {"metadata": {"annotations": {"nvshare.com/gpu-memory-limit": value}}},
+            )
+            return t0
+
+        t0 = annotate("4Gi")
+        got, deadline = "oom", time.monotonic() + 5
+        while got != "ok" and time.monotonic() < deadline:
+            got = a.ask(f"alloc {2 * GiB}")["result"]
+        dt = time.monotonic() - t0
+        check(
+            "kube: pod-a resized 1Gi -> 4Gi by annotation, no restart, then succeeds",
+            got == "ok" and dt < 1.0,
+            f"{got} {dt * 1000:.0f} ms after the API write",
+        )
+        outcomes = []
+        for i in range(20):
+            value = "1Gi" if i % 2 == 0 else "4Gi"
+            annotate(value)
+            want = "oom" if value == "1Gi" else "ok"
+            got, deadline = "", time.monotonic() + 2
+            while got != want and time.monotonic() < deadline:
+                got = a.ask(f"alloc {2 * GiB}")["result"]
+            outcomes.append((value, got))
+        check(
+            "kube: 20 annotation toggles 1Gi/4Gi, every outcome right",
+            all((v == "1Gi") == (g == "oom") for v, g in outcomes),
+            " ".join(f"{v}:{g}" for v, g in outcomes),
+        )
+        summary["toggles"] = outcomes
+        st = d.status()
+        summary["status_clients"] = st["clients"]
+        codes = [a.close(), b.close()]
+        check("kube: no crash", codes == [0, 0], f"worker exit codes {codes}")
+    finally:
+        d.stop()
+        api_server.stop()
+    RESULTS["kube"] = summary
+
+
+def main() -> int:
+    steps = int(os.environ.get("NVSHARE_GPU_WORK_STEPS", "600"))
+    only = sys.argv[1:] or ["gated", "pair", "launch", "memory", "alloc", "kube", "makespan"]
+    table: dict[str, Callable[[], None]] = {
+        "gated": gated_torch,
+        "pair": serialised_pair,
+        "launch": launch_bound,
+        "memory": torch_memory,
+        "alloc": alloc_bench,
+        "kube": kube_annotations,
+        "makespan": lambda: makespan(steps),
+    }
+    for name in only:
+        t0 = time.monotonic()
+        try:
+            table[name]()
+        except Exception as exc:  # one broken section must not hide the others
+            check(f"{name} section ran", False, f"{type(exc).__name__}: {exc}"[:2000])
+        print(f"-- {name}: {time.monotonic() - t0:.1f} s", flush=True)
+    out = Path(os.environ.get("OUT", ".")) / "gpu_results.json"
+    out.write_text(json.dumps({"results": RESULTS, "checks": CHECKS}, indent=2))
+    print("\nSUMMARY")
+    for name, ok, detail in CHECKS:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail[:300]}")
+    failed = [c for c in CHECKS if not c[1]]
+    print(f"{len(CHECKS) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A PyTorch process driven by tests/gpu/gpu_checks.py, run under libnvshare.so.
+
+torch_worker.py serve          read commands on stdin, answer one JSON line each:
+                               info | alloc BYTES | hold BYTES | release | exit
+torch_worker.py burn S OUT     matmul bursts for S seconds; writes [t0, t1] busy intervals
+torch_worker.py work N         N fixed matmul steps; prints the wall time they took
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+def serve() -> None:
+    held: list[torch.Tensor] = []
+    torch.cuda.init()
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        try:
+            if cmd == "info":
+                free, total = torch.cuda.mem_get_info()
+                out = {"free": free, "total": total}
+            elif cmd in ("alloc", "hold"):
+                n = int(args[0])
+                try:
+                    t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                    t.fill_(1)
+                    torch.cuda.synchronize()
+                    if cmd == "hold":
+                        held.append(t)
+                    del t
+                    out = {"result": "ok"}
+                except torch.cuda.OutOfMemoryError as exc:
+                    out = {"result": "oom", "error": str(exc).splitlines()[0][:200]}
+                torch.cuda.empty_cache()  # give freed blocks back, so the hook sees the free
+            elif cmd == "release":
+                held.clear()
+                torch.cuda.empty_cache()
+                out = {"result": "ok"}
+            elif cmd == "exit":
+                print(json.dumps({"result": "bye"}), flush=True)
+                return
+            else:
+                out = {"error": f"unknown command {cmd}"}
+        except Exception as exc:  # report, keep serving
+            out = {"result": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+        print(json.dumps(out), flush=True)
+
+
+def burn(seconds: float, out_path: str) -> None:
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    intervals = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        c = a @ b  # the launch returns once this process holds the lock
+        t0 = time.monotonic()
+        for _ in range(20):
+            c = c @ b
+        torch.cuda.synchronize()
+        intervals.append((t0, time.monotonic()))
+        c = c / c.norm()
+    with open(out_path, "w") as f:
+        json.dump(intervals, f)
+
+
+def work(steps: int) -> None:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for _ in range(steps):
+        a = (a @ b) * 1e-2
+    torch.cuda.synchronize()
+    print(json.dumps({"seconds": time.monotonic() - t0}), flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "serve":
+        serve()
+    elif mode == "burn":
+        burn(float(sys.argv[2]), sys.argv[3])
+    elif mode == "work":
+        work(int(sys.argv[2]))
+    else:
+        sys.exit(f"unknown mode {mode}")
