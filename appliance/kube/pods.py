@@ -80,7 +80,7 @@ class PodWatcher:
         on_pod: Callable[[PodInfo], None],
         on_pod_deleted: Callable[[PodRef], None],
         bookmark: bool = True,
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = 300,  # the server ends each watch after 1-2x this
         inactivity_timeout_s: float = 120.0,
         connect_timeout_s: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
@@ -106,6 +106,11 @@ class PodWatcher:
     def resource_version(self) -> str:
         """The last resourceVersion seen (list, event or bookmark)."""
         return self._rv
+
+    @property
+    def alive(self) -> bool:
+        """True while the watcher thread runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     def pods(self) -> dict[str, PodInfo]:
         """A snapshot of the pods known now, by UID."""
@@ -211,7 +216,8 @@ class PodWatcher:
                     watch=True,
                     resource_version=self._rv,
                     allow_watch_bookmarks=self._bookmark,
-                    timeout_seconds=self._watch_timeout_s,
+                    # spread reconnects after an API server restart, as client-go does
+                    timeout_seconds=int(self._watch_timeout_s * random.uniform(1.0, 2.0)),
                     _preload_content=False,
                     _request_timeout=self._timeouts,
                 ),

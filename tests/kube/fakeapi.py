@@ -504,6 +504,9 @@ class FakeApiServer:
     ) -> None:
         self.host, self.port = host, port
         self.bookmark_interval_s = bookmark_interval_s
+        # A too-old watch gets a 200 stream with an ERROR event (the watch cache's answer);
+        # True answers with an HTTP 410 Status instead, as a read through to etcd does.
+        self.expired_as_status = False
         self.store = Store()
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._httpd: _HttpServer | None = None
@@ -799,6 +802,8 @@ class FakeApiServer:
                         "Expired",
                         f"too old resource version: {cursor} ({store.compacted_rv})",
                     )
+                    if self.expired_as_status:
+                        raise expired
                     initial = [{"type": "ERROR", "object": expired.status()}]
             else:  # "start at most recent": synthetic ADDED for what exists now
                 cursor = store.rv

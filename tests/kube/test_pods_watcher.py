@@ -199,6 +199,21 @@ def test_survives_410_with_a_correct_diff(
     assert int(watcher.resource_version) == fake_api.resource_version
 
 
+def test_a_410_status_also_leads_to_a_relist(
+    fake_api: FakeApiServer, recorder: Recorder, start_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake_api.expired_as_status = True
+    fake_api.add_pod("vanishes", node="n1")
+    watcher = start_watcher()
+    wait_until(lambda: fake_api.watch_count() >= 1, "a watch request")
+    fake_api.stop()
+    fake_api.delete("pods", "vanishes", namespace="default")
+    fake_api.compact()
+    fake_api.start()
+    recorder.wait_for("the deleted pod", saw("deleted", "vanishes"))
+    assert watcher.relists == 2
+
+
 def test_reconnects_after_a_server_restart_and_replays_what_it_missed(
     fake_api: FakeApiServer, recorder: Recorder, start_watcher: Callable[..., PodWatcher]
 ) -> None:
@@ -234,7 +249,7 @@ def test_stop_ends_the_thread_promptly(
     watcher = start_watcher()
     wait_until(lambda: fake_api.watch_count() >= 1, "a watch request")
     watcher.stop(timeout=10)
-    assert watcher._thread is not None and not watcher._thread.is_alive()
+    assert not watcher.alive
 
 
 def test_a_failing_callback_is_logged_and_the_watch_goes_on(
