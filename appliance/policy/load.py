@@ -90,6 +90,27 @@ def _content_hash(files: Iterable[PolicyFile]) -> str:
     return digest.hexdigest()
 
 
+MAX_FILE_BYTES = 4 << 20  # a policy is kilobytes; anything this big is a mistake
+
+
+def _read_regular_file(path: Path) -> bytes | None:
+    """The file's bytes (following symlinks, as kubelet's go through ..data); None if it is
+    not a regular file. Opened non-blocking so a FIFO named like a policy cannot hang us."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size > MAX_FILE_BYTES:
+            raise OSError(0, f"larger than {MAX_FILE_BYTES >> 20} MiB, not a policy file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_policy_dir(path: Path, *, label_prefix: str = "") -> PolicySnapshot:
     """Read every policy file of the directory, in file-name order. Never raises for I/O."""
     directory = str(path)
@@ -110,18 +131,14 @@ def read_policy_dir(path: Path, *, label_prefix: str = "") -> PolicySnapshot:
         if name.startswith(".") or not name.endswith(POLICY_SUFFIXES):
             continue
         try:
-            with open(path / name, "rb") as f:  # follows kubelet's symlinks through ..data
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    continue
-                content = f.read()
+            content = _read_regular_file(path / name)
         except FileNotFoundError:
             continue  # removed while we listed, or a symlink whose target is going away
-        except IsADirectoryError:
-            continue
         except OSError as e:
             errors.append(PolicyError(label_prefix + name, None, "", f"cannot read: {e.strerror}"))
             continue
-        files.append(PolicyFile(name, content, label_prefix + name))
+        if content is not None:
+            files.append(PolicyFile(name, content, label_prefix + name))
     return PolicySnapshot(directory, tuple(files), tuple(errors), _content_hash(files))
 
 

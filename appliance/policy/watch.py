@@ -30,7 +30,7 @@ from typing import Literal, TypeVar
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
 from appliance.policy.errors import PolicyError, PolicyLoadError
-from appliance.policy.load import build_policy, read_policy_dir
+from appliance.policy.load import POLICY_SUFFIXES, build_policy, read_policy_dir
 from appliance.policy.model import Policy
 
 log = logging.getLogger("nvshare.policy")
@@ -41,6 +41,7 @@ _T = TypeVar("_T")
 _DIR_EVENTS = (
     flags.CREATE
     | flags.CLOSE_WRITE
+    | flags.MODIFY
     | flags.MOVED_TO
     | flags.MOVED_FROM
     | flags.DELETE
@@ -52,6 +53,8 @@ _DIR_EVENTS = (
 _PARENT_EVENTS = flags.CREATE | flags.MOVED_TO | flags.DELETE | flags.MOVED_FROM | flags.ONLYDIR
 # A steady stream of events must not postpone a reload forever.
 _MAX_DEFER_WINDOWS = 20
+# How long a file being written in place (modified, not yet closed) holds a reload back.
+_WRITER_GRACE_S = 5.0
 
 
 class PolicyWatcher:
@@ -92,6 +95,9 @@ class PolicyWatcher:
         self._dir_wd: int | None = None
         self._parent_wd: int | None = None
         self._wake_r, self._wake_w = -1, -1
+        self._writing: dict[str, float] = {}  # name -> when its in-place write began
+        self._first_event: float | None = None  # a reload is pending since then
+        self._last_event = 0.0
 
     # --- public -----------------------------------------------------------------------------
 
@@ -128,7 +134,9 @@ class PolicyWatcher:
 
     def reload_now(self) -> ReloadResult:
         """Re-read the directory now (SIGHUP); errors are reported even if unchanged."""
-        return self._reload("reload requested", force_report=True)
+        result = self._reload("reload requested", force_report=True)
+        assert result is not None  # only a `settled` check can postpone
+        return result
 
     def __enter__(self) -> PolicyWatcher:
         self.start()
@@ -145,10 +153,18 @@ class PolicyWatcher:
     # --- reloading --------------------------------------------------------------------------
 
     def _reload(
-        self, reason: str, *, first: bool = False, force_report: bool = False
-    ) -> ReloadResult:
+        self,
+        reason: str,
+        *,
+        first: bool = False,
+        force_report: bool = False,
+        settled: Callable[[], bool] | None = None,
+    ) -> ReloadResult | None:
+        """Read, compare, validate, apply; None if `settled` says the read was mid-change."""
         with self._lock:
             snapshot = read_policy_dir(self.directory)
+            if settled is not None and not settled():
+                return None
             self.last_reload_time = time.time()
             good = self.last_good
             if (
@@ -237,7 +253,7 @@ class PolicyWatcher:
         return True
 
     def _handle(self, event_wd: int, mask: int, name: str) -> bool:
-        """Update the watches for one event; True if the directory may have changed."""
+        """Update watches and writers for one event; True if the policy may have changed."""
         if mask & flags.Q_OVERFLOW:
             return True
         if event_wd == self._dir_wd:
@@ -248,14 +264,48 @@ class PolicyWatcher:
                     except OSError:
                         pass
                 self._dir_wd = None
+                self._writing.clear()
                 self._watch_directory()  # a replacement may already be there
+                return True
+            if name == "..data":  # kubelet's swap: every visible file changed at once
+                return True
+            if name.startswith(".") or not name.endswith(POLICY_SUFFIXES):
+                return False  # editors' temporary files, kubelet's timestamped directories
+            if mask & flags.MODIFY:
+                self._writing.setdefault(name, time.monotonic())
+            elif mask & (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE):
+                self._writing.pop(name, None)
             return True
-        if event_wd == self._parent_wd:
-            if name != self.directory.name:
-                return False
+        if event_wd == self._parent_wd and name == self.directory.name:
+            self._writing.clear()
             self._watch_directory()
             return True
         return False
+
+    def _drain(self) -> bool:
+        """Handle every queued event; True (and the debounce restarted) if any mattered."""
+        assert self._inotify is not None
+        changed = False
+        for event in self._inotify.read(timeout=0):
+            changed = self._handle(event.wd, event.mask, event.name) or changed
+        if changed:
+            self._last_event = time.monotonic()
+            if self._first_event is None:
+                self._first_event = self._last_event
+        return changed
+
+    def _due(self) -> float:
+        """When the pending reload should run (monotonic)."""
+        assert self._first_event is not None
+        due = min(
+            self._last_event + self._debounce_s,
+            self._first_event + max(1.0, _MAX_DEFER_WINDOWS * self._debounce_s),
+        )
+        # A file written in place is empty or partial until its writer closes it, and such a
+        # prefix can be valid YAML: wait for the close (CLOSE_WRITE), within reason.
+        if self._writing:
+            due = max(due, max(self._writing.values()) + _WRITER_GRACE_S)
+        return due
 
     def _run(self) -> None:
         assert self._inotify is not None
@@ -263,31 +313,23 @@ class PolicyWatcher:
         poller.register(self._inotify.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         next_rehash = time.monotonic() + self._rehash_interval_s
-        first_event: float | None = None
-        last_event = 0.0
         while not self._stopping.is_set():
-            now = time.monotonic()
             deadline = next_rehash
-            if first_event is not None:
-                cap = first_event + max(1.0, _MAX_DEFER_WINDOWS * self._debounce_s)
-                deadline = min(deadline, last_event + self._debounce_s, cap)
-            ready = poller.poll(max(0.0, deadline - now) * 1000.0)
+            if self._first_event is not None:
+                deadline = min(deadline, self._due())
+            ready = poller.poll(max(0.0, deadline - time.monotonic()) * 1000.0)
             if self._stopping.is_set():
                 break
             if any(fd == self._inotify.fileno() for fd, _ in ready):
-                changed = False
-                for event in self._inotify.read(timeout=0):
-                    changed = self._handle(event.wd, event.mask, event.name) or changed
-                if changed:
-                    last_event = time.monotonic()
-                    first_event = last_event if first_event is None else first_event
+                self._drain()
             now = time.monotonic()
-            if first_event is not None and (
-                now >= last_event + self._debounce_s
-                or now >= first_event + max(1.0, _MAX_DEFER_WINDOWS * self._debounce_s)
-            ):
-                first_event = None
-                self._reload("directory changed")
+            if self._first_event is not None and now >= self._due():
+                # Events that arrive while the directory is read make that read suspect:
+                # drop it and wait for the next quiet moment.
+                if self._reload("directory changed", settled=lambda: not self._drain()):
+                    self._first_event = None
+                else:
+                    self._first_event = time.monotonic()
             if now >= next_rehash:
                 if self._parent_wd is None:
                     self._watch_parent()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,13 @@ data:
         "(bytes, or a number with a unit such as 512Mi, 4Gi or 8G)",
         f"{tmp_path / 'gone.yaml'}: cannot read: No such file or directory",
     ]
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "10-pipe.yaml")  # would block a plain open()
+    (tmp_path / "20-dir.yaml").mkdir()
+    (tmp_path / "30-dangling.yaml").symlink_to(tmp_path / "gone.yaml")
+    write(tmp_path, "40-real.yaml", "scheduler: {mode: auto}\n")
+    policy = load_policy_dir(tmp_path, environ={})
+    assert policy.files == ("40-real.yaml",)
+    assert policy.scheduler.mode is Mode.AUTO

@@ -163,7 +163,7 @@ def test_invalid_file_keeps_last_good_and_logs_once(
     assert recorder.policies == [good]  # only the first load
     # Another event with the same broken content: counted, not logged or reported again.
     invalid_before = recorder.results.count("invalid")
-    (policy_dir / "notes.txt").write_text("not a policy file\n")
+    os.utime(policy_dir / "20-team.yaml")  # an event, the same content
     recorder.wait(lambda: recorder.results.count("invalid") > invalid_before, "a second reload")
     complaints = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(complaints) == 1
