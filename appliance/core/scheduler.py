@@ -71,12 +71,6 @@ class Client:
     pod_source: str = ""  # "cgroup", "claimed" or ""
 
     @property
-    def subject(self) -> str:
-        if self.ident.pod_uid:
-            return f"pod:{self.ident.pod_uid}"
-        return f"pid:{self.ident.pid}"
-
-    @property
     def footprint(self) -> int:
         return max(self.used, self.reserved)
 
@@ -427,9 +421,18 @@ class Scheduler:
             return UNBOUNDED
         return self.gpu_memory(c.gpu) - self.policy.memory.reserve_bytes
 
+    def subject(self, c: Client) -> str:
+        """Whose ledger a client draws on: its pod (by kernel identity, else as claimed)."""
+        pod, _ = self._pod_of(c.ident)
+        if pod is not None:
+            return f"pod:{pod.uid}"
+        if c.ident.pod_uid:
+            return f"pod:{c.ident.pod_uid}"
+        return f"pid:{c.ident.pid}"
+
     def subject_reserved(self, subject: str, gpu: str) -> int:
         return sum(
-            x.reserved for x in self.clients.values() if x.subject == subject and x.gpu == gpu
+            x.reserved for x in self.clients.values() if x.gpu == gpu and self.subject(x) == subject
         )
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
@@ -486,14 +489,15 @@ class Scheduler:
             return []
         c.used = e.used
         limit = self._ledger_limit(c)
-        headroom = limit - self.subject_reserved(c.subject, c.gpu)
+        subject = self.subject(c)
+        headroom = limit - self.subject_reserved(subject, c.gpu)
         if e.bytes > headroom or self._realtime_refuses(c, e.bytes, now):
             self.counters["memory_refusals"] += 1
             log.info(
                 "memory refused: client %d (pid %d, %s) asked %s more; ledger %s of %s",
                 c.id,
                 c.ident.pid,
-                c.subject,
+                subject,
                 format_bytes(e.bytes),
                 format_bytes(limit - headroom),
                 format_bytes(limit),

@@ -1,0 +1,201 @@
+"""End to end on the CPU: fake API server + daemon + fake-CUDA processes under the hook.
+
+Two "pods" are two probe processes (ld_hook/tests/probe.c on the fake libcuda.so.1, with
+libnvshare.so preloaded). They name their pod through NVSHARE_POD_NAMESPACE/NAME, because
+test processes are not in a pod's cgroup; kernel identity from cgroups is tested on its own
+in tests/kube/test_cgroup_identity.py. Annotations are changed with real kubectl where it is
+installed and with the real kubernetes client otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from appliance import protocol as p
+from appliance.client import ControlClient
+from daemon.conftest import RunningDaemon, start_daemon
+from kube.fakeapi import FakeApiServer
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "ld_hook" / "build"
+GiB = 1 << 30
+KEY = "nvshare.com/gpu-memory-limit"
+OOM = "err 2"
+
+
+class Probe:
+    def __init__(self, daemon: RunningDaemon, namespace: str, name: str) -> None:
+        env = {
+            **daemon.env,
+            "LD_PRELOAD": str(BUILD / "libnvshare.so"),
+            "LD_LIBRARY_PATH": str(BUILD / "fake"),
+            "NVSHARE_FAKE_GPU_MEM": str(16 * GiB),
+            "NVSHARE_POD_NAMESPACE": namespace,
+            "NVSHARE_POD_NAME": name,
+        }
+        self.proc = subprocess.Popen(
+            [str(BUILD / "probe"), "run"],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        PROBES.append(self)
+
+    def ask(self, line: str) -> str:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def try_alloc(self, n: int) -> str:
+        """Allocate and free at once; "ok" or "err 2" (CUDA_ERROR_OUT_OF_MEMORY)."""
+        got = self.ask(f"alloc mem {n}")
+        if got.startswith("ok"):
+            assert self.ask(f"free {got.split()[1]}") == "ok"
+            return "ok"
+        return got
+
+    def close(self) -> int:
+        assert self.proc.stdin and self.proc.stdout
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            return self.proc.wait(10)
+        finally:
+            self.proc.stdout.close()
+
+
+PROBES: list[Probe] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_probes() -> Iterator[None]:
+    yield
+    while PROBES:
+        probe = PROBES.pop()
+        if probe.proc.poll() is None:
+            probe.proc.kill()
+        probe.close()
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeApiServer, RunningDaemon]]:
+    api = FakeApiServer().start()
+    api.add_node("node-1")
+    api.add_pod("pod-a", namespace="team", node="node-1", annotations={KEY: "1Gi"})
+    api.add_pod("pod-b", namespace="team", node="node-1", annotations={KEY: "3Gi"})
+    api.add_pod("elsewhere", namespace="team", node="node-2", annotations={KEY: "1Mi"})
+    tmp = Path(tempfile.mkdtemp(prefix="nvs-e2e-"))
+    d = start_daemon(
+        tmp, "scheduler: {mode: 'off'}\n", args=["--node-name", "node-1", "--kube-api", api.url]
+    )
+    try:
+        yield api, d
+    finally:
+        d.stop()
+        api.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def annotate(api: FakeApiServer, value: str | None) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        arg = f"{KEY}={value}" if value is not None else f"{KEY}-"
+        subprocess.run(
+            [
+                kubectl,
+                f"--server={api.url}",
+                "--namespace=team",
+                "annotate",
+                "pod",
+                "pod-a",
+                arg,
+                "--overwrite",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+            env={**os.environ, "KUBECONFIG": "/dev/null"},
+        )
+    else:
+        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+        core.patch_namespaced_pod("pod-a", "team", {"metadata": {"annotations": {KEY: value}}})
+
+
+def wait_for(probe: Probe, n: int, want: str, timeout: float = 5.0) -> float:
+    """Seconds until an allocation of n bytes gives `want`."""
+    start = time.monotonic()
+    while (got := probe.try_alloc(n)) != want:
+        assert time.monotonic() - start < timeout, f"still {got!r}, wanted {want!r}"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def status(d: RunningDaemon) -> dict[str, object]:
+    with ControlClient(d.socket_dir) as c:
+        return c.request(p.StatusRequest()).doc  # type: ignore[no-any-return]
+
+
+def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDaemon]) -> None:
+    api, d = cluster
+    a, b = Probe(d, "team", "pod-a"), Probe(d, "team", "pod-b")
+    assert a.ask("init") == "ok" and b.ask("init") == "ok"
+    wait_for(a, 2 * GiB, OOM)  # the watch's first list may still be on its way
+    assert b.try_alloc(2 * GiB) == "ok"
+    assert a.ask("total") == f"ok {GiB}"
+
+    annotate(api, "4Gi")  # resize with no restart
+    wait_for(a, 2 * GiB, "ok", timeout=1.0)
+
+    for i in range(20):
+        value = "1Gi" if i % 2 == 0 else "4Gi"
+        annotate(api, value) if i < 2 else api.set_pod_annotations(
+            "pod-a", {KEY: value}, namespace="team"
+        )
+        wait_for(a, 2 * GiB, OOM if value == "1Gi" else "ok", timeout=1.0)
+
+    annotate(api, "a lot")  # invalid: the previous limit (4Gi) stays
+    deadline = time.monotonic() + 5
+    while not (
+        events := [
+            e for e in api.store.list("events", "team")[0] if e["involvedObject"]["name"] == "pod-a"
+        ]
+    ):
+        assert time.monotonic() < deadline, "no Event on the pod"
+        time.sleep(0.05)
+    assert KEY in events[0]["message"] and "kept" in events[0]["message"]
+    assert a.try_alloc(2 * GiB) == "ok"
+
+    annotate(api, None)  # removed: the policy value (no limit) applies again
+    wait_for(a, 8 * GiB, "ok", timeout=1.0)
+
+    clients = {c["pod"]: c for c in status(d)["clients"]}  # type: ignore[union-attr]
+    assert clients["team/pod-a (claimed)"]["memory_used"] == 0  # nothing leaked
+    assert clients["team/pod-b (claimed)"]["memory_limit"] == 3 * GiB
+    assert [a.close(), b.close()] == [0, 0]
+    assert "Traceback" not in d.output()
+
+
+def test_pod_limit_is_shared_by_its_processes(cluster: tuple[FakeApiServer, RunningDaemon]) -> None:
+    api, d = cluster
+    first, second = Probe(d, "team", "pod-b"), Probe(d, "team", "pod-b")  # 3Gi together
+    assert first.ask("init") == "ok" and second.ask("init") == "ok"
+    wait_for(first, 4 * GiB, OOM)
+    held = first.ask(f"alloc mem {2 * GiB}")
+    assert held.startswith("ok")
+    assert second.try_alloc(2 * GiB) == OOM  # 4Gi together would exceed the pod's 3Gi
+    assert second.try_alloc(GiB - (64 << 20)) == "ok"
+    doc = json.dumps(status(d))
+    assert "pod-b" in doc
+    assert [first.close(), second.close()] == [0, 0]
