@@ -75,11 +75,25 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A forked child has no worker threads: its contexts start with empty queues. */
+static void fake_after_fork(void)
+{
+    pthread_mutex_init(&dev.mu, NULL);
+    for (int i = 0; i < dev.nctx; i++) {
+        struct fake_ctx *c = dev.ctxs[i];
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
+        c->worker_started = 0;
+        c->pending = 0;
+    }
+}
+
 EXPORT CUresult cuInit(unsigned flags)
 {
     (void)flags;
     pthread_mutex_lock(&dev.mu);
     if (!dev.initialised) {
+        pthread_atfork(NULL, NULL, fake_after_fork);
         dev.count = (int)env_u64("NVSHARE_FAKE_GPU_COUNT", 1);
         if (dev.count < 1) dev.count = 1;
         if (dev.count > MAX_DEVS) dev.count = MAX_DEVS;

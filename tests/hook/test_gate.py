@@ -1,0 +1,225 @@
+"""The hook's side of the scheduler protocol, against a scripted fake scheduler: lazy start,
+registration, serialised kernels in mode on, free-running in mode off, quantum hand-over, idle
+release, fail-soft without or after losing the daemon, reconnection, and fork."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from . import fake_scheduler as fs
+from .conftest import Variant, assert_clean
+
+MiB = 1 << 20
+
+
+def intervals(trace: Path) -> dict[int, list[tuple[int, int]]]:
+    by_pid: dict[int, list[tuple[int, int]]] = {}
+    for line in trace.read_text().splitlines():
+        pid, _dev, start, end = (int(x) for x in line.split())
+        by_pid.setdefault(pid, []).append((start, end))
+    return by_pid
+
+
+def overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    merged = sorted([(s, e, 0) for s, e in a] + [(s, e, 1) for s, e in b])
+    count, last_end = 0, [0, 0]
+    for s, e, who in merged:
+        if s < last_end[1 - who]:
+            count += 1
+        last_end[who] = max(last_end[who], e)
+    return count
+
+
+def test_a_process_that_never_calls_cuinit_stays_asleep(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1")
+        p = start_probe(plain, env, "no-cuinit")
+        rc, err = p.finish()
+        assert rc == 0 and err == ""  # no log line, not even under NVSHARE_DEBUG
+        assert sched.events == []  # no connection reached the listening socket
+    finally:
+        sched.stop()
+
+
+def test_registration_carries_identity_and_env_limits(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        env = plain.env(
+            NVSHARE_SOCKET_DIR=sock_dir,
+            NVSHARE_GPU_MEMORY_LIMIT="1Gi",
+            NVSHARE_POD_NAMESPACE="ml",
+            NVSHARE_POD_NAME="trainer-0",
+            NVSHARE_FAKE_GPU_UUID="GPU-0123abcd-4567-89ef-0123-456789abcdef",
+            NVSHARE_FAKE_GPU_MEM=str(80 << 30),
+        )
+        p = start_probe(plain, env)
+        p.ok("init")
+        p.ok("launch 1")
+        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+        (c,) = sched.clients
+        assert c.uuid == "GPU-0123abcd-4567-89ef-0123-456789abcdef"
+        assert (c.env_mem_limit, c.gpu_total_mem) == (1 << 30, 80 << 30)
+        assert c.pod == ("ml", "trainer-0")
+        assert c.pid == p.proc.pid
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
+def run_pair(variant: Variant, start_probe, sock_dir: str, trace: Path, ms: int) -> None:
+    env = variant.env(
+        NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_TRACE=str(trace), NVSHARE_FAKE_LAUNCH_US="2000"
+    )
+    a, b = start_probe(variant, env), start_probe(variant, env)
+    for p in (a, b):
+        p.ok("init")
+    for p in (a, b):
+        assert p.proc.stdin is not None
+        p.proc.stdin.write(f"launchfor {ms} 4\n")
+        p.proc.stdin.flush()
+    for p in (a, b):
+        assert p.proc.stdout is not None
+        assert p.proc.stdout.readline().startswith("ok"), p.stderr()
+    for p in (a, b):
+        assert_clean(*p.finish())
+
+
+def test_mode_on_never_overlaps_and_the_quantum_hands_over(
+    variant: Variant, start_probe, sock_dir: str, tmp_path: Path
+) -> None:
+    sched = fs.FakeScheduler(sock_dir, tq_s=0.2)
+    trace = tmp_path / "trace"
+    try:
+        run_pair(variant, start_probe, sock_dir, trace, 1500)
+    finally:
+        sched.stop()
+    runs = intervals(trace)
+    assert len(runs) == 2
+    a, b = runs.values()
+    assert overlaps(a, b) == 0
+    assert sched.count(fs.LOCK_DROP) >= 2  # preempted while the other one waited ...
+    released = [f for _, t, f in sched.events if t == fs.LOCK_RELEASED]
+    assert (0,) in released  # ... and handed back with reason DROPPED
+
+
+def test_mode_off_runs_concurrently(
+    plain: Variant, start_probe, sock_dir: str, tmp_path: Path
+) -> None:
+    sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mode=fs.MODE_OFF))
+    trace = tmp_path / "trace"
+    try:
+        run_pair(plain, start_probe, sock_dir, trace, 600)
+    finally:
+        sched.stop()
+    a, b = intervals(trace).values()
+    assert overlaps(a, b) > 0
+    assert sched.count(fs.LOCK_REQUEST) == 0  # mode off: never asks for the lock
+
+
+def test_idle_holder_releases_early(plain: Variant, start_probe, sock_dir: str) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="100")
+        p = start_probe(plain, env)
+        p.ok("init")
+        p.ok("launch 3")
+        assert sched.wait_for(
+            lambda: any(t == fs.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
+        )
+        p.ok("launch 1")  # asks again after an early release
+        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 2)
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
+def test_without_a_daemon_the_program_runs_and_says_so_once(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
+    p.ok("init")
+    p.ok("launch 20")
+    p.ok("alloc mem 1048576")
+    p.ok("sleep 300")  # a few reconnect attempts happen meanwhile
+    p.ok("launch 20")
+    rc, err = p.finish()
+    assert_clean(rc, err)
+    lines = [ln for ln in err.splitlines() if ln.startswith("nvshare")]
+    assert len(lines) == 1 and lines[0].startswith("nvshare: cannot reach the nvshare scheduler")
+
+
+def test_daemon_death_while_holding_the_lock_then_reconnect(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    env = variant.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_GPU_MEMORY_LIMIT="64Mi")
+    p = start_probe(variant, env)
+    p.ok("init")
+    p.ok("launch 5")
+    assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+    sched.stop()  # like kill -9 while this client holds the lock
+    p.ok("launch 50")  # keeps running, ungated
+    assert p.do("alloc mem 134217728") == "err 2"  # the local limit still holds
+    back = fs.FakeScheduler(sock_dir)
+    try:
+        assert back.wait_for(lambda: back.count(fs.REGISTER) == 1)  # re-registered on its own
+        # the hook installs the connection when REGISTERED arrives: from then on it asks again
+        for _ in range(100):
+            p.ok("launch 1")
+            if back.wait_for(lambda: back.count(fs.LOCK_GRANT) == 1, timeout=0.05):
+                break
+        assert back.count(fs.LOCK_GRANT) == 1  # gating resumed
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        assert len(re.findall(r"^nvshare: ", err, re.M)) == 1
+        assert "lost the connection to the nvshare scheduler" in err
+    finally:
+        back.stop()
+
+
+def test_fork_child_without_cuda_stays_silent_and_with_cuda_registers(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        p.ok("launch 1")
+        assert p.do("fork 0") == "ok 0"
+        assert sched.count(fs.REGISTER) == 1
+        assert p.do("fork 1") == "ok 0"
+        assert sched.wait_for(lambda: sched.count(fs.REGISTER) == 2)
+        pids = {c for c, t, f in sched.events if t == fs.REGISTER}
+        assert len(pids) == 2
+        p.ok("launch 1")  # the parent's own connection is intact
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
+@pytest.mark.parametrize("ms", [300])
+def test_unknown_frames_and_errors_do_not_stop_the_program(
+    plain: Variant, start_probe, sock_dir: str, ms: int
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1"))
+        p.ok("init")
+        p.ok("launch 1")
+        assert sched.wait_for(lambda: len(sched.clients) == 1)
+        sched.clients[0].send(99, 0, b"\x01\x02")
+        sched.clients[0].send(fs.ERROR, 7, b"\x05\0\0\0\x63\0\0\0" + b"nope".ljust(248, b"\0"))
+        p.ok(f"launchfor {ms}")
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        assert "ignoring frame type 99" in err and "nope" in err
+    finally:
+        sched.stop()
