@@ -192,7 +192,7 @@ class LimitUpdate:
         return cls(WireLimits.unpack(body))
 
 
-def _empty(name: str, msg_type: MsgType) -> type:
+def _empty(name: str, msg_type: MsgType) -> Any:
     @dataclass(frozen=True, slots=True)
     class Empty:
         TYPE: ClassVar[MsgType] = msg_type
@@ -304,11 +304,11 @@ class Result:
 class MemReserve:
     TYPE: ClassVar[MsgType] = MsgType.MEM_RESERVE
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
-    bytes: int
+    nbytes: int
     used: int
 
     def pack(self) -> bytes:
-        return self.FORMAT.pack(self.bytes, self.used)
+        return self.FORMAT.pack(self.nbytes, self.used)
 
     @classmethod
     def unpack(cls, body: bytes) -> MemReserve:
@@ -334,11 +334,11 @@ class MemGrant:
 class MemReturn:
     TYPE: ClassVar[MsgType] = MsgType.MEM_RETURN
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
-    bytes: int
+    nbytes: int
     used: int
 
     def pack(self) -> bytes:
-        return self.FORMAT.pack(self.bytes, self.used)
+        return self.FORMAT.pack(self.nbytes, self.used)
 
     @classmethod
     def unpack(cls, body: bytes) -> MemReturn:
@@ -436,7 +436,7 @@ class Frame:
 
 
 def encode(message: Message, *, seq: int = 0) -> bytes:
-    body = message.pack()
+    body: bytes = message.pack()
     return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
 
 

@@ -255,11 +255,11 @@ class SchedulerServer:
 
     def _on_MemReserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:  # noqa: N802
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RESERVE)) is not None:
-            self.dispatch(ev.MemoryReserveRequested(cid, seq, msg.bytes, msg.used))
+            self.dispatch(ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used))
 
     def _on_MemReturn(self, conn: Connection, msg: p.MemReturn, seq: int) -> None:  # noqa: N802
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RETURN)) is not None:
-            self.dispatch(ev.MemoryReturned(cid, msg.bytes, msg.used))
+            self.dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
 
     # nvsharectl
 

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon.conftest import RunningDaemon, start_daemon
+from kube.fakeapi import FakeApiServer
 from kubernetes import client
 
 from appliance import protocol as p
 from appliance.client import ControlClient
-from daemon.conftest import RunningDaemon, start_daemon
-from kube.fakeapi import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "ld_hook" / "build"
