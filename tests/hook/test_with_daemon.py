@@ -1,0 +1,140 @@
+"""The hook against the real node daemon (nvshare-scheduler) over its real socket: serialised
+kernels in mode on with quantum hand-over, free-running in mode off, a killed daemon, a killed
+lock holder, and limits changed live through the policy directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon.conftest import RunningDaemon, start_daemon
+
+from .conftest import Variant, assert_clean
+from .test_gate import intervals, overlaps, run_pair
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def daemon_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="nvs-d-"))  # short: the socket path must fit in 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def running(daemon_dir: Path) -> Iterator[list[RunningDaemon]]:
+    started: list[RunningDaemon] = []
+    yield started
+    for d in started:
+        d.stop()
+
+
+def start(running: list[RunningDaemon], where: Path, policy: str) -> RunningDaemon:
+    d = start_daemon(where, policy)
+    running.append(d)
+    return d
+
+
+def test_mode_on_serialises_and_the_quantum_hands_over(
+    variant: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1s}\n")
+    trace = daemon_dir / "trace"
+    run_pair(variant, start_probe, str(d.socket_dir), trace, 2500)
+    a, b = intervals(trace).values()
+    assert overlaps(a, b) == 0
+    # the quantum moved the GPU between them more than once: their kernels interleave in runs
+    merged = sorted([(s, 0) for s, _ in a] + [(s, 1) for s, _ in b])
+    switches = sum(1 for x, y in zip(merged, merged[1:]) if x[1] != y[1])
+    assert switches >= 2
+    assert "Traceback" not in d.output()
+
+
+def test_mode_off_runs_concurrently(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'off'}\n")
+    trace = daemon_dir / "trace"
+    run_pair(plain, start_probe, str(d.socket_dir), trace, 600)
+    a, b = intervals(trace).values()
+    assert overlaps(a, b) > 0
+
+
+def test_killing_the_daemon_leaves_the_holder_running(
+    variant: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1s}\n")
+    p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)))
+    p.ok("init")
+    p.ok("launch 5")  # holds the lock now
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    p.ok("launchfor 300")
+    rc, err = p.finish()
+    assert_clean(rc, err)
+    assert err.count("nvshare: ") == 1 and "lost the connection" in err
+
+
+def test_killing_the_holder_hands_the_lock_over(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # A quantum of an hour: only the holder's death can hand the GPU over before the test times out.
+    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1h}\n")
+    env = plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir), NVSHARE_IDLE_RELEASE_MS="3600000")
+    holder, waiter = start_probe(plain, env), start_probe(plain, env)
+    holder.ok("init")
+    holder.ok("launch 1")
+    waiter.ok("init")
+    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
+    waiter.proc.stdin.write("launch 1\n")  # blocks at the gate
+    waiter.proc.stdin.flush()
+    os.kill(holder.proc.pid, signal.SIGKILL)
+    assert waiter.proc.stdout.readline().strip() == "ok"
+    assert_clean(*waiter.finish())
+
+
+def write_policy(d: RunningDaemon, limit: str) -> None:
+    tmp = d.policy_dir / ".policy.yaml.tmp"
+    tmp.write_text(f"memory: {{chunk: 2Mi}}\ndefaults: {{memoryLimit: {limit}}}\n")
+    tmp.rename(d.policy_dir / "policy.yaml")
+
+
+def until(p, line: str, want: str) -> None:  # type: ignore[no-untyped-def]
+    """Repeat `line` until the answer starts with `want` (the policy reload is asynchronous)."""
+    deadline = time.monotonic() + 20
+    while not (got := p.do(line)).startswith(want):
+        assert time.monotonic() < deadline, f"{line!r} still gives {got!r}, wanted {want!r}"
+        time.sleep(0.02)
+    if got.startswith("ok") and line.startswith("alloc"):
+        p.ok(f"free {got.split()[1]}")
+
+
+def test_live_limit_raise_lower_and_remove(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'off'}\n")
+    write_policy(d, "8Mi")
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)))
+    p.ok("init")
+    until(p, "total", f"ok {8 * MiB}")
+    held = p.ok(f"alloc mem {6 * MiB}").split()[1]
+    assert p.do(f"alloc mem {4 * MiB}") == "err 2"
+
+    write_policy(d, "16Mi")  # raise: the next allocation fits
+    until(p, f"alloc mem {4 * MiB}", "ok")
+    write_policy(d, "4Mi")  # lower below usage: what is allocated stays, new ones are refused
+    until(p, "info", f"ok 0 {4 * MiB}")
+    assert p.do("alloc mem 1") == "err 2"
+    p.ok(f"free {held}")
+    p.ok(f"alloc mem {4 * MiB}")
+    write_policy(d, "null")  # removed
+    until(p, f"alloc mem {64 * MiB}", "ok")
+    assert_clean(*p.finish())
+    assert "Traceback" not in d.output()
