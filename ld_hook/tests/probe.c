@@ -219,11 +219,11 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static CUresult start(struct api *a)
+static CUresult start(struct api *a, int device)
 {
     CUcontext ctx;
     CUresult r = a->init(0);
-    if (!r) r = a->retain(&ctx, 0);
+    if (!r) r = a->retain(&ctx, device);
     if (!r) r = a->set_current(ctx);
     return r;
 }
@@ -246,7 +246,7 @@ static int run(struct api *a)
         sscanf(line, "%31s %llu %llu", cmd, &n, &m);
         CUresult r = CUDA_SUCCESS;
         if (strcmp(cmd, "init") == 0) {
-            reply(start(a), "ok\n", 0);
+            reply(start(a, (int)n), "ok\n", 0); /* init [device] */
         } else if (strcmp(cmd, "alloc") == 0) {
             size_t id = 0;
             r = alloc(a, line + 6, &id);
@@ -300,7 +300,7 @@ static int run(struct api *a)
             fflush(stdout);
             pid_t pid = fork();
             if (pid == 0) {
-                if (n == 1 && (start(a) || a->launch((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) || a->sync()))
+                if (n == 1 && (start(a, 0) || a->launch((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) || a->sync()))
                     _exit(1);
                 _exit(0);
             }

@@ -261,7 +261,12 @@ class FakeScheduler:
                 if self._stopping:
                     return
                 h = self.holder
-                if h and self.queue and not h.dropped and time.monotonic() - h.lock_since > self.tq_s:
+                if (
+                    h
+                    and self.queue
+                    and not h.dropped
+                    and time.monotonic() - h.lock_since > self.tq_s
+                ):
                     h.dropped = True
                     self._record(h, LOCK_DROP)
                     h.send(LOCK_DROP, 0)

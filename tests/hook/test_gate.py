@@ -223,3 +223,19 @@ def test_unknown_frames_and_errors_do_not_stop_the_program(
         assert "ignoring frame type 99" in err and "nope" in err
     finally:
         sched.stop()
+
+
+def test_a_process_on_the_second_gpu_registers_and_gates_only_that_gpu(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_COUNT="2"))
+        p.ok("init 1")
+        p.ok("launch 3")
+        p.ok("alloc mem 1")
+        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+        assert [c.uuid for c in sched.clients] == ["GPU-10111213-1415-1617-1819-1a1b1c1d1e20"]
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()

@@ -66,9 +66,7 @@ def test_two_processes_racing_never_exceed_the_pod_ledger(
         sched.stop()
 
 
-def test_limit_updates_raise_lower_and_remove(
-    variant: Variant, start_probe, sock_dir: str
-) -> None:
+def test_limit_updates_raise_lower_and_remove(variant: Variant, start_probe, sock_dir: str) -> None:
     sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=8 * MiB))
     try:
         p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
@@ -116,9 +114,7 @@ def test_the_environment_can_only_lower_the_daemon_limit(
             sched.stop()
 
 
-def test_a_refused_reservation_is_out_of_memory(
-    plain: Variant, start_probe, sock_dir: str
-) -> None:
+def test_a_refused_reservation_is_out_of_memory(plain: Variant, start_probe, sock_dir: str) -> None:
     sched = fs.FakeScheduler(sock_dir, chunk=2 * MiB, pod_limit=6 * MiB)
     try:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
