@@ -451,7 +451,7 @@ def kube_annotations() -> None:
 
 
 def main() -> int:
-    steps = int(os.environ.get("NVSHARE_GPU_WORK_STEPS", "600"))
+    steps = int(os.environ.get("NVSHARE_GPU_WORK_STEPS", "5500"))
     only = sys.argv[1:] or ["gated", "pair", "launch", "memory", "alloc", "kube", "makespan"]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
