@@ -31,9 +31,9 @@ def tree(root: Path) -> dict[str, str]:
     return found
 
 
-def install(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def install(root: Path, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        ["bash", str(SCRIPT), "--root", str(root), *args],
+        ["bash", str(script), "--root", str(root), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -92,7 +92,7 @@ def test_preload_file_created_by_the_installer_is_removed_with_it(
     root.mkdir()
     install(root, "--no-venv", "--preload", "--hook", str(hook), "--prefix", "/usr/local/nvshare")
     assert (root / "etc/ld.so.preload").read_text() == "/usr/local/nvshare/lib/libnvshare.so\n"
-    install(root, "--uninstall", "--prefix", "/usr/local/nvshare")
+    install(root, "--prefix", "/usr/local/nvshare", script=ROOT / "scripts" / "uninstall.sh")
     assert tree(root) == {}
 
 
