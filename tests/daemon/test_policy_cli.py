@@ -1,0 +1,134 @@
+"""nvsharectl policy validate/show/explain, hot reload into connected clients, and metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from appliance import protocol as p
+from appliance.client import ControlClient
+
+from .conftest import BIN, ROOT, RunningDaemon, start_daemon, track
+
+GiB = 1 << 30
+GPU = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+
+
+def ctl(d: RunningDaemon | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = d.env if d else dict(os.environ)
+    return subprocess.run(
+        [str(BIN / "nvsharectl"), *args], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+def registered(d: RunningDaemon) -> ControlClient:
+    c = ControlClient(d.socket_dir, timeout=5)
+    track(c._sock)
+    assert isinstance(
+        c.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 * GiB)), p.Registered
+    )
+    return c
+
+
+def test_validate_lists_every_error_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduler:\n  mode: sometimes\ndefaults:\n  memoryLimit: 4Gx\n")
+    r = ctl(None, "policy", "validate", str(bad))
+    assert r.returncode == 1
+    assert "bad.yaml:2" in r.stderr and "/scheduler/mode" in r.stderr
+    assert "bad.yaml:4" in r.stderr and "/defaults/memoryLimit" in r.stderr
+    shipped = [ROOT / "configmaps" / "default", *(ROOT / "configmaps" / "examples").iterdir()]
+    r = ctl(None, "policy", "validate", *map(str, shipped))
+    assert r.returncode == 0, r.stderr
+
+
+def test_hot_reload_reaches_connected_clients_and_bad_files_keep_the_last_good(
+    tmp_path: Path,
+) -> None:
+    d = start_daemon(tmp_path, "defaults: {memoryLimit: 1Gi}\n")
+    try:
+        c = registered(d)
+        (d.policy_dir / "policy.yaml").write_text("defaults: {memoryLimit: 2Gi}\n")
+        _, update = c.receive()
+        assert isinstance(update, p.LimitUpdate) and update.limits.mem_limit == 2 * GiB
+        (d.policy_dir / "policy.yaml").write_text("defaults: {memoryLimit: [oops\n")
+        deadline = time.monotonic() + 5
+        while True:
+            doc = json.loads(ctl(d, "status", "--json").stdout)
+            if not doc["policy"]["valid"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert doc["policy"]["valid"] is False and "policy.yaml" in doc["policy"]["last_error"]
+        assert doc["clients"][0]["memory_limit"] == 2 * GiB  # the last good policy stays
+        text = ctl(d, "status").stdout
+        assert "INVALID (last good kept)" in text
+    finally:
+        d.stop()
+
+
+def test_show_and_explain_say_where_each_value_came_from(tmp_path: Path) -> None:
+    d = start_daemon(
+        tmp_path,
+        "scheduler: {timeQuantum: 12s}\n"
+        "rules:\n- name: root-jobs\n  match: {uid: 0}\n  memoryLimit: 3Gi\n",
+    )
+    try:
+        registered(d)
+        show = ctl(d, "policy", "show")
+        assert show.returncode == 0
+        assert "/scheduler/timeQuantum" in show.stdout and "policy.yaml" in show.stdout
+        explain = ctl(d, "policy", "explain", "--pid", str(os.getpid()))
+        assert explain.returncode == 0, explain.stderr
+        assert "3Gi (from rule 'root-jobs'" in explain.stdout
+        missing = ctl(d, "policy", "explain", "--pid", "1")
+        assert missing.returncode == 1 and "no connected client" in missing.stderr
+    finally:
+        d.stop()
+
+
+def test_limit_set_and_clear_from_the_cli(daemon: RunningDaemon) -> None:
+    c = registered(daemon)
+    r = ctl(daemon, "limit", "set", "--pid", str(os.getpid()), "512")  # bare number: MiB
+    assert r.returncode == 0 and "1 connected client" in r.stdout
+    _, update = c.receive()
+    assert update.limits.mem_limit == 512 << 20
+    r = ctl(daemon, "limit", "clear", "--pid", str(os.getpid()))
+    assert r.returncode == 0
+    _, update = c.receive()
+    assert update.limits.mem_limit == 0
+    r = ctl(daemon, "limit", "set", "--pid", "5", "--core", "0")
+    assert r.returncode == 2  # click refuses 0 before anything is sent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
+    port = free_port()
+    d = start_daemon(tmp_path, f"metrics: {{enabled: true, address: '127.0.0.1:{port}'}}\n")
+    try:
+        registered(d)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert "nvshare_scheduler_clients 1.0" in body
+        assert f'nvshare_gpu_mode{{gpu_uuid="{GPU}"}} 1.0' in body
+        assert "nvshare_policy_valid 1.0" in body
+        assert urllib.request.urlopen(f"{base}/healthz", timeout=5).status == 200
+        assert urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200
+    finally:
+        d.stop()
