@@ -249,7 +249,7 @@ def _schema_problems(value: Any) -> list[tuple[str, str]]:
     return problems
 
 
-_KINDS = {path: schema.type_label(sub).split(" ")[0] for path, sub in schema.iter_properties()}
+_KINDS = {path: schema.value_kind(sub) for path, sub in schema.iter_properties()}
 # Lower bounds the schema cannot say of "30s"-style strings: (seconds, inclusive?, why).
 _MIN_SECONDS = {
     "/scheduler/timeQuantum": (

@@ -60,6 +60,15 @@ def iter_properties(
             yield from iter_properties(items, f"{path}/*")
 
 
+def value_kind(sub: dict[str, Any]) -> str | None:
+    """"size" or "duration" for a property holding one (possibly nullable), else None."""
+    for node in (sub, *sub.get("anyOf", [])):
+        title = _resolve(node).get("title")
+        if title in ("size", "duration"):
+            return str(title)
+    return None
+
+
 def default_document() -> dict[str, Any]:
     """The built-in policy: every object property's `default`, filled in recursively."""
 
