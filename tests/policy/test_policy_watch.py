@@ -301,3 +301,19 @@ def test_start_refuses_an_invalid_directory(tmp_path: Path, recorder: Recorder) 
     )
     assert recorder.policies == []
     watcher.stop()  # harmless after a failed start
+
+
+def test_directory_swapped_by_rename(
+    tmp_path: Path, policy_dir: Path, recorder: Recorder, watcher: PolicyWatcher
+) -> None:
+    staged = tmp_path / "policy.d.new"
+    staged.mkdir()
+    (staged / "10-base.yaml").write_text("scheduler: {timeQuantum: 70s}\n")
+    policy_dir.rename(tmp_path / "policy.d.old")
+    staged.rename(policy_dir)
+    recorder.wait_tq(70.0)
+    # The watch follows the path, not the old directory that moved away.
+    write_atomically(tmp_path / "policy.d.old" / "10-base.yaml", "scheduler: {timeQuantum: 5s}\n")
+    write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 71s}\n")
+    recorder.wait_tq(71.0)
+    assert 5.0 not in [p.scheduler.time_quantum_s for p in recorder.policies]
