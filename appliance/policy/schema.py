@@ -61,7 +61,7 @@ def iter_properties(
 
 
 def value_kind(sub: dict[str, Any]) -> str | None:
-    """"size" or "duration" for a property holding one (possibly nullable), else None."""
+    """The kind ("size" or "duration") of a property that holds one, even nullable; else None."""
     for node in (sub, *sub.get("anyOf", [])):
         title = _resolve(node).get("title")
         if title in ("size", "duration"):
