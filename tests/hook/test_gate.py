@@ -239,3 +239,41 @@ def test_a_process_on_the_second_gpu_registers_and_gates_only_that_gpu(
         assert_clean(*p.finish())
     finally:
         sched.stop()
+
+
+def test_while_the_lock_is_held_submissions_need_no_round_trip(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)
+    try:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        for _ in range(20):
+            p.ok("launch 50")
+            p.ok("copy")
+        assert sched.count(fs.LOCK_REQUEST) == 1
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
+def test_switching_the_mode_off_lets_a_waiting_client_run(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    sched = fs.FakeScheduler(sock_dir)  # mode on, no quantum: only the mode switch can help
+    try:
+        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="3600000")
+        holder, waiter = start_probe(plain, env), start_probe(plain, env)
+        holder.ok("init")
+        holder.ok("launch 1")
+        waiter.ok("init")
+        assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
+        waiter.proc.stdin.write("launch 1\n")
+        waiter.proc.stdin.flush()
+        assert sched.wait_for(lambda: sched.count(fs.LOCK_REQUEST) == 2)
+        sched.push_limits(fs.Limits(mode=fs.MODE_OFF))
+        assert waiter.proc.stdout.readline().strip() == "ok"
+        for p in (holder, waiter):
+            assert_clean(*p.finish())
+    finally:
+        sched.stop()
