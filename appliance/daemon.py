@@ -62,6 +62,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _lookup(doc: Any, json_path: str) -> Any:
+    """The value at a JSON path like /rules/0/memoryLimit in the merged policy document."""
+    for part in json_path.strip("/").split("/"):
+        if isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            return None
+    return _jsonable(doc)
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
         self.config = config
@@ -114,8 +126,11 @@ class Daemon:
             "dir": str(self.config.policy_dir),
             "hash": good.content_hash,
             "files": list(good.files),
-            "effective": _jsonable(dataclasses.replace(good, sources={})),
-            "values": {path: [None, src] for path, src in sorted(good.sources.items())},
+            "document": _jsonable(good.document),
+            "values": {
+                path: [_lookup(good.document, path), src]
+                for path, src in sorted(good.sources.items())
+            },
         }
 
     def query_explain(self, doc: dict[str, Any]) -> dict[str, Any]:

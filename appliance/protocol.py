@@ -10,6 +10,7 @@ sockets live in `appliance.server` and `appliance.client`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import struct
@@ -300,49 +301,42 @@ class Result:
         return cls(st, ref, _cstr(msg))
 
 
+class _Plain:
+    """A body whose dataclass fields are FORMAT's items, in order, with no padding fields."""
+
+    FORMAT: ClassVar[struct.Struct]
+
+    def pack(self) -> bytes:
+        values = (getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return self.FORMAT.pack(*values)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Any:
+        return cls(*cls.FORMAT.unpack(body))
+
+
 @dataclass(frozen=True, slots=True)
-class MemReserve:
+class MemReserve(_Plain):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RESERVE
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
-    nbytes: int
-    used: int
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.nbytes, self.used)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> MemReserve:
-        return cls(*cls.FORMAT.unpack(body))
+    nbytes: int  # more reservation wanted
+    used: int  # bytes allocated now (usage report)
 
 
 @dataclass(frozen=True, slots=True)
-class MemGrant:
+class MemGrant(_Plain):
     TYPE: ClassVar[MsgType] = MsgType.MEM_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
-    granted: int
-    reserved: int
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.granted, self.reserved)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> MemGrant:
-        return cls(*cls.FORMAT.unpack(body))
+    granted: int  # 0 = refused
+    reserved: int  # the client's whole reservation now
 
 
 @dataclass(frozen=True, slots=True)
-class MemReturn:
+class MemReturn(_Plain):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RETURN
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
-    nbytes: int
+    nbytes: int  # reservation given back
     used: int
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.nbytes, self.used)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> MemReturn:
-        return cls(*cls.FORMAT.unpack(body))
 
 
 @dataclass(frozen=True, slots=True)

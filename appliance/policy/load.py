@@ -532,6 +532,7 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
             enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]
         ),
         sources=dict(merge.sources),
+        document=copy.deepcopy(doc),
         files=tuple(f.name for f in snapshot.files),
         content_hash=snapshot.content_hash,
     )

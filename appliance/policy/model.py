@@ -9,8 +9,9 @@ frozen values and never sees a raw YAML string such as "4Gi".
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any
 
 
 class Mode(enum.Enum):
@@ -147,5 +148,8 @@ class Policy:
     # Provenance: JSON path of each value ("/scheduler/timeQuantum") -> where it came from
     # ("10-team.yaml", "env NVSHARE_COMPUTE_WINDOW_MS" or "default").
     sources: Mapping[str, str] = field(default_factory=dict)
+    # The merged document as the schema names it (camelCase, quantities as written), for
+    # `nvsharectl policy show`; everything else reads the typed fields above.
+    document: Mapping[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ()
     content_hash: str = ""

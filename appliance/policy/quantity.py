@@ -72,7 +72,13 @@ def parse_seconds(value: str | int | float, *, bare_unit: float = 1.0) -> float:
 
 def format_bytes(n: int) -> str:
     """The shortest exact binary form ("4Gi", "1536Mi"), or bytes."""
-    for suffix, size in (("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+    for suffix, size in (
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ):
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)

@@ -27,7 +27,7 @@ def errors_of(directory: Path, environ: dict[str, str] | None = None) -> list[st
 
 def test_empty_directory_is_the_builtin_defaults_of_the_model(tmp_path: Path) -> None:
     policy = load_policy_dir(tmp_path, environ={})
-    provenance = ("sources", "files", "content_hash")
+    provenance = ("sources", "document", "files", "content_hash")
     strip = {f.name: None for f in dataclasses.fields(Policy) if f.name in provenance}
     assert dataclasses.replace(policy, **strip) == dataclasses.replace(Policy(), **strip)
     assert policy.files == ()
