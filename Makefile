@@ -48,6 +48,14 @@ lint: venv
 	$(BIN)/ruff check appliance tests
 	$(BIN)/mypy
 
+# Bare-metal install (root): hook, venv, systemd unit, default policy. INSTALL_ARGS=--preload
+# also adds the hook to /etc/ld.so.preload. `make uninstall` removes exactly what was installed.
+install: hook
+	scripts/install.sh $(INSTALL_ARGS)
+
+uninstall:
+	scripts/install.sh --uninstall $(INSTALL_ARGS)
+
 clean:
 	$(MAKE) -C ld_hook clean
 	rm -rf $(VENV) *.egg-info
