@@ -318,8 +318,7 @@ static void sync_contexts(CUcontext *ctxs, int n)
 {
     __typeof__(&cuCtxPushCurrent_v2) push = NVS_REAL(cuCtxPushCurrent_v2);
     __typeof__(&cuCtxPopCurrent_v2) pop = NVS_REAL(cuCtxPopCurrent_v2);
-    __typeof__(&cuCtxSynchronize) sync =
-        (__typeof__(&cuCtxSynchronize))nvs_resolve_extra(0, "cuCtxSynchronize");
+    __typeof__(&cuCtxSynchronize) sync = NVS_EXTRA(cuCtxSynchronize, 0, "cuCtxSynchronize");
     if (push == NULL || pop == NULL || sync == NULL) return;
     for (int i = 0; i < n; i++) {
         if (push(ctxs[i]) != CUDA_SUCCESS) continue;

@@ -432,8 +432,7 @@ NVS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 /* NVML: find our GPU by UUID (only GPUs this process uses have one). */
 static struct nvs_gpu *nvml_gpu(nvmlDevice_t dev)
 {
-    __typeof__(&nvmlDeviceGetUUID) get_uuid =
-        (__typeof__(&nvmlDeviceGetUUID))nvs_resolve_extra(1, "nvmlDeviceGetUUID");
+    __typeof__(&nvmlDeviceGetUUID) get_uuid = NVS_EXTRA(nvmlDeviceGetUUID, 1, "nvmlDeviceGetUUID");
     char uuid[96];
     if (get_uuid == NULL || get_uuid(dev, uuid, sizeof uuid) != NVML_SUCCESS) return NULL;
     int n = atomic_load(&nvs_ngpus);

@@ -31,6 +31,18 @@ extern _Atomic(void *) nvs_slots[NVS_H_COUNT];
 void *nvs_resolve(int id);
 void *nvs_resolve_extra(int nvml, const char *name); /* a real function we call but do not hook */
 
+/* nvs_resolve_extra, remembered in a static slot: for driver calls made more than once. */
+#define NVS_EXTRA(type_of, nvml, name)                                                   \
+    ({                                                                                   \
+        static _Atomic(void *) slot_;                                                    \
+        void *p_ = atomic_load_explicit(&slot_, memory_order_relaxed);                   \
+        if (p_ == NULL) {                                                                \
+            p_ = nvs_resolve_extra((nvml), (name));                                      \
+            atomic_store_explicit(&slot_, p_, memory_order_relaxed);                     \
+        }                                                                                \
+        (__typeof__(&type_of))p_;                                                        \
+    })
+
 static inline void *nvs_real(int id)
 {
     void *p = atomic_load_explicit(&nvs_slots[id], memory_order_relaxed);

@@ -168,8 +168,7 @@ struct nvs_gpu *nvs_thread_gpu(void)
 {
     if (nvs_tls_dev < 0) {
         if (atomic_load_explicit(&nvs_ngpus, memory_order_acquire) == 0) return NULL;
-        __typeof__(&cuCtxGetDevice) get_dev =
-            (__typeof__(&cuCtxGetDevice))nvs_resolve_extra(0, "cuCtxGetDevice");
+        __typeof__(&cuCtxGetDevice) get_dev = NVS_EXTRA(cuCtxGetDevice, 0, "cuCtxGetDevice");
         CUdevice d = -1;
         if (get_dev == NULL || get_dev(&d) != CUDA_SUCCESS) return NULL;
         nvs_tls_dev = d;
