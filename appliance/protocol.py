@@ -222,13 +222,14 @@ class LockGrant:
     TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     tq_ms: int
+    idle_release_ms: int = 0  # policy scheduler.idleRelease; 0 = the hook's default
 
     def pack(self) -> bytes:
-        return self.FORMAT.pack(self.tq_ms, 0)
+        return self.FORMAT.pack(self.tq_ms, self.idle_release_ms)
 
     @classmethod
     def unpack(cls, body: bytes) -> LockGrant:
-        return cls(cls.FORMAT.unpack(body)[0])
+        return cls(*cls.FORMAT.unpack(body))
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,6 +176,11 @@ static void handle_frame(struct nvs_gpu *g, const struct nvs_header *h, const vo
     switch (h->type) {
     case NVS_MSG_LOCK_GRANT:
         if (g->requested) {
+            struct nvs_lock_grant grant;
+            memcpy(&grant, body, sizeof grant);
+            g->idle_release_ms = nvs_cfg.idle_release_ms   ? nvs_cfg.idle_release_ms
+                                 : grant.idle_release_ms ? grant.idle_release_ms
+                                                         : NVS_DEFAULT_IDLE_RELEASE_MS;
             g->requested = 0;
             g->held = 1;
             g->last_active_ns = nvs_now_ns();
@@ -378,7 +383,7 @@ static void try_reconnect(struct nvs_gpu *g)
     g->next_retry_ns = nvs_now_ns() + g->backoff_ms * 1000000ull;
 }
 
-/* Service thread: reconnect lost GPUs, hand the lock back after NVSHARE_IDLE_RELEASE_MS idle. */
+/* Service thread: reconnect lost GPUs, hand the lock back after the idle-release window. */
 void nvs_service_tick(void)
 {
     int n = atomic_load(&nvs_ngpus);
@@ -391,7 +396,7 @@ void nvs_service_tick(void)
         if (g->state == NVS_CONNECTED && g->held && !g->releasing) {
             if (atomic_exchange_explicit(&g->touched, 0, memory_order_relaxed))
                 g->last_active_ns = now;
-            else if (now - g->last_active_ns >= (uint64_t)nvs_cfg.idle_release_ms * 1000000ull)
+            else if (now - g->last_active_ns >= (uint64_t)g->idle_release_ms * 1000000ull)
                 idle = 1;
         }
         pthread_mutex_unlock(&g->mu);

@@ -72,7 +72,7 @@ struct nvs_config {
     char socket_path[108];
     uint64_t env_mem_limit; /* 0 = none */
     uint32_t env_core_limit;
-    uint32_t idle_release_ms;
+    uint32_t idle_release_ms; /* NVSHARE_IDLE_RELEASE_MS; 0 = unset (the daemon's policy decides) */
     char pod_namespace[NVS_NAME_LEN];
     char pod_name[NVS_NAME_LEN];
 };
@@ -82,6 +82,7 @@ uint64_t nvs_now_ns(void);
 
 /* ---- per-GPU state (runtime.c, client.c) ---- */
 #define NVS_MAX_GPUS 16
+#define NVS_DEFAULT_IDLE_RELEASE_MS 1000u
 #define NVS_MAX_CTX 32
 
 enum nvs_conn_state { NVS_UNUSED = 0, NVS_CONNECTED, NVS_DISCONNECTED };
@@ -108,6 +109,7 @@ struct nvs_gpu {
     int have_limits;
     /* lock */
     int gating, held, requested, releasing;
+    uint32_t idle_release_ms; /* from the last grant, unless NVSHARE_IDLE_RELEASE_MS is set */
     uint64_t last_active_ns;
     /* memory ledger */
     uint64_t usage, reserved;

@@ -111,8 +111,8 @@ struct nvs_registered {
 };
 
 struct nvs_lock_grant {
-    uint32_t tq_ms;      /* the quantum this grant runs for, informational */
-    uint32_t reserved;
+    uint32_t tq_ms;           /* the quantum this grant runs for, informational */
+    uint32_t idle_release_ms; /* policy scheduler.idleRelease; 0 = the hook's default */
 };
 
 struct nvs_lock_released {

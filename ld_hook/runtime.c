@@ -78,8 +78,8 @@ void nvs_early_init(void)
         long c = core != NULL ? strtol(core, NULL, 10) : 0;
         nvs_cfg.env_core_limit = (c >= 1 && c <= 100) ? (uint32_t)c : 0;
         const char *idle = getenv("NVSHARE_IDLE_RELEASE_MS");
-        long ms = idle != NULL ? strtol(idle, NULL, 10) : 1000;
-        nvs_cfg.idle_release_ms = ms > 0 ? (uint32_t)ms : 1000;
+        long ms = idle != NULL ? strtol(idle, NULL, 10) : 0;
+        nvs_cfg.idle_release_ms = ms > 0 ? (uint32_t)ms : 0;
         copy_env(nvs_cfg.pod_namespace, sizeof nvs_cfg.pod_namespace, "NVSHARE_POD_NAMESPACE");
         copy_env(nvs_cfg.pod_name, sizeof nvs_cfg.pod_name, "NVSHARE_POD_NAME");
         atomic_store_explicit(&configured, 1, memory_order_release);
@@ -119,7 +119,8 @@ static void *service_main(void *arg)
 {
     (void)arg;
     for (;;) {
-        uint32_t tick_ms = nvs_cfg.idle_release_ms / 4;
+        /* A quarter of the idle window (the environment's, else 50 ms for the policy's). */
+        uint32_t tick_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms / 4 : 50;
         if (tick_ms < 5) tick_ms = 5;
         if (tick_ms > 100) tick_ms = 100;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)tick_ms * 1000000L};

@@ -279,7 +279,7 @@ class Scheduler:
         gpu = self.gpus[c.gpu]
         if c.wire.mode is p.WireMode.OFF or c.phase in (Phase.HOLDING, Phase.DRAINING):
             # Not gated, or already holding: answer at once so the hook never blocks on us.
-            return [ev.Send(c.id, p.LockGrant(int(self.time_quantum(c.gpu) * 1000)), e.seq)]
+            return [ev.Send(c.id, self._grant_message(c.gpu), e.seq)]
         c.request_seq = e.seq
         if c.phase is not Phase.WAITING:
             c.phase = Phase.WAITING
@@ -320,8 +320,12 @@ class Scheduler:
         self.counters["grants"] += 1
         self.counters["wait_seconds_total_us"] += int((now - c.requested_at) * 1e6)
         log.debug("grant gpu %s -> client %d (pid %d)", gpu.facts.uuid, c.id, c.ident.pid)
-        return ev.Send(
-            c.id, p.LockGrant(int(self.time_quantum(gpu.facts.uuid) * 1000)), c.request_seq
+        return ev.Send(c.id, self._grant_message(gpu.facts.uuid), c.request_seq)
+
+    def _grant_message(self, uuid: str) -> p.LockGrant:
+        return p.LockGrant(
+            tq_ms=int(self.time_quantum(uuid) * 1000),
+            idle_release_ms=int(self.policy.scheduler.idle_release_s * 1000),
         )
 
     def _drop(self, c: Client, now: float, why: str) -> ev.Send:
@@ -541,7 +545,7 @@ class Scheduler:
                 gpu = self.gpus[c.gpu]
                 if c.phase is Phase.WAITING:  # no longer gated: unblock it
                     gpu.queue.remove(c.id)
-                    out.append(ev.Send(c.id, p.LockGrant(0), c.request_seq))
+                    out.append(ev.Send(c.id, self._grant_message(c.gpu), c.request_seq))
                 gpu.holders.discard(c.id)
                 c.phase = Phase.IDLE
         for gpu in self.gpus.values():

@@ -5,6 +5,7 @@ lock holder, and limits changed live through the policy directory."""
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import tempfile
@@ -138,3 +139,28 @@ def test_live_limit_raise_lower_and_remove(
     until(p, f"alloc mem {64 * MiB}", "ok")
     assert_clean(*p.finish())
     assert "Traceback" not in d.output()
+
+
+def test_policy_idle_release_reaches_the_hook(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # Quantum and idle release of an hour: an idle holder keeps the GPU, although the hook's
+    # own default (1 s, when neither the policy nor NVSHARE_IDLE_RELEASE_MS says) would let go.
+    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h}\n")
+    env = {
+        k: v
+        for k, v in plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)).items()
+        if k != "NVSHARE_IDLE_RELEASE_MS"
+    }
+    holder, waiter = start_probe(plain, env), start_probe(plain, env)
+    holder.ok("init")
+    holder.ok("launch 1")  # holds the lock, then does nothing
+    waiter.ok("init")
+    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
+    waiter.proc.stdin.write("launch 1\n")
+    waiter.proc.stdin.flush()
+    ready, _, _ = select.select([waiter.proc.stdout], [], [], 3.0)
+    assert not ready, "the idle holder let go before the policy's idle release"
+    assert_clean(*holder.finish())  # the holder exits: now the waiter runs
+    assert waiter.proc.stdout.readline().strip() == "ok"
+    assert_clean(*waiter.finish())

@@ -38,7 +38,7 @@ FIELDS = {
         "limits.backing",
         "limits.flags",
     ],
-    "nvs_lock_grant": ["tq_ms", "reserved"],
+    "nvs_lock_grant": ["tq_ms", "idle_release_ms"],
     "nvs_lock_released": ["reason", "reserved"],
     "nvs_set_tq": ["seconds", "reserved"],
     "nvs_set_mode": ["mode", "reserved", "gpu_uuid"],
