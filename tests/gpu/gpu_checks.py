@@ -163,7 +163,15 @@ def gated_torch() -> None:
         log = d.stop()
     grants = log.count("grant gpu")
     regs = log.count("registered: pid")
-    RESULTS["gated_torch"] = {"registrations": regs, "grants": grants, "worker": json.loads(out)}
+    traffic = [ln for ln in log.splitlines() if "registered: pid" in ln or "grant gpu" in ln]
+    RESULTS["gated_torch"] = {
+        "registrations": regs,
+        "grants": grants,
+        "worker": json.loads(out),
+        "daemon_log": traffic[:6],
+    }
+    for line in traffic[:3]:
+        print(f"   daemon: {line[:160]}")
     check(
         "a. PyTorch runs under the hook with gated launches",
         regs >= 1 and grants >= 1,
