@@ -267,6 +267,7 @@ static void install(struct nvs_gpu *g, int fd, const struct nvs_registered *reg)
     g->backoff_ms = 100;
     g->held = g->requested = g->releasing = 0;
     g->reserved = 0;
+    g->reported = UINT64_MAX; /* a new daemon learns our usage at the next service tick */
     *a = (struct reader_arg){.g = g, .fd = fd, .generation = g->generation};
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -393,6 +394,7 @@ void nvs_service_tick(void)
         int idle = 0;
         pthread_mutex_lock(&g->mu);
         if (g->state == NVS_DISCONNECTED && now >= g->next_retry_ns) try_reconnect(g);
+        nvs_report_usage(g);
         if (g->state == NVS_CONNECTED && g->held && !g->releasing) {
             if (atomic_exchange_explicit(&g->touched, 0, memory_order_relaxed))
                 g->last_active_ns = now;

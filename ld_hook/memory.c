@@ -145,6 +145,17 @@ void nvs_return_unused(struct nvs_gpu *g)
     if (g->state != NVS_CONNECTED || g->reserving || g->reserved <= g->usage) return;
     struct nvs_mem_return body = {.bytes = g->reserved - g->usage, .used = g->usage};
     g->reserved = g->usage;
+    g->reported = g->usage;
+    nvs_send(g, NVS_MSG_MEM_RETURN, ++g->seq, &body, sizeof body);
+}
+
+/* With g->mu held: tell the daemon our usage if it changed since it last heard it (status and
+ * metrics show it; after a reconnect the new daemon's ledger counts it). A MEM_RETURN of 0 bytes. */
+void nvs_report_usage(struct nvs_gpu *g)
+{
+    if (g->state != NVS_CONNECTED || g->reserving || g->reported == g->usage) return;
+    struct nvs_mem_return body = {.bytes = 0, .used = g->usage};
+    g->reported = g->usage;
     nvs_send(g, NVS_MSG_MEM_RETURN, ++g->seq, &body, sizeof body);
 }
 
@@ -152,6 +163,7 @@ void nvs_return_unused(struct nvs_gpu *g)
 static int reserve(struct nvs_gpu *g, uint64_t need)
 {
     struct nvs_mem_reserve body = {.bytes = need, .used = g->usage};
+    g->reported = g->usage;
     uint64_t seq = ++g->seq;
     g->reserving = 1;
     g->mem_replied = g->mem_error = 0;

@@ -113,6 +113,7 @@ struct nvs_gpu {
     uint64_t last_active_ns;
     /* memory ledger */
     uint64_t usage, reserved;
+    uint64_t reported; /* usage as the daemon last heard it; UINT64_MAX = never told */
     int reserving, mem_replied, mem_error;
     uint64_t mem_wait_seq;
     struct nvs_mem_grant mem_reply;
@@ -169,5 +170,6 @@ static inline void nvs_gate(struct nvs_gpu *g)
 uint64_t nvs_effective_limit(const struct nvs_gpu *g); /* with g->mu held; 0 = none */
 void nvs_memory_after_fork(void);
 void nvs_return_unused(struct nvs_gpu *g); /* with g->mu held */
+void nvs_report_usage(struct nvs_gpu *g);  /* with g->mu held */
 
 #endif /* NVSHARE_H */

@@ -434,9 +434,13 @@ class Scheduler:
             return f"pod:{c.ident.pod_uid}"
         return f"pid:{c.ident.pid}"
 
-    def subject_reserved(self, subject: str, gpu: str) -> int:
+    def _others_footprint(self, c: Client) -> int:
+        """What the other clients on c's ledger (same subject, same GPU) use or have reserved."""
+        subject = self.subject(c)
         return sum(
-            x.reserved for x in self.clients.values() if x.gpu == gpu and self.subject(x) == subject
+            x.footprint
+            for x in self.clients.values()
+            if x is not c and x.gpu == c.gpu and self.subject(x) == subject
         )
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
@@ -493,21 +497,25 @@ class Scheduler:
             return []
         c.used = e.used
         limit = self._ledger_limit(c)
-        subject = self.subject(c)
-        headroom = limit - self.subject_reserved(subject, c.gpu)
-        if e.bytes > headroom or self._realtime_refuses(c, e.bytes, now):
+        others = self._others_footprint(c)
+        # What c would hold with exactly this grant. Its usage counts even where its reservation
+        # does not cover it yet (a hook that reconnected to a restarted daemon).
+        holding = max(c.used, c.reserved + e.bytes)
+        room = limit - others - holding
+        if room < 0 or self._realtime_refuses(c, e.bytes, now):
             self.counters["memory_refusals"] += 1
             log.info(
-                "memory refused: client %d (pid %d, %s) asked %s more; ledger %s of %s",
+                "memory refused: client %d (pid %d, %s) asked %s more; its ledger holds %s of %s",
                 c.id,
                 c.ident.pid,
-                subject,
+                self.subject(c),
                 format_bytes(e.bytes),
-                format_bytes(limit - headroom),
+                format_bytes(others + c.footprint),
                 format_bytes(limit),
             )
             return [ev.Send(c.id, p.MemGrant(0, c.reserved), e.seq)]
-        granted = max(e.bytes, min(self.policy.memory.chunk_bytes, headroom))
+        # Round the grant up toward a chunk, so the next allocations need no round trip.
+        granted = e.bytes + min(max(self.policy.memory.chunk_bytes - e.bytes, 0), room)
         c.reserved += granted
         out = [ev.Send(c.id, p.MemGrant(granted, c.reserved), e.seq)]
         if self.gpu_mode(c.gpu) is Mode.AUTO:

@@ -121,3 +121,17 @@ def test_realtime_check_skips_stale_samples_and_honours_pod_opt_out() -> None:
     h.now += 10  # the sample is now too old to trust: granted, and counted
     assert grant(h, b, 200 * MiB) == 200 * MiB
     assert h.sched.counters["realtime_skipped"] == 1
+
+
+def test_reported_usage_counts_even_where_no_reservation_covers_it() -> None:
+    # A hook that reconnected to a restarted daemon holds memory the new ledger never granted;
+    # its usage report must keep the pod's other processes from taking that room.
+    h = harness()
+    pod = PodInfo(uid="u1", namespace="ns", name="p", node="n")
+    h.feed(ev.PodUpdated(pod, PodOverrides(memory_bytes=1 * GiB)))
+    a, b = h.register(pod_uid="u1"), h.register(pod_uid="u1")
+    h.feed(ev.MemoryReturned(a, 0, 700 * MiB))  # usage report, nothing reserved
+    assert grant(h, b, 400 * MiB) == 0
+    assert grant(h, b, 300 * MiB) == 300 * MiB
+    # a's next allocation asks for its whole usage plus the new bytes: counted once, not twice
+    assert grant(h, a, 710 * MiB, used=700 * MiB) == 710 * MiB

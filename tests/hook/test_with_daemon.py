@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from daemon.conftest import RunningDaemon, start_daemon
 
+from appliance.client import ControlClient
+from appliance.protocol import StatusRequest
+
 from .conftest import Variant, assert_clean
 from .test_gate import intervals, overlaps, run_pair
 
@@ -164,3 +167,26 @@ def test_policy_idle_release_reaches_the_hook(
     assert_clean(*holder.finish())  # the holder exits: now the waiter runs
     assert waiter.proc.stdout.readline().strip() == "ok"
     assert_clean(*waiter.finish())
+
+
+def test_usage_inside_a_reservation_reaches_status(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'off'}\nmemory: {chunk: 64Mi}\n")
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)))
+    p.ok("init")
+    held = p.ok(f"alloc mem {3 * MiB}").split()[1]  # charged 4 MiB, inside the first chunk
+
+    def used() -> int:
+        with ControlClient(d.socket_dir) as c:
+            return int(c.request(StatusRequest()).doc["clients"][0]["memory_used"])
+
+    deadline = time.monotonic() + 20
+    while used() != 4 * MiB:
+        assert time.monotonic() < deadline, f"status still shows {used()} bytes used"
+        time.sleep(0.05)
+    p.ok(f"free {held}")
+    while used() != 0:
+        assert time.monotonic() < deadline, f"status still shows {used()} bytes used"
+        time.sleep(0.05)
+    assert_clean(*p.finish())
