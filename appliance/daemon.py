@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -27,10 +27,13 @@ from appliance.core.pods import PodInfo, PodOverrides, PodRef, resolve_overrides
 from appliance.core.scheduler import Scheduler
 from appliance.gpu.nvml import Nvml
 from appliance.metrics import ApplianceCollector, serve_metrics
-from appliance.policy.errors import PolicyError, PolicyLoadError
+from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
 from appliance.server import SchedulerServer
+
+if TYPE_CHECKING:
+    from appliance.kube.events import EventRecorder
 
 log = logging.getLogger("nvshare.daemon")
 
@@ -82,7 +85,7 @@ class Daemon:
         self.watcher = PolicyWatcher(
             config.policy_dir,
             on_policy=lambda pol: self._from_thread(ev.PolicyChanged(pol)),
-            on_error=self._policy_errors,
+            on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
         self.core: Scheduler | None = None
         self.server: SchedulerServer | None = None
@@ -90,17 +93,14 @@ class Daemon:
         self._overrides: dict[str, PodOverrides] = {}
         self._stopping: asyncio.Event | None = None
         self._ready = False
-        self._threads: list[Any] = []
+        self._threads: list[Any] = []  # started sources and sinks with a stop()
+        self.events: EventRecorder | None = None
 
     # ------------------------------------------------------------------ glue
 
     def _from_thread(self, event: ev.Event) -> None:
         if self.loop is not None and self.server is not None:
             self.loop.call_soon_threadsafe(self.server.dispatch, event)
-
-    def _policy_errors(self, errors: list[PolicyError]) -> None:
-        # The watcher already logged them once per distinct set; they show in status/metrics.
-        pass
 
     def status_extra(self) -> dict[str, Any]:
         w = self.watcher
@@ -165,11 +165,9 @@ class Daemon:
         self._overrides.pop(ref.uid, None)
         self.loop.call_soon_threadsafe(self.server.dispatch, ev.PodRemoved(ref))
 
-    events: Any = None
-
     def _start_kube(self) -> None:
         from appliance.kube.events import EventRecorder
-        from appliance.kube.pods import PodWatcher, api_client_from_env
+        from appliance.kube.pods import PodWatcher, api_client_from_env  # only with --node-name
 
         assert self.config.node_name
         api = api_client_from_env(self.config.kube_api)
@@ -260,8 +258,6 @@ class Daemon:
         tasks = []
         if self.nvml.available:
             tasks.append(asyncio.create_task(self._sample_nvml()))
-        else:
-            log.info("NVML is not available: no real-time memory check, GPU sizes come from hooks")
         if self.config.metrics and policy.metrics.enabled:
             core, server = self.core, self.server
             self.registry.register(
