@@ -132,3 +132,19 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         assert urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200
     finally:
         d.stop()
+
+
+def test_nvshare_environment_overrides_are_shown_as_such(tmp_path: Path) -> None:
+    d = start_daemon(
+        tmp_path, "scheduler: {computeWindow: 2s}\n", extra_env={"NVSHARE_COMPUTE_WINDOW_MS": "500"}
+    )
+    try:
+        status = ctl(d, "status")
+        assert (
+            "override from environment: NVSHARE_COMPUTE_WINDOW_MS (/scheduler/computeWindow)"
+            in status.stdout
+        )
+        show = ctl(d, "policy", "show").stdout
+        assert "/scheduler/computeWindow" in show and "env NVSHARE_COMPUTE_WINDOW_MS" in show
+    finally:
+        d.stop()

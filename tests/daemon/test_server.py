@@ -157,6 +157,7 @@ def as_user(uid: int, fn: Callable[[], bytes]) -> bytes:
     if pid == 0:  # child: never returns into pytest
         try:
             os.close(r)
+            os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
             os.write(w, fn())
@@ -171,14 +172,34 @@ def as_user(uid: int, fn: Callable[[], bytes]) -> bytes:
     return data
 
 
-def test_only_root_changes_state_but_anyone_reads_status() -> None:
+def reachable_daemon(args: list[str] | None = None) -> tuple[RunningDaemon, Path]:
     # pytest's tmp_path lives under a root-only directory; nobody must reach this socket.
     tmp = Path(tempfile.mkdtemp(prefix="nvshare-perm-"))
     tmp.chmod(0o755)
-    daemon = start_daemon(tmp, "scheduler: {timeQuantum: 2s}\n")
+    daemon = start_daemon(tmp, "scheduler: {timeQuantum: 2s}\n", args=args)
     daemon.socket_dir.chmod(0o755)
+    return daemon, tmp
+
+
+def test_only_root_changes_state_but_anyone_reads_status() -> None:
+    daemon, tmp = reachable_daemon()
     try:
         _check_permissions(daemon)
+    finally:
+        daemon.stop()
+        shutil.rmtree(tmp)
+
+
+def test_members_of_the_admin_group_may_change_state() -> None:
+    daemon, tmp = reachable_daemon(["--admin-group", "nogroup"])  # gid 65534, nobody's group
+    try:
+
+        def ask() -> bytes:
+            with ControlClient(daemon.socket_dir) as c:
+                return repr(c.request(p.SetTq(7))).encode()
+
+        reply = as_user(65534, ask).decode()
+        assert "Status.OK" in reply and "time quantum set to 7 s" in reply
     finally:
         daemon.stop()
         shutil.rmtree(tmp)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon.conftest import RunningDaemon, start_daemon
+from daemon.conftest import BIN, RunningDaemon, start_daemon
 from kube.fakeapi import FakeApiServer
 from kubernetes import client
 
@@ -157,6 +157,16 @@ def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDae
 
     annotate(api, "4Gi")  # resize with no restart
     wait_for(a, 2 * GiB, "ok", timeout=1.0)
+    explain = subprocess.run(
+        [str(BIN / "nvsharectl"), "policy", "explain", "--pod", "team/pod-a"],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert explain.returncode == 0, explain.stderr
+    assert "pod team/pod-a (claimed)" in explain.stdout
+    assert "memory: 4Gi (from annotation)" in explain.stdout
 
     for i in range(20):
         value = "1Gi" if i % 2 == 0 else "4Gi"
