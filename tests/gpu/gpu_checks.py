@@ -243,6 +243,12 @@ def torch_memory() -> None:
         ):
             w = Worker(d.env(**extra))
             info = w.ask("info")
+            nvml = w.ask("nvml")
+            check(
+                f"memory: NVML in the hooked process agrees with the limit ({label})",
+                nvml.get("total") == GiB and nvml.get("free", -1) + nvml.get("used", -1) == GiB,
+                json.dumps(nvml),
+            )
             big = w.ask(f"alloc {2 * GiB}")
             small = w.ask(f"alloc {512 << 20}")
             summary[label] = {"info": info, "2GiB": big["result"], "512MiB": small["result"]}
@@ -312,6 +318,26 @@ def torch_memory() -> None:
     finally:
         d.stop()
     RESULTS["torch_memory"] = summary
+
+
+def managed_backing() -> None:
+    # Small allocations only: the shared GPU must never be oversubscribed for real.
+    d = Daemon("memory: {backing: managed}\ndefaults: {memoryLimit: 1Gi}")
+    try:
+        w = Worker(d.env())
+        kind = w.ask(f"ismanaged {256 << 20}")
+        big = w.ask(f"alloc {2 * GiB}")["result"]
+        small = w.ask(f"alloc {512 << 20}")["result"]
+        code = w.close()
+    finally:
+        d.stop()
+    RESULTS["managed"] = {"ismanaged": kind, "2GiB": big, "512MiB": small, "exit": code}
+    check(
+        "memory: backing managed serves PyTorch's cudaMalloc with managed memory, limit kept",
+        kind.get("managed") is True and big == "oom" and small == "ok" and code == 0,
+        f"tensor managed={kind.get('managed')} ({kind.get('result')}); 2Gi -> {big}, "
+        f"512Mi -> {small}",
+    )
 
 
 def alloc_bench() -> None:
@@ -460,12 +486,22 @@ def kube_annotations() -> None:
 
 def main() -> int:
     steps = int(os.environ.get("NVSHARE_GPU_WORK_STEPS", "5500"))
-    only = sys.argv[1:] or ["gated", "pair", "launch", "memory", "alloc", "kube", "makespan"]
+    only = sys.argv[1:] or [
+        "gated",
+        "pair",
+        "launch",
+        "memory",
+        "managed",
+        "alloc",
+        "kube",
+        "makespan",
+    ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
         "pair": serialised_pair,
         "launch": launch_bound,
         "memory": torch_memory,
+        "managed": managed_backing,
         "alloc": alloc_bench,
         "kube": kube_annotations,
         "makespan": lambda: makespan(steps),

@@ -1,13 +1,15 @@
 """A PyTorch process driven by tests/gpu/gpu_checks.py, run under libnvshare.so.
 
 torch_worker.py serve          read commands on stdin, answer one JSON line each:
-                               info | alloc BYTES | hold BYTES | release | exit
+                               info | alloc BYTES | hold BYTES | release | nvml |
+                               ismanaged BYTES | exit
 torch_worker.py burn S OUT     matmul bursts for S seconds; writes [t0, t1] busy intervals
 torch_worker.py work N         N fixed matmul steps; prints the wall time they took
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import time
@@ -37,6 +39,23 @@ def serve() -> None:
                 except torch.cuda.OutOfMemoryError as exc:
                     out = {"result": "oom", "error": str(exc).splitlines()[0][:200]}
                 torch.cuda.empty_cache()  # give freed blocks back, so the hook sees the free
+            elif cmd == "nvml":  # NVML as this (hooked) process sees it
+                import pynvml
+
+                pynvml.nvmlInit()
+                mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+                out = {"total": int(mem.total), "used": int(mem.used), "free": int(mem.free)}
+            elif cmd == "ismanaged":  # is a fresh tensor's memory managed (unified) memory?
+                t = torch.empty(int(args[0]), dtype=torch.uint8, device="cuda")
+                value = ctypes.c_int(0)
+                rc = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute(
+                    ctypes.byref(value),
+                    8,
+                    ctypes.c_uint64(t.data_ptr()),  # IS_MANAGED
+                )
+                out = {"result": "ok" if rc == 0 else f"error {rc}", "managed": bool(value.value)}
+                del t
+                torch.cuda.empty_cache()
             elif cmd == "release":
                 held.clear()
                 torch.cuda.empty_cache()
