@@ -68,6 +68,7 @@ class Client:
     reserved: int = 0
     used: int = 0
     quota: QuotaAccount | None = None
+    requeue: bool = False  # asked for the lock again while draining
     pod_source: str = ""  # "cgroup", "claimed" or ""
 
     @property
@@ -277,10 +278,13 @@ class Scheduler:
         if c is None:
             return []
         gpu = self.gpus[c.gpu]
-        if c.wire.mode is p.WireMode.OFF or c.phase in (Phase.HOLDING, Phase.DRAINING):
+        if c.wire.mode is p.WireMode.OFF or c.phase is Phase.HOLDING:
             # Not gated, or already holding: answer at once so the hook never blocks on us.
             return [ev.Send(c.id, self._grant_message(c.gpu), e.seq)]
         c.request_seq = e.seq
+        if c.phase is Phase.DRAINING:  # asked again before its release arrived: queue it then
+            c.requeue = True
+            return []
         if c.phase is not Phase.WAITING:
             c.phase = Phase.WAITING
             c.requested_at = now
@@ -299,6 +303,10 @@ class Scheduler:
         elif c.id in gpu.queue:  # gave up waiting (e.g. exiting)
             gpu.queue.remove(c.id)
         c.phase = Phase.IDLE
+        if c.requeue:
+            c.requeue = False
+            c.phase, c.requested_at = Phase.WAITING, now
+            gpu.queue.append(c.id)
         return self._schedule(gpu, now)
 
     def _eligible(self, c: Client, now: float) -> bool:

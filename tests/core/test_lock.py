@@ -150,3 +150,16 @@ def test_quota_share_matches_the_limit_over_many_windows() -> None:
             h.feed(ev.LockRequested(a, 1))
     share = held / (h.now - start)
     assert 0.37 < share < 0.43, share
+
+
+def test_a_request_while_draining_waits_for_the_release() -> None:
+    h = Harness(Scheduler(policy(tq=1)))
+    a, b = h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.feed(ev.LockRequested(b, 2))
+    h.advance(1.0)  # a is told to drop
+    assert h.feed(ev.LockRequested(a, 3)) == []  # not granted while it still drains
+    out = h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
+    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(b, 2)]
+    out = h.feed(ev.LockReleased(b, p.ReleaseReason.IDLE))
+    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(a, 3)]  # a was queued
