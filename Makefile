@@ -18,7 +18,7 @@ APT_NEEDS := gcc:gcc make:make kubectl:kubernetes-client systemd-analyze:systemd
 run: venv hook
 	NVSHARE_SOCKET_DIR=$(SOCKET_DIR) $(BIN)/nvshare-scheduler --policy-dir $(POLICY_DIR)
 
-test: deps venv hook
+test: deps venv hook lint
 	$(BIN)/pytest -q
 
 deps:
@@ -45,7 +45,7 @@ $(HOOK): $(wildcard ld_hook/*.c ld_hook/*.h ld_hook/Makefile ld_hook/tests/*.c)
 	$(MAKE) -C ld_hook
 
 lint: venv
-	$(BIN)/ruff check appliance tests
+	$(BIN)/ruff check appliance tests bench
 	$(BIN)/mypy
 
 # Bare-metal install (root): hook, venv, systemd unit, default policy. INSTALL_ARGS=--preload
