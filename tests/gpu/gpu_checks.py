@@ -340,6 +340,64 @@ def managed_backing() -> None:
     )
 
 
+def quota_accuracy() -> None:
+    """A compute-bound PyTorch process alone on the GPU, with core limits 100, 60 and 30."""
+    d = Daemon("scheduler: {mode: 'on', computeWindow: 1s}")
+    done: dict[int, float] = {}
+    try:
+        for limit in (100, 60, 30):
+            out = run(
+                [sys.executable, str(WORKER), "rate", "8"],
+                env=d.env(NVSHARE_GPU_CORE_LIMIT=str(limit)),
+            )
+            doc = json.loads(out)
+            done[limit] = doc["matmuls"] / doc["seconds"]
+    finally:
+        log = d.stop()
+    shares = {limit: done[limit] / done[100] for limit in (60, 30)}
+    RESULTS["quota"] = {
+        "matmuls_per_s": done,
+        "shares": shares,
+        "quota_drops": log.count("drop client"),
+    }
+    check(
+        "quota: measured compute share matches gpu-core-limit (60%, 30%)",
+        all(abs(shares[x] - x / 100) < 0.05 for x in shares),
+        f"share at 60%: {shares[60]:.3f}, at 30%: {shares[30]:.3f} "
+        f"(throughput relative to the same process unlimited, 1 s window)",
+    )
+
+
+def fail_soft() -> None:
+    """kill -9 of the daemon while PyTorch holds the lock: the job runs to completion."""
+    d = Daemon("scheduler: {mode: 'on'}")
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), "rate", "6"],
+        env=d.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(c["state"] == "holding" for c in d.status()["clients"]):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the PyTorch job never took the lock")
+        time.sleep(0.05)
+    d.proc.kill()  # while the job holds the lock and computes
+    d.proc.wait()
+    out, err = proc.communicate(timeout=120)
+    notices = [ln for ln in err.splitlines() if ln.startswith("nvshare: ")]
+    RESULTS["fail_soft"] = {"exit": proc.returncode, "stderr_notices": notices}
+    check(
+        "fail-soft: kill -9 of the daemon leaves the PyTorch job running to completion",
+        proc.returncode == 0
+        and len(notices) == 1
+        and "lost the connection" in notices[0]
+        and "matmuls" in out,
+        f"exit {proc.returncode}; stderr: {notices}",
+    )
+
+
 def alloc_bench() -> None:
     prog = str(PROGRAMS)
     d = Daemon("scheduler: {mode: 'on'}")
@@ -492,6 +550,8 @@ def main() -> int:
         "launch",
         "memory",
         "managed",
+        "quota",
+        "failsoft",
         "alloc",
         "kube",
         "makespan",
@@ -502,6 +562,8 @@ def main() -> int:
         "launch": launch_bound,
         "memory": torch_memory,
         "managed": managed_backing,
+        "quota": quota_accuracy,
+        "failsoft": fail_soft,
         "alloc": alloc_bench,
         "kube": kube_annotations,
         "makespan": lambda: makespan(steps),

@@ -5,6 +5,7 @@ torch_worker.py serve          read commands on stdin, answer one JSON line each
                                ismanaged BYTES | exit
 torch_worker.py burn S OUT     matmul bursts for S seconds; writes [t0, t1] busy intervals
 torch_worker.py work N         N fixed matmul steps; prints the wall time they took
+torch_worker.py rate S         matmuls completed in S seconds of wall time
 """
 
 from __future__ import annotations
@@ -88,6 +89,21 @@ def burn(seconds: float, out_path: str) -> None:
         json.dump(intervals, f)
 
 
+def rate(seconds: float) -> None:
+    """How many 4096x4096 fp32 matmuls this process completes in `seconds` of wall time."""
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    done = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        for _ in range(5):
+            a = torch.tanh(a @ b)
+        torch.cuda.synchronize()
+        done += 5
+    print(json.dumps({"matmuls": done, "seconds": time.monotonic() - start}), flush=True)
+
+
 def work(steps: int) -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -107,5 +123,7 @@ if __name__ == "__main__":
         burn(float(sys.argv[2]), sys.argv[3])
     elif mode == "work":
         work(int(sys.argv[2]))
+    elif mode == "rate":
+        rate(float(sys.argv[2]))
     else:
         sys.exit(f"unknown mode {mode}")
