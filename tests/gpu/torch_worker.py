@@ -105,6 +105,7 @@ def rate(seconds: float) -> None:
 
 
 def work(steps: int) -> None:
+    begin = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
@@ -112,7 +113,8 @@ def work(steps: int) -> None:
     for _ in range(steps):
         a = (a @ b) * 1e-2
     torch.cuda.synchronize()
-    print(json.dumps({"seconds": time.monotonic() - t0}), flush=True)
+    end = time.monotonic()
+    print(json.dumps({"seconds": end - t0, "begin": begin, "end": end}), flush=True)
 
 
 if __name__ == "__main__":
