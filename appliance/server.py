@@ -327,9 +327,7 @@ class SchedulerServer:
                 clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
             )
         )
-        matched = [
-            c for c in self.core.explain(pid=msg.pid or None, pod=None if msg.pid else target[1])
-        ]
+        matched = self.core.explain(pid=msg.pid or None, pod=None if msg.pid else target[1])
         self._ok(
             conn,
             seq,
