@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "../cuda_api.h"
+#include "fake_uuid.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVS 8
@@ -103,18 +104,7 @@ EXPORT CUresult cuInit(unsigned flags)
         const char *trace = getenv("NVSHARE_FAKE_TRACE");
         if (trace != NULL && *trace) dev.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         unsigned char base[16];
-        for (int i = 0; i < 16; i++) base[i] = (unsigned char)(0x10 + i);
-        const char *u = getenv("NVSHARE_FAKE_GPU_UUID");
-        if (u != NULL && strncmp(u, "GPU-", 4) == 0) {
-            int k = 0;
-            for (const char *p = u + 4; *p && k < 16; p++) {
-                unsigned v;
-                if (*p == '-') continue;
-                if (sscanf(p, "%2x", &v) != 1) break;
-                base[k++] = (unsigned char)v;
-                p++;
-            }
-        }
+        fake_uuid_bytes(base);
         for (int d = 0; d < dev.count; d++) {
             memcpy(dev.uuid[d], base, 16);
             dev.uuid[d][15] = (unsigned char)(base[15] + d);

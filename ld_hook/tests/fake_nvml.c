@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../cuda_api.h"
+#include "fake_uuid.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -29,18 +30,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned len)
 {
     unsigned char b[16];
-    for (int i = 0; i < 16; i++) b[i] = (unsigned char)(0x10 + i);
-    const char *u = getenv("NVSHARE_FAKE_GPU_UUID");
-    if (u != NULL && strncmp(u, "GPU-", 4) == 0) {
-        int k = 0;
-        for (const char *p = u + 4; *p && k < 16; p++) {
-            unsigned v;
-            if (*p == '-') continue;
-            if (sscanf(p, "%2x", &v) != 1) break;
-            b[k++] = (unsigned char)v;
-            p++;
-        }
-    }
+    fake_uuid_bytes(b);
     b[15] = (unsigned char)(b[15] + (uintptr_t)dev - 1);
     snprintf(uuid, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
              b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
