@@ -458,17 +458,24 @@ static struct nvs_gpu *nvml_gpu(nvmlDevice_t dev)
     return NULL;
 }
 
+/* Replace what NVML reported with the limit-sized view, where this process has a limit. */
+static int nvml_view(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
+                     unsigned long long *free_bytes)
+{
+    uint64_t limit, usage;
+    if (!view(nvml_gpu(dev), &limit, &usage)) return 0;
+    *total = limit;
+    *used = usage;
+    *free_bytes = usage < limit ? limit - usage : 0;
+    return 1;
+}
+
 NVS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
     __typeof__(&nvmlDeviceGetMemoryInfo) real = NVS_REAL(nvmlDeviceGetMemoryInfo);
     if (real == NULL) return 13; /* NVML_ERROR_FUNCTION_NOT_FOUND */
     nvmlReturn_t r = real(dev, mem);
-    uint64_t limit, usage;
-    if (r == NVML_SUCCESS && mem != NULL && view(nvml_gpu(dev), &limit, &usage)) {
-        mem->total = limit;
-        mem->used = usage;
-        mem->free = usage < limit ? limit - usage : 0;
-    }
+    if (r == NVML_SUCCESS && mem != NULL) nvml_view(dev, &mem->total, &mem->used, &mem->free);
     return r;
 }
 
@@ -477,12 +484,7 @@ NVS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_
     __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = NVS_REAL(nvmlDeviceGetMemoryInfo_v2);
     if (real == NULL) return 13; /* NVML_ERROR_FUNCTION_NOT_FOUND */
     nvmlReturn_t r = real(dev, mem);
-    uint64_t limit, usage;
-    if (r == NVML_SUCCESS && mem != NULL && view(nvml_gpu(dev), &limit, &usage)) {
-        mem->total = limit;
+    if (r == NVML_SUCCESS && mem != NULL && nvml_view(dev, &mem->total, &mem->used, &mem->free))
         mem->reserved = 0;
-        mem->used = usage;
-        mem->free = usage < limit ? limit - usage : 0;
-    }
     return r;
 }
