@@ -208,6 +208,60 @@ def serialised_pair() -> None:
     )
 
 
+def multi_gpu() -> None:
+    """One lock per GPU: in mode on, jobs on different GPUs run together, jobs on one GPU take
+    turns; a process is told about the GPU it really uses (registered by UUID)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        check("multi-GPU: one lock per GPU", True, "skipped: this machine has one GPU")
+        return
+    results = {}
+    for label, devices in (
+        ("different GPUs", ("cuda:0", "cuda:1")),
+        ("same GPU", ("cuda:1", "cuda:1")),
+    ):
+        d = Daemon("scheduler: {mode: 'on', timeQuantum: 2s}")
+        try:
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), "burn", "6", str(d.tmp / f"iv{i}.json"), dev],
+                    env=d.env(),
+                )
+                for i, dev in enumerate(devices)
+            ]
+            deadline = time.monotonic() + 60
+            gpus: set[str] = set()
+            while time.monotonic() < deadline and any(pr.poll() is None for pr in procs):
+                gpus = {c["gpu"] for c in d.status()["clients"]}
+                if len(gpus) == len(set(devices)) and len(d.status()["clients"]) == 2:
+                    break
+                time.sleep(0.1)
+            codes = [pr.wait(120) for pr in procs]
+        finally:
+            d.stop()
+        ivs = [json.loads((d.tmp / f"iv{i}.json").read_text()) for i in range(2)]
+        results[label] = {
+            "exit_codes": codes,
+            "overlap": overlap_fraction(*ivs),
+            "gpus_registered": sorted(gpus),
+        }
+    RESULTS["multi_gpu"] = results
+    apart, together = results["different GPUs"], results["same GPU"]
+    check(
+        "multi-GPU: one lock per GPU (mode on)",
+        apart["exit_codes"] == [0, 0]
+        and together["exit_codes"] == [0, 0]
+        and apart["overlap"] > 0.5
+        and together["overlap"] < 0.01
+        and len(apart["gpus_registered"]) == 2
+        and len(together["gpus_registered"]) == 1,
+        f"jobs on cuda:0 and cuda:1 overlap {apart['overlap']:.1%} "
+        f"(registered on {len(apart['gpus_registered'])} GPUs); two jobs on cuda:1 overlap "
+        f"{together['overlap']:.2%}",
+    )
+
+
 def launch_bound() -> None:
     prog = str(PROGRAMS)
     d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
@@ -551,6 +605,7 @@ def main() -> int:
     only = sys.argv[1:] or [
         "gated",
         "pair",
+        "multigpu",
         "launch",
         "memory",
         "managed",
@@ -563,6 +618,7 @@ def main() -> int:
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
         "pair": serialised_pair,
+        "multigpu": multi_gpu,
         "launch": launch_bound,
         "memory": torch_memory,
         "managed": managed_backing,

@@ -3,7 +3,8 @@
 torch_worker.py serve          read commands on stdin, answer one JSON line each:
                                info | alloc BYTES | hold BYTES | release | nvml |
                                ismanaged BYTES | exit
-torch_worker.py burn S OUT     matmul bursts for S seconds; writes [t0, t1] busy intervals
+torch_worker.py burn S OUT [D] matmul bursts for S seconds on device D (default cuda);
+                               writes [t0, t1] busy intervals
 torch_worker.py work N         N fixed matmul steps; prints the wall time they took
 torch_worker.py rate S         matmuls completed in S seconds of wall time
 """
@@ -71,9 +72,9 @@ def serve() -> None:
         print(json.dumps(out), flush=True)
 
 
-def burn(seconds: float, out_path: str) -> None:
-    a = torch.randn(4096, 4096, device="cuda")
-    b = torch.randn(4096, 4096, device="cuda")
+def burn(seconds: float, out_path: str, device: str = "cuda") -> None:
+    a = torch.randn(4096, 4096, device=device)
+    b = torch.randn(4096, 4096, device=device)
     torch.cuda.synchronize()
     intervals = []
     end = time.monotonic() + seconds
@@ -82,7 +83,7 @@ def burn(seconds: float, out_path: str) -> None:
         t0 = time.monotonic()
         for _ in range(20):
             c = c @ b
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         intervals.append((t0, time.monotonic()))
         c = c / c.norm()
     with open(out_path, "w") as f:
@@ -122,7 +123,7 @@ if __name__ == "__main__":
     if mode == "serve":
         serve()
     elif mode == "burn":
-        burn(float(sys.argv[2]), sys.argv[3])
+        burn(float(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
     elif mode == "work":
         work(int(sys.argv[2]))
     elif mode == "rate":
