@@ -230,12 +230,9 @@ def multi_gpu() -> None:
                 )
                 for i, dev in enumerate(devices)
             ]
-            deadline = time.monotonic() + 60
-            gpus: set[str] = set()
-            while time.monotonic() < deadline and any(pr.poll() is None for pr in procs):
-                gpus = {c["gpu"] for c in d.status()["clients"]}
-                if len(gpus) == len(set(devices)) and len(d.status()["clients"]) == 2:
-                    break
+            seen: set[tuple[int, str]] = set()  # (pid, GPU UUID) registrations
+            while any(pr.poll() is None for pr in procs):
+                seen |= {(c["pid"], c["gpu"]) for c in d.status()["clients"]}
                 time.sleep(0.1)
             codes = [pr.wait(120) for pr in procs]
         finally:
@@ -244,21 +241,21 @@ def multi_gpu() -> None:
         results[label] = {
             "exit_codes": codes,
             "overlap": overlap_fraction(*ivs),
-            "gpus_registered": sorted(gpus),
+            "registrations": sorted(seen),
         }
     RESULTS["multi_gpu"] = results
     apart, together = results["different GPUs"], results["same GPU"]
+    uuids = {gpu for _, gpu in apart["registrations"]}
     check(
         "multi-GPU: one lock per GPU (mode on)",
         apart["exit_codes"] == [0, 0]
         and together["exit_codes"] == [0, 0]
         and apart["overlap"] > 0.5
         and together["overlap"] < 0.01
-        and len(apart["gpus_registered"]) == 2
-        and len(together["gpus_registered"]) == 1,
-        f"jobs on cuda:0 and cuda:1 overlap {apart['overlap']:.1%} "
-        f"(registered on {len(apart['gpus_registered'])} GPUs); two jobs on cuda:1 overlap "
-        f"{together['overlap']:.2%}",
+        and len(uuids) == 2,
+        f"jobs on cuda:0 and cuda:1 overlap {apart['overlap']:.1%}; two jobs on cuda:1 overlap "
+        f"{together['overlap']:.2%}; registrations (pid, GPU): different GPUs "
+        f"{apart['registrations']}, same GPU {together['registrations']}",
     )
 
 
