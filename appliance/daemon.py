@@ -254,7 +254,17 @@ class Daemon:
             queries={"policy": self.query_policy, "explain": self.query_explain},
             status_extra=self.status_extra,
         )
-        await self.server.start()
+        try:
+            await self.server.start()
+        except OSError as exc:
+            log.error(
+                "cannot listen on %s: %s; run as root, or point NVSHARE_SOCKET_DIR (--socket-dir) "
+                "at a directory you can write",
+                self.server.path,
+                exc.strerror or exc,
+            )
+            self.watcher.stop()
+            return 1
         tasks = []
         if self.nvml.available:
             tasks.append(asyncio.create_task(self._sample_nvml()))
@@ -267,10 +277,21 @@ class Daemon:
                     )
                 )
             )
-            serve_metrics(
-                address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready
-            )
-            log.info("metrics on http://%s/metrics", policy.metrics.address)
+            try:
+                serve_metrics(
+                    address=policy.metrics.address,
+                    registry=self.registry,
+                    ready=lambda: self._ready,
+                )
+                log.info("metrics on http://%s/metrics", policy.metrics.address)
+            except OSError as exc:
+                # Scheduling matters more than metrics: keep serving hooks, say so loudly.
+                log.error(
+                    "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
+                    "address or metrics.enabled to false",
+                    policy.metrics.address,
+                    exc.strerror or exc,
+                )
         if self.config.node_name:
             self._start_kube()
         if self.config.device_plugin:

@@ -148,3 +148,47 @@ def test_nvshare_environment_overrides_are_shown_as_such(tmp_path: Path) -> None
         assert "/scheduler/computeWindow" in show and "env NVSHARE_COMPUTE_WINDOW_MS" in show
     finally:
         d.stop()
+
+
+def run_daemon_briefly(tmp_path: Path, policy: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "policy").mkdir(exist_ok=True)
+    (tmp_path / "policy" / "policy.yaml").write_text(policy)
+    return subprocess.run(
+        [str(BIN / "nvshare-scheduler"), "--policy-dir", str(tmp_path / "policy"), *args],
+        env={**os.environ, "NVSHARE_SOCKET_DIR": str(tmp_path / "run")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_an_invalid_policy_at_start_is_refused_with_every_error(tmp_path: Path) -> None:
+    r = run_daemon_briefly(tmp_path, "scheduler:\n  mode: sometimes\n  timeQuantum: 5 parsecs\n")
+    assert r.returncode == 2
+    assert "refusing to start" in r.stderr
+    assert "policy.yaml:2" in r.stderr and "policy.yaml:3" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unusable_socket_directory_is_one_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run_daemon_briefly(
+        tmp_path, "metrics: {enabled: false}\n", "--socket-dir", str(blocker / "run")
+    )
+    assert r.returncode == 1
+    assert "cannot listen on" in r.stderr and "NVSHARE_SOCKET_DIR" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_busy_metrics_port_leaves_scheduling_running(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        d = start_daemon(tmp_path, f"metrics: {{enabled: true, address: '127.0.0.1:{port}'}}\n")
+        try:
+            registered(d)  # the socket server still serves
+            assert "metrics disabled: cannot serve on" in d.output()
+        finally:
+            d.stop()
