@@ -190,3 +190,42 @@ def test_usage_inside_a_reservation_reaches_status(
         assert time.monotonic() < deadline, f"status still shows {used()} bytes used"
         time.sleep(0.05)
     assert_clean(*p.finish())
+
+
+@pytest.mark.parametrize(("each_mib", "together"), [(60, False), (30, True)])
+def test_mode_auto_runs_together_only_while_memory_fits(
+    plain: Variant,
+    start_probe,
+    daemon_dir: Path,
+    running: list[RunningDaemon],
+    each_mib: int,
+    together: bool,
+) -> None:
+    # A GPU declared at 100 MiB: two clients of 60 MiB must take turns, two of 30 MiB run at once.
+    d = start(
+        running,
+        daemon_dir,
+        "scheduler: {mode: auto, timeQuantum: 1s}\nmemory: {chunk: 2Mi}\n"
+        "gpus: [{match: {}, memory: 100Mi}]\n",
+    )
+    trace = daemon_dir / "trace"
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_FAKE_TRACE=str(trace),
+        NVSHARE_FAKE_LAUNCH_US="2000",
+    )
+    probes = [start_probe(plain, env), start_probe(plain, env)]
+    for p in probes:
+        p.ok("init")
+        p.ok(f"alloc mem {each_mib * MiB}")
+    for p in probes:
+        assert p.proc.stdin is not None
+        p.proc.stdin.write("launchfor 1500 4\n")
+        p.proc.stdin.flush()
+    for p in probes:
+        assert p.proc.stdout is not None
+        assert p.proc.stdout.readline().startswith("ok")
+    for p in probes:
+        assert_clean(*p.finish())
+    a, b = intervals(trace).values()
+    assert (overlaps(a, b) > 0) is together
