@@ -259,6 +259,49 @@ def multi_gpu() -> None:
     )
 
 
+def auto_mode() -> None:
+    """Mode auto on a GPU declared smaller in policy: two jobs holding 6 GiB each run together
+    when the declared GPU has 16 GiB and take turns when it has 10 GiB."""
+    results = {}
+    for declared in ("16Gi", "10Gi"):
+        d = Daemon(
+            "scheduler: {mode: auto, timeQuantum: 2s}\n"
+            f"gpus: [{{match: {{}}, memory: {declared}}}]"
+        )
+        try:
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        "burn",
+                        "8",
+                        str(d.tmp / f"iv{i}.json"),
+                        "cuda",
+                        str(6 * GiB),
+                    ],
+                    env=d.env(),
+                )
+                for i in range(2)
+            ]
+            codes = [pr.wait(120) for pr in procs]
+        finally:
+            d.stop()
+        ivs = [json.loads((d.tmp / f"iv{i}.json").read_text()) for i in range(2)]
+        results[declared] = {"exit_codes": codes, "overlap": overlap_fraction(*ivs)}
+    RESULTS["auto_mode"] = results
+    fits, tight = results["16Gi"], results["10Gi"]
+    check(
+        "auto: concurrent while memory fits a declared GPU, serialised when it does not",
+        fits["exit_codes"] == [0, 0]
+        and tight["exit_codes"] == [0, 0]
+        and fits["overlap"] > 0.5
+        and tight["overlap"] < 0.01,
+        f"2 x 6Gi on a GPU declared 16Gi: overlap {fits['overlap']:.1%}; declared 10Gi: "
+        f"{tight['overlap']:.2%}",
+    )
+
+
 def launch_bound() -> None:
     prog = str(PROGRAMS)
     d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
@@ -603,6 +646,7 @@ def main() -> int:
         "gated",
         "pair",
         "multigpu",
+        "auto",
         "launch",
         "memory",
         "managed",
@@ -616,6 +660,7 @@ def main() -> int:
         "gated": gated_torch,
         "pair": serialised_pair,
         "multigpu": multi_gpu,
+        "auto": auto_mode,
         "launch": launch_bound,
         "memory": torch_memory,
         "managed": managed_backing,

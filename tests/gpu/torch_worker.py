@@ -3,8 +3,9 @@
 torch_worker.py serve          read commands on stdin, answer one JSON line each:
                                info | alloc BYTES | hold BYTES | release | nvml |
                                ismanaged BYTES | exit
-torch_worker.py burn S OUT [D] matmul bursts for S seconds on device D (default cuda);
-                               writes [t0, t1] busy intervals
+torch_worker.py burn S OUT [D [HOLD]]
+                               matmul bursts for S seconds on device D (default cuda), holding
+                               HOLD bytes of GPU memory; writes [t0, t1] busy intervals
 torch_worker.py work N         N fixed matmul steps; prints the wall time they took
 torch_worker.py rate S         matmuls completed in S seconds of wall time
 """
@@ -72,7 +73,8 @@ def serve() -> None:
         print(json.dumps(out), flush=True)
 
 
-def burn(seconds: float, out_path: str, device: str = "cuda") -> None:
+def burn(seconds: float, out_path: str, device: str = "cuda", hold: str = "0") -> None:
+    kept = torch.empty(int(hold), dtype=torch.uint8, device=device)  # memory held throughout
     a = torch.randn(4096, 4096, device=device)
     b = torch.randn(4096, 4096, device=device)
     torch.cuda.synchronize()
@@ -86,6 +88,7 @@ def burn(seconds: float, out_path: str, device: str = "cuda") -> None:
         torch.cuda.synchronize(device)
         intervals.append((t0, time.monotonic()))
         c = c / c.norm()
+    del kept
     with open(out_path, "w") as f:
         json.dump(intervals, f)
 
@@ -123,7 +126,7 @@ if __name__ == "__main__":
     if mode == "serve":
         serve()
     elif mode == "burn":
-        burn(float(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
+        burn(float(sys.argv[2]), sys.argv[3], *sys.argv[4:6])
     elif mode == "work":
         work(int(sys.argv[2]))
     elif mode == "rate":
