@@ -84,7 +84,7 @@ class Daemon:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.watcher = PolicyWatcher(
             config.policy_dir,
-            on_policy=lambda pol: self._from_thread(ev.PolicyChanged(pol)),
+            on_policy=self._on_policy,
             on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
         self.core: Scheduler | None = None
@@ -98,9 +98,19 @@ class Daemon:
 
     # ------------------------------------------------------------------ glue
 
-    def _from_thread(self, event: ev.Event) -> None:
+    def _on_policy(self, policy: Policy) -> None:
+        """From the watcher's thread; the first policy (at start) arrives before the loop runs."""
         if self.loop is not None and self.server is not None:
-            self.loop.call_soon_threadsafe(self.server.dispatch, event)
+            self.loop.call_soon_threadsafe(self._apply_policy, policy)
+
+    def _apply_policy(self, policy: Policy) -> None:
+        assert self.core is not None and self.server is not None
+        self.server.dispatch(ev.PolicyChanged(policy))
+        # Annotation caps may have changed: judge every known pod's annotations again.
+        for pod in list(self.core.pods.values()):
+            before = self._overrides.get(pod.uid)
+            if (after := self._judge(pod)) != before:
+                self.server.dispatch(ev.PodUpdated(pod, after))
 
     def status_extra(self) -> dict[str, Any]:
         w = self.watcher
@@ -146,7 +156,12 @@ class Daemon:
         self.loop.call_soon_threadsafe(self._apply_pod, pod)
 
     def _apply_pod(self, pod: PodInfo) -> None:
-        assert self.core is not None and self.server is not None
+        assert self.server is not None
+        self.server.dispatch(ev.PodUpdated(pod, self._judge(pod)))
+
+    def _judge(self, pod: PodInfo) -> PodOverrides:
+        """A pod's overrides under the current policy; refused annotations are reported."""
+        assert self.core is not None
         overrides, problems = resolve_overrides(
             pod.annotations,
             pod=pod.ref,
@@ -158,7 +173,7 @@ class Daemon:
             log.warning("%s", problem)
             if self.events is not None:
                 self.events.warn(problem.pod, "InvalidNvshareAnnotation", str(problem))
-        self.server.dispatch(ev.PodUpdated(pod, overrides))
+        return overrides
 
     def _on_pod_deleted(self, ref: PodRef) -> None:
         assert self.loop is not None and self.server is not None

@@ -209,3 +209,36 @@ def test_pod_limit_is_shared_by_its_processes(cluster: tuple[FakeApiServer, Runn
     doc = json.dumps(status(d))
     assert "pod-b" in doc
     assert [first.close(), second.close()] == [0, 0]
+
+
+def test_a_lowered_annotation_cap_applies_to_running_pods(
+    cluster: tuple[FakeApiServer, RunningDaemon],
+) -> None:
+    api, d = cluster
+    policy = d.policy_dir / "policy.yaml"
+    policy.write_text(
+        "scheduler: {mode: 'off'}\nannotations: {maxMemoryLimit: 8Gi}\n"
+        "defaults: {memoryLimit: 1Gi}\n"
+    )
+    b = Probe(d, "team", "pod-b")  # annotated 3Gi
+    assert b.ask("init") == "ok"
+    wait_for(b, 2 * GiB, "ok")
+    policy.write_text(
+        "scheduler: {mode: 'off'}\nannotations: {maxMemoryLimit: 2Gi}\n"
+        "defaults: {memoryLimit: 1Gi}\n"
+    )
+    wait_for(b, 2 * GiB, OOM)  # 3Gi is now over the cap: the policy's 1Gi applies
+    deadline = time.monotonic() + 5
+    while not [
+        e
+        for e in api.store.list("events", "team")[0]
+        if e["involvedObject"]["name"] == "pod-b" and "cap" in e["message"]
+    ]:
+        assert time.monotonic() < deadline, "no Event about the cap on pod-b"
+        time.sleep(0.05)
+    policy.write_text(
+        "scheduler: {mode: 'off'}\nannotations: {maxMemoryLimit: 8Gi}\n"
+        "defaults: {memoryLimit: 1Gi}\n"
+    )
+    wait_for(b, 2 * GiB, "ok")  # the same annotation is allowed again
+    assert b.close() == 0
