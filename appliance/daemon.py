@@ -33,6 +33,7 @@ from appliance.policy.watch import PolicyWatcher
 from appliance.server import SchedulerServer
 
 if TYPE_CHECKING:
+    from appliance.kube.deviceplugin import DevicePlugin
     from appliance.kube.events import EventRecorder
 
 log = logging.getLogger("nvshare.daemon")
@@ -95,6 +96,7 @@ class Daemon:
         self._ready = False
         self._threads: list[Any] = []  # started sources and sinks with a stop()
         self.events: EventRecorder | None = None
+        self.device_plugin: DevicePlugin | None = None
 
     # ------------------------------------------------------------------ glue
 
@@ -106,6 +108,8 @@ class Daemon:
     def _apply_policy(self, policy: Policy) -> None:
         assert self.core is not None and self.server is not None
         self.server.dispatch(ev.PolicyChanged(policy))
+        if self.device_plugin is not None:
+            self.device_plugin.set_replicas(policy.device_plugin.replicas_per_gpu)
         # Annotation caps may have changed: judge every known pod's annotations again.
         for pod in list(self.core.pods.values()):
             before = self._overrides.get(pod.uid)
@@ -221,6 +225,7 @@ class Daemon:
         )
         plugin.start()
         self._threads.append(plugin)
+        self.device_plugin = plugin
 
     # ------------------------------------------------------------------- run
 

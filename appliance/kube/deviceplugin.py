@@ -209,6 +209,20 @@ class DevicePlugin:
             )
         return tuple(devices)
 
+    def set_replicas(self, replicas_per_gpu: int) -> None:
+        """A new policy's `devicePlugin.replicasPerGpu`: kubelet hears the new list at once."""
+        if replicas_per_gpu < 1:
+            raise ValueError(f"replicas_per_gpu must be at least 1, got {replicas_per_gpu}")
+        if replicas_per_gpu != self._replicas:
+            log.info(
+                "advertising %d %s per GPU (was %d)",
+                replicas_per_gpu,
+                self.resource_name,
+                self._replicas,
+            )
+            self._replicas = replicas_per_gpu
+            self._refresh_devices()
+
     def _refresh_devices(self) -> None:
         try:
             devices = self._current_devices()

@@ -114,6 +114,11 @@ def test_registers_with_kubelet_and_advertises_replicas_of_non_mig_gpus(
             second = next(stream)
             health = {d.ID: d.health for d in second.devices}
             assert health["GPU-b::0"] == "Unhealthy" and health["GPU-a::0"] == "Healthy"
+            plugin.set_replicas(2)  # a policy reload: kubelet hears of it on the same stream
+            third = next(stream)
+            assert sorted(d.ID for d in third.devices) == [
+                f"GPU-{g}::{n}" for g in "ab" for n in range(2)
+            ]
             stream.cancel()
     finally:
         kubelet.stop()
