@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from appliance import protocol as p
 from appliance.client import ControlClient
 
@@ -181,6 +183,12 @@ def reachable_daemon(args: list[str] | None = None) -> tuple[RunningDaemon, Path
     return daemon, tmp
 
 
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="acting as another user (uid 65534) needs root"
+)
+
+
+@needs_root
 def test_only_root_changes_state_but_anyone_reads_status() -> None:
     daemon, tmp = reachable_daemon()
     try:
@@ -190,6 +198,7 @@ def test_only_root_changes_state_but_anyone_reads_status() -> None:
         shutil.rmtree(tmp)
 
 
+@needs_root
 def test_members_of_the_admin_group_may_change_state() -> None:
     daemon, tmp = reachable_daemon(["--admin-group", "nogroup"])  # gid 65534, nobody's group
     try:
