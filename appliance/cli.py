@@ -391,15 +391,17 @@ def webhook(
     import logging
 
     from appliance.kube.pods import api_client_from_env
-    from appliance.kube.webhook import serve_webhook
+    from appliance.kube.webhook import build_webhook_server, serve_webhook
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve_webhook(
+    server = build_webhook_server(
         policy_dir=policy_dir,
         cert_file=cert_file,
         key_file=key_file,
         port=port,
         api_client=api_client_from_env(kube_api),
     )
+    logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
+    serve_webhook(server)

@@ -406,25 +406,10 @@ def build_webhook_server(
     )
 
 
-def serve_webhook(
-    *,
-    policy_dir: Path,
-    cert_file: Path,
-    key_file: Path,
-    port: int,
-    api_client: Any,
-    host: str = "0.0.0.0",
-) -> None:
-    """Run the webhook until interrupted: HTTPS on `host:port`, chains from `policy_dir`."""
-    server = build_webhook_server(
-        policy_dir=policy_dir,
-        cert_file=cert_file,
-        key_file=key_file,
-        port=port,
-        api_client=api_client,
-        host=host,
-    )
-    log.info("MIG fallback webhook listening on https://%s:%d (policy %s)", host, port, policy_dir)
+def serve_webhook(server: WebhookServer) -> None:
+    """Run a built webhook server until interrupted."""
+    host, port = server.server_address[:2]
+    log.info("MIG fallback webhook listening on https://%s:%d", host, port)
     try:
         server.serve_forever()
     finally:
