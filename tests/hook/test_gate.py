@@ -74,13 +74,23 @@ def test_registration_carries_identity_and_env_limits(
         sched.stop()
 
 
-def run_pair(variant: Variant, start_probe, sock_dir: str, trace: Path, ms: int) -> None:
+def run_pair(
+    variant: Variant,
+    start_probe,
+    sock_dir: str,
+    trace: Path,
+    ms: int,
+    prepare: tuple[str, ...] = (),
+) -> None:
+    """Two probes launch for `ms` at the same time, after running the `prepare` commands."""
     env = variant.env(
         NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_TRACE=str(trace), NVSHARE_FAKE_LAUNCH_US="2000"
     )
     a, b = start_probe(variant, env), start_probe(variant, env)
     for p in (a, b):
         p.ok("init")
+        for command in prepare:
+            p.ok(command)
     for p in (a, b):
         assert p.proc.stdin is not None
         p.proc.stdin.write(f"launchfor {ms} 4\n")

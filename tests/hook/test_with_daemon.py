@@ -209,23 +209,6 @@ def test_mode_auto_runs_together_only_while_memory_fits(
         "gpus: [{match: {}, memory: 100Mi}]\n",
     )
     trace = daemon_dir / "trace"
-    env = plain.env(
-        NVSHARE_SOCKET_DIR=str(d.socket_dir),
-        NVSHARE_FAKE_TRACE=str(trace),
-        NVSHARE_FAKE_LAUNCH_US="2000",
-    )
-    probes = [start_probe(plain, env), start_probe(plain, env)]
-    for p in probes:
-        p.ok("init")
-        p.ok(f"alloc mem {each_mib * MiB}")
-    for p in probes:
-        assert p.proc.stdin is not None
-        p.proc.stdin.write("launchfor 1500 4\n")
-        p.proc.stdin.flush()
-    for p in probes:
-        assert p.proc.stdout is not None
-        assert p.proc.stdout.readline().startswith("ok")
-    for p in probes:
-        assert_clean(*p.finish())
+    run_pair(plain, start_probe, str(d.socket_dir), trace, 1500, (f"alloc mem {each_mib * MiB}",))
     a, b = intervals(trace).values()
     assert (overlaps(a, b) > 0) is together
