@@ -3,7 +3,8 @@
 `schema/policy.schema.json` is the single definition of what a policy file may say. The loader
 validates against it, the built-in defaults are read from its `default` keywords (so the schema,
 the README reference and the loader cannot disagree about a default), and the README test walks
-its property paths. The package ships a link to the file so an installed appliance finds it.
+its property paths. The file lives inside the package, so every install (wheel, image) carries it;
+`schema/policy.schema.json`, the path the docs name, is a link to it.
 """
 
 from __future__ import annotations
