@@ -27,9 +27,17 @@ class BenchDaemon:
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "appliance", "--policy-dir", str(self.policy_dir),
-                 *(args or [])],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "appliance",
+                    "--policy-dir",
+                    str(self.policy_dir),
+                    *(args or []),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30
         while not (self.socket_dir / "scheduler.sock").exists():

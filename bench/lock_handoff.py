@@ -59,8 +59,11 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|")
     for n in args.clients:
         lat = run(n, args.handoffs)
-        print(f"| {n} | {len(lat)} | {percentile(lat, 50) * 1e3:.3f} | "
-              f"{percentile(lat, 99) * 1e3:.3f} | {max(lat) * 1e3:.3f} |", flush=True)
+        print(
+            f"| {n} | {len(lat)} | {percentile(lat, 50) * 1e3:.3f} | "
+            f"{percentile(lat, 99) * 1e3:.3f} | {max(lat) * 1e3:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

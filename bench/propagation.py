@@ -47,8 +47,9 @@ def policy_rounds(rounds: int) -> list[float]:
     def publish(i: int, limit: str) -> None:
         ts = pol / f"..2026_11_21_00_00_{i:05d}"
         ts.mkdir()
-        (ts / "policy.yaml").write_text(f"defaults: {{memoryLimit: {limit}}}\n"
-                                        "metrics: {enabled: false}\n")
+        (ts / "policy.yaml").write_text(
+            f"defaults: {{memoryLimit: {limit}}}\nmetrics: {{enabled: false}}\n"
+        )
         (pol / "..data_tmp").symlink_to(ts.name)
         os.rename(pol / "..data_tmp", pol / "..data")
 
@@ -78,8 +79,12 @@ def annotation_rounds(pods: int, rounds: int) -> list[float]:
     api = FakeApiServer().start()
     api.add_node("node-1")
     for i in range(pods):
-        api.add_pod(f"pod-{i}", namespace="bench", node="node-1",
-                    annotations={"nvshare.com/gpu-memory-limit": "1Gi"})
+        api.add_pod(
+            f"pod-{i}",
+            namespace="bench",
+            node="node-1",
+            annotations={"nvshare.com/gpu-memory-limit": "1Gi"},
+        )
     d = BenchDaemon("", args=["--node-name", "node-1", "--kube-api", api.url])
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     try:
@@ -94,8 +99,11 @@ def annotation_rounds(pods: int, rounds: int) -> list[float]:
         for i in range(rounds):
             value, limit = ("2Gi", 2 * GiB) if i % 2 == 0 else ("1Gi", GiB)
             t0 = time.perf_counter()
-            core.patch_namespaced_pod("pod-0", "bench", {"metadata": {"annotations": {
-                "nvshare.com/gpu-memory-limit": value}}})
+            core.patch_namespaced_pod(
+                "pod-0",
+                "bench",
+                {"metadata": {"annotations": {"nvshare.com/gpu-memory-limit": value}}},
+            )
             wait_limit(c, limit)
             out.append(time.perf_counter() - t0)
         c.close()
@@ -114,12 +122,18 @@ def main() -> None:
     print("| change | pods on node | rounds | p50 (ms) | p99 (ms) | max (ms) |")
     print("|---|---:|---:|---:|---:|---:|")
     lat = policy_rounds(args.rounds)
-    print(f"| policy `..data` swap | - | {len(lat)} | {percentile(lat, 50) * 1e3:.1f} | "
-          f"{percentile(lat, 99) * 1e3:.1f} | {max(lat) * 1e3:.1f} |", flush=True)
+    print(
+        f"| policy `..data` swap | - | {len(lat)} | {percentile(lat, 50) * 1e3:.1f} | "
+        f"{percentile(lat, 99) * 1e3:.1f} | {max(lat) * 1e3:.1f} |",
+        flush=True,
+    )
     for n in args.pods:
         lat = annotation_rounds(n, args.rounds)
-        print(f"| annotation PATCH | {n} | {len(lat)} | {percentile(lat, 50) * 1e3:.1f} | "
-              f"{percentile(lat, 99) * 1e3:.1f} | {max(lat) * 1e3:.1f} |", flush=True)
+        print(
+            f"| annotation PATCH | {n} | {len(lat)} | {percentile(lat, 50) * 1e3:.1f} | "
+            f"{percentile(lat, 99) * 1e3:.1f} | {max(lat) * 1e3:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

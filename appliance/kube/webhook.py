@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import ssl
 import threading
 import time
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 FALLBACK_ANNOTATION = "nvshare.com/mig-fallback"
+# A pod labelled `nvshare.com/mig-fallback: disabled` keeps the profile it asked for. The
+# configuration's objectSelector keeps such pods away from the webhook; the webhook checks too.
+OPT_OUT_LABEL = "nvshare.com/mig-fallback"
+OPT_OUT_VALUE = "disabled"
+WARNING_MAX_CHARS = 250
 _TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
 Chains = Sequence[Sequence[str]]
@@ -182,11 +188,16 @@ class MigFallbackWebhook:
         response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
         try:
             self._mutate(request, response)
+        except NotSynced as exc:
+            log.warning("MIG fallback skipped for %s: %s", _pod_name(request), exc)
+            response["warnings"] = [warning_text(f"nvshare MIG fallback skipped ({exc})")]
         except Exception as exc:  # fail open: our error must not block anyone's pod
             log.exception("MIG fallback failed for %s; admitting unchanged", _pod_name(request))
             response.pop("patch", None)
             response.pop("patchType", None)
-            response["warnings"] = [f"nvshare MIG fallback skipped ({exc}); pod admitted unchanged"]
+            response["warnings"] = [
+                warning_text(f"nvshare MIG fallback skipped ({exc}); pod admitted unchanged")
+            ]
         return {
             "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
             "kind": "AdmissionReview",
@@ -197,13 +208,16 @@ class MigFallbackWebhook:
         pod = request.get("object") or {}
         if request.get("operation") != "CREATE" or pod.get("kind", "Pod") != "Pod":
             return
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+            return
         if not requested_mig_resources(pod):
             return
         fallbacks, warnings = choose_fallbacks(
             pod, chains=self._chains(), available=self._available
         )
         if warnings:
-            response["warnings"] = warnings
+            response["warnings"] = [warning_text(w) for w in warnings]
             for warning in warnings:
                 log.warning("pod %s: %s", _pod_name(request), warning)
         if fallbacks:
@@ -217,6 +231,19 @@ class MigFallbackWebhook:
             )
 
 
+def warning_text(text: str) -> str:
+    """A warning the API server passes on: printable characters only, and short.
+
+    It becomes an HTTP `Warning` header and a line on the user's terminal, so an exception's
+    newlines, escapes or a pod name full of control characters must not reach it.
+    """
+    clean = "".join(c if c.isprintable() else " " for c in text)
+    clean = " ".join(clean.split())
+    if len(clean) > WARNING_MAX_CHARS:
+        clean = clean[: WARNING_MAX_CHARS - 3] + "..."
+    return clean
+
+
 def _pod_name(request: Mapping[str, Any]) -> str:
     pod = request.get("object") or {}
     metadata = pod.get("metadata") or {}
@@ -224,73 +251,215 @@ def _pod_name(request: Mapping[str, Any]) -> str:
     return f"{request.get('namespace') or metadata.get('namespace') or 'default'}/{name}"
 
 
-class ClusterAvailability:
-    """Free MIG devices per node: allocatable minus what bound, running pods request.
+@dataclass(frozen=True, slots=True)
+class MigPod:
+    """What the webhook keeps of a bound, unfinished pod that holds MIG devices."""
 
-    Reads Nodes and Pods through the `kubernetes` client and keeps the answer for `ttl_s`,
-    so a burst of pod creations costs one list of each. A resource counts as available when
-    one node has `count` free (a pod cannot straddle nodes). Node selectors, affinities and
-    taints are not considered: a fallback may still pend, as the original request would have.
+    node: str
+    devices: tuple[tuple[str, int], ...]  # (resource name, count)
+
+
+def mig_pod(pod: Mapping[str, Any]) -> MigPod | None:
+    """The pod's MIG holdings, or None for a pod that holds none (most pods)."""
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    if not node or (pod.get("status") or {}).get("phase") in _TERMINATED_PHASES:
+        return None
+    devices = tuple((r, pod_request(pod, r)) for r in requested_mig_resources(pod))
+    return MigPod(node=node, devices=devices) if devices else None
+
+
+def node_mig_allocatable(node: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return tuple(
+        sorted(
+            (name, _count(value))
+            for name, value in allocatable.items()
+            if name.startswith(MIG_RESOURCE_PREFIX)
+        )
+    )
+
+
+def _node_name(node: Mapping[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name", ""))
+
+
+class NotSynced(RuntimeError):
+    """The caches have not finished their first list; admission cannot judge yet."""
+
+
+class MigInventory:
+    """Free MIG devices per node, from two informers, so admission decides from memory.
+
+    Nodes: every node's allocatable MIG resources. Pods: only bound, unfinished pods
+    (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`, selected by the API
+    server), and of those only the ones holding MIG devices are kept. Both are listed in pages
+    (bounded memory in a large cluster), then watched. A resource counts as available when one
+    node has `count` free (a pod cannot straddle nodes). Node selectors, affinities and taints
+    are not considered: a fallback may still pend, as the original request would have.
     """
 
-    def __init__(
-        self,
-        *,
-        api_client: Any,
-        ttl_s: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+    def __init__(self, *, api_client: Any, page_size: int = 500, **informer_options: Any) -> None:
         from kubernetes import client
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
-        self._ttl_s = ttl_s
-        self._clock = clock
+        from appliance.kube.informer import Informer
+
+        core = client.CoreV1Api(api_client)
         self._lock = threading.Lock()
-        self._free: dict[str, dict[str, int]] = {}
-        self._read_at: float | None = None
+        self._allocatable: dict[str, dict[str, int]] = {}
+        self._used: dict[str, dict[str, int]] = {}  # node -> resource -> held by pods
+        self._held: dict[str, MigPod] = {}  # pod uid -> what it holds
+        self.nodes: Informer[tuple[tuple[str, int], ...]] = Informer(
+            name="webhook node cache",
+            list_call=core.list_node,
+            convert=node_mig_allocatable,
+            key=_node_name,
+            on_set=self._node_set,
+            on_delete=lambda name, _: self._node_set(name, ()),
+            page_size=page_size,
+            **informer_options,
+        )
+        self.pods: Informer[MigPod] = Informer(
+            name="webhook MIG pod cache",
+            list_call=core.list_pod_for_all_namespaces,
+            convert=mig_pod,
+            on_set=self._pod_set,
+            on_delete=self._pod_gone,
+            field_selector=self.POD_SELECTOR,
+            page_size=page_size,
+            **informer_options,
+        )
+
+    def start(self) -> None:
+        self.nodes.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        self.nodes.stop()
+        self.pods.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes.synced.is_set() and self.pods.synced.is_set()
 
     def __call__(self, resource: str, count: int) -> bool:
-        return any(free.get(resource, 0) >= count for free in self.free_per_node().values())
+        if not self.synced:
+            raise NotSynced("the node and pod caches are still being listed")
+        with self._lock:
+            return any(
+                allocatable.get(resource, 0) - self._used.get(node, {}).get(resource, 0) >= count
+                for node, allocatable in self._allocatable.items()
+            )
 
     def free_per_node(self) -> dict[str, dict[str, int]]:
         with self._lock:
-            now = self._clock()
-            if self._read_at is None or now - self._read_at >= self._ttl_s:
-                self._free = self._read()
-                self._read_at = now
-            return self._free
-
-    def _read(self) -> dict[str, dict[str, int]]:
-        serialize = self._api_client.sanitize_for_serialization
-        free: dict[str, dict[str, int]] = {}
-        for node in self._core.list_node(_request_timeout=10).items:
-            raw = serialize(node)
-            allocatable = (raw.get("status") or {}).get("allocatable") or {}
-            free[raw["metadata"]["name"]] = {
-                name: _count(value)
-                for name, value in allocatable.items()
-                if name.startswith(MIG_RESOURCE_PREFIX)
+            return {
+                node: {r: n - self._used.get(node, {}).get(r, 0) for r, n in allocatable.items()}
+                for node, allocatable in self._allocatable.items()
             }
-        for item in self._core.list_pod_for_all_namespaces(_request_timeout=10).items:
-            pod = serialize(item)
-            on = (pod.get("spec") or {}).get("nodeName")
-            if on not in free or (pod.get("status") or {}).get("phase") in _TERMINATED_PHASES:
-                continue
-            for resource in requested_mig_resources(pod):
-                free[on][resource] = free[on].get(resource, 0) - pod_request(pod, resource)
-        return free
+
+    def _node_set(self, name: str, allocatable: tuple[tuple[str, int], ...]) -> None:
+        with self._lock:
+            if allocatable:
+                self._allocatable[name] = dict(allocatable)
+            else:
+                self._allocatable.pop(name, None)
+
+    def _pod_set(self, uid: str, pod: MigPod) -> None:
+        with self._lock:
+            old = self._held.get(uid)
+            if old is not None:
+                self._count(old, -1)
+            self._held[uid] = pod
+            self._count(pod, +1)
+
+    def _pod_gone(self, uid: str, pod: MigPod) -> None:
+        with self._lock:
+            if self._held.pop(uid, None) is not None:
+                self._count(pod, -1)
+
+    def _count(self, pod: MigPod, sign: int) -> None:
+        used = self._used.setdefault(pod.node, {})
+        for resource, count in pod.devices:
+            used[resource] = used.get(resource, 0) + sign * count
+            if used[resource] == 0:
+                del used[resource]
+        if not used:
+            del self._used[pod.node]
+
+
+class CertificateFiles:
+    """The serving certificate, loaded again when its files change (cert-manager rotation).
+
+    A mounted Secret changes by kubelet swapping a symlink, so the files are compared by
+    (inode, mtime, size) through the links at each new connection: two `stat` calls. A pair
+    that does not load (a key that does not match, a half-written file) keeps the previous
+    context and is reported once.
+    """
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self._lock = threading.Lock()
+        self._seen = self._signature()
+        self._context = self._load()
+        self.loads = 1
+
+    def _signature(self) -> tuple[tuple[int, int, int], ...]:
+        stats = (os.stat(self.cert_file), os.stat(self.key_file))
+        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in stats)
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(certfile=str(self.cert_file), keyfile=str(self.key_file))
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            try:
+                signature = self._signature()
+            except OSError as exc:  # mid-swap: the old files are gone, the new not yet there
+                log.debug("webhook certificate files unreadable for now: %s", exc)
+                return self._context
+            if signature != self._seen:
+                self._seen = signature
+                try:
+                    self._context = self._load()
+                    self.loads += 1
+                    log.info("webhook certificate reloaded from %s", self.cert_file)
+                except (OSError, ssl.SSLError) as exc:
+                    log.error(
+                        "webhook certificate %s / %s changed but does not load (%s); "
+                        "still serving the previous one",
+                        self.cert_file,
+                        self.key_file,
+                        exc,
+                    )
+            return self._context
 
 
 class _ReviewHandler(BaseHTTPRequestHandler):
     server: WebhookServer
+    # Keep-alive: the API server reuses its connection for the next review instead of paying
+    # a TLS handshake for each pod. An idle connection is closed after `timeout` seconds.
+    protocol_version = "HTTP/1.1"
+    timeout = 120
+    # Headers and body go out in two writes; with Nagle's algorithm the second waits for the
+    # client's delayed ACK (about 40 ms on Linux) on every review of a kept-alive connection.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         log.debug("webhook %s: " + format, self.client_address[0], *args)
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.path in ("/healthz", "/readyz"):
+        if self.path == "/healthz":
             self._send(200, b"ok\n", "text/plain")
+        elif self.path == "/readyz":
+            ready = self.server.ready()
+            self._send(
+                200 if ready else 503, b"ok\n" if ready else b"caches not synced\n", "text/plain"
+            )
         else:
             self._send(404, b"not found\n", "text/plain")
 
@@ -316,7 +485,7 @@ class _ReviewHandler(BaseHTTPRequestHandler):
 
 
 class WebhookServer(ThreadingHTTPServer):
-    """HTTPS server answering AdmissionReviews on any POST path, and /healthz on GET."""
+    """HTTPS server answering AdmissionReviews on any POST path, /healthz and /readyz on GET."""
 
     daemon_threads = True
 
@@ -328,16 +497,28 @@ class WebhookServer(ThreadingHTTPServer):
         key_file: Path,
         host: str = "0.0.0.0",
         port: int = 8443,
+        ready: Callable[[], bool] = lambda: True,
+        sources: Sequence[Any] = (),
     ) -> None:
+        self.certificate = CertificateFiles(Path(cert_file), Path(key_file))
         super().__init__((host, port), _ReviewHandler)
         self.webhook = webhook
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(certfile=str(cert_file), keyfile=str(key_file))
-        # The handshake runs in the request's thread, so one slow client cannot stall accept().
-        self.socket = context.wrap_socket(
-            self.socket, server_side=True, do_handshake_on_connect=False
+        self.ready = ready
+        self._sources = list(sources)  # started elsewhere, stopped with the server
+
+    def server_close(self) -> None:
+        super().server_close()
+        for source in self._sources:
+            source.stop()
+
+    def get_request(self) -> tuple[Any, Any]:
+        # Each connection gets the current certificate. The handshake runs in the request's
+        # thread (on its first read), so one slow client cannot stall accept().
+        sock, address = self.socket.accept()
+        tls = self.certificate.context().wrap_socket(
+            sock, server_side=True, do_handshake_on_connect=False
         )
+        return tls, address
 
     @property
     def port(self) -> int:
@@ -396,14 +577,26 @@ def build_webhook_server(
     api_client: Any,
     host: str = "0.0.0.0",
 ) -> WebhookServer:
-    """The production webhook, bound but not yet serving (port 0 picks a free port)."""
+    """The production webhook, bound but not yet serving (port 0 picks a free port).
+
+    Its node and pod caches start listing at once; /readyz answers 503 until both have.
+    """
+    inventory = MigInventory(api_client=api_client)
     webhook = MigFallbackWebhook(
         chains=PolicyChains(policy_dir=Path(policy_dir), load=policy_chains),
-        available=ClusterAvailability(api_client=api_client),
+        available=inventory,
     )
-    return WebhookServer(
-        webhook=webhook, cert_file=Path(cert_file), key_file=Path(key_file), host=host, port=port
+    server = WebhookServer(
+        webhook=webhook,
+        cert_file=Path(cert_file),
+        key_file=Path(key_file),
+        host=host,
+        port=port,
+        ready=lambda: inventory.synced,
+        sources=[inventory],
     )
+    inventory.start()
+    return server
 
 
 def serve_webhook(server: WebhookServer) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from daemon.conftest import BIN, RunningDaemon, start_daemon
+from kube import manifests
 from kube.fakeapi import FakeApiServer
 from kubernetes import client
 
@@ -97,8 +98,32 @@ def cluster() -> Iterator[tuple[FakeApiServer, RunningDaemon]]:
     api.add_pod("pod-b", namespace="team", node="node-1", annotations={KEY: "3Gi"})
     api.add_pod("elsewhere", namespace="team", node="node-2", annotations={KEY: "1Mi"})
     tmp = Path(tempfile.mkdtemp(prefix="nvs-e2e-"))
+    # The daemon reads the API as the DaemonSet's service account, through a kubeconfig as
+    # a real client would, under the RBAC of the rendered deploy/ manifests.
+    api.load_rbac(list(manifests.rendered()))
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [
+                    {
+                        "name": "node",
+                        "user": {"token": api.token_for("nvshare-system", "nvshare-node")},
+                    }
+                ],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "node"}}],
+                "current-context": "fake",
+            }
+        )
+    )
     d = start_daemon(
-        tmp, "scheduler: {mode: 'off'}\n", args=["--node-name", "node-1", "--kube-api", api.url]
+        tmp,
+        "scheduler: {mode: 'off'}\n",
+        args=["--node-name", "node-1"],
+        extra_env={"KUBECONFIG": str(kubeconfig)},
     )
     try:
         yield api, d

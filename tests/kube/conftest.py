@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import manifests
 import pytest
 from fakeapi import FakeApiServer
 from kubernetes import client
@@ -27,4 +28,27 @@ def api_client(fake_api: FakeApiServer) -> Iterator[client.ApiClient]:
     try:
         yield api
     finally:
+        api.close()
+
+
+@pytest.fixture
+def service_account_client(
+    fake_api: FakeApiServer,
+) -> Iterator[Callable[[str], client.ApiClient]]:
+    """`make("nvshare-webhook")`: an ApiClient with that nvshare-system service account's token.
+
+    The fake enforces the RBAC of the rendered deploy/ manifests for it, as a cluster would.
+    """
+    fake_api.load_rbac(list(manifests.rendered()))
+    made: list[client.ApiClient] = []
+
+    def make(name: str) -> client.ApiClient:
+        cfg = client.Configuration(host=fake_api.url)
+        cfg.api_key = {"authorization": fake_api.token_for("nvshare-system", name)}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        made.append(client.ApiClient(cfg))
+        return made[-1]
+
+    yield make
+    for api in made:
         api.close()

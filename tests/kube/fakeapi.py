@@ -2,17 +2,29 @@
 
 The pod watcher, the events sink and the webhook are tested against the real `kubernetes`
 Python client and the real `kubectl`, so the server they talk to must behave like an API
-server where it matters to them: one global, monotonically increasing resourceVersion;
-list then watch from a resourceVersion with replay; field and label selectors; bookmarks;
-410 Gone after compaction; merge, strategic-merge and JSON patches; optimistic concurrency
-on PUT and PATCH; and the discovery endpoints kubectl reads.
+server where it matters to them, including where it says no:
 
-What it does not do (and says so here rather than pretending): no authentication, no
-admission, no validation of object schemas, no limit/continue paging (allowed by the API:
-servers may ignore `limit`), strategic-merge patches replace lists instead of merging them
-by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
-contents. Resources: pods (with pods/status), nodes (with nodes/status), events,
-configmaps, namespaces; all core/v1.
+* one global, monotonically increasing resourceVersion; list then watch from a
+  resourceVersion with replay; bookmarks; a watch cache that keeps `watch_window_s` of
+  history, after which older versions are 410 Gone (`compact()` forgets it at once);
+* field selectors limited to the fields Kubernetes supports for each resource (400 otherwise)
+  and label selectors;
+* `limit`/`continue` paging over a consistent snapshot (a token older than the history is a
+  410), except for `resourceVersion=0` lists, which come whole from the watch cache as in 1.32;
+* RBAC for service accounts from the roles and bindings given (`load_rbac`, say the rendered
+  deploy/ manifests; `token_for` makes a bearer token): anything not granted is a 403, an
+  unknown token a 401. A request without credentials is the cluster admin;
+* mutating admission for registered MutatingWebhookConfigurations (`admission.register`): the
+  webhook is called over HTTPS with the configuration's caBundle, timeout, selectors, CEL
+  matchConditions and failurePolicy, its patch applied and its warnings passed on;
+* merge, strategic-merge and JSON patches; optimistic concurrency on PUT and PATCH; the
+  discovery endpoints kubectl reads.
+
+What it does not do (and says so here rather than pretending): no validation of object
+schemas, no validating admission, strategic-merge patches replace lists instead of merging
+them by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
+contents. Resources: pods (with pods/status), nodes (with nodes/status), events, configmaps,
+namespaces; all core/v1.
 
 Use it in-process (`FakeApiServer().start()`, or the `fake_api` fixture in conftest.py), or
 standalone: `python tests/kube/fakeapi.py --port 8080 [--seed-node n1 --seed-pods 100]`.
@@ -21,12 +33,15 @@ standalone: `python tests/kube/fakeapi.py --port 8080 [--seed-node n1 --seed-pod
 from __future__ import annotations
 
 import argparse
+import base64
 import bisect
 import copy
 import datetime as _dt
+import http.client
 import json
 import signal
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -49,6 +64,7 @@ RESOURCES: dict[str, tuple[str, bool, list[str]]] = {
 }
 SUBRESOURCES = {("pods", "status"), ("nodes", "status")}
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+ADMIN = "kubernetes-admin"  # who a request without credentials is
 
 
 class ApiError(Exception):
@@ -204,18 +220,63 @@ def _field(obj: Obj, dotted: str) -> str:
     return str(cur)
 
 
-def field_matcher(selector: str | None) -> Callable[[Obj], bool]:
-    """`spec.nodeName=n1,metadata.namespace!=kube-system`; `=`, `==` and `!=`."""
+# What the API server lets each resource be selected by (besides metadata.name and
+# metadata.namespace, which every resource has); anything else is a 400, as on a real one.
+FIELD_LABELS: dict[str, dict[str, str]] = {
+    "pods": {
+        f: f
+        for f in (
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        )
+    },
+    "nodes": {"spec.unschedulable": "spec.unschedulable"},
+    "events": {
+        **{
+            f: f
+            for f in (
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "type",
+            )
+        },
+        "source": "source.component",
+    },
+    "namespaces": {"status.phase": "status.phase"},
+    "configmaps": {},
+}
+
+
+def field_matcher(selector: str | None, plural: str) -> Callable[[Obj], bool]:
+    """`spec.nodeName=n1,status.phase!=Failed`: `=`, `==` and `!=` over supported labels."""
+    labels = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+    labels |= FIELD_LABELS[plural]
     terms: list[tuple[str, bool, str]] = []
     for term in filter(None, (t.strip() for t in (selector or "").split(","))):
         if "!=" in term:
             k, v = term.split("!=", 1)
-            terms.append((k.strip(), False, v.strip()))
+            eq = False
         elif "=" in term:
             k, v = term.replace("==", "=", 1).split("=", 1)
-            terms.append((k.strip(), True, v.strip()))
+            eq = True
         else:
             raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
+        if k.strip() not in labels:
+            raise ApiError(400, "BadRequest", f"field label not supported: {k.strip()}")
+        terms.append((labels[k.strip()], eq, v.strip()))
     return lambda obj: all((_field(obj, k) == v) == eq for k, eq, v in terms)
 
 
@@ -257,6 +318,310 @@ def label_matcher(selector: str | None) -> Callable[[Obj], bool]:
     return lambda obj: all(p(obj.get("metadata", {}).get("labels") or {}) for p in preds)
 
 
+# ---------------------------------------------------------------- RBAC
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    groups: frozenset[str]
+    resources: frozenset[str]  # "pods", "pods/status", "*"
+    verbs: frozenset[str]
+
+    def allows(self, verb: str, group: str, resource: str) -> bool:
+        return (
+            (group in self.groups or "*" in self.groups)
+            and (resource in self.resources or "*" in self.resources)
+            and (verb in self.verbs or "*" in self.verbs)
+        )
+
+
+class Rbac:
+    """ClusterRoles, Roles and their bindings, as given (the rendered deploy/ manifests).
+
+    Service-account users only (`system:serviceaccount:NS:NAME`): what the manifests bind to
+    them is all they may do. A request without a token is the cluster admin, as a test's
+    kubeconfig would be.
+    """
+
+    def __init__(self) -> None:
+        self._roles: dict[tuple[str, str], list[Rule]] = {}  # (namespace or "", name)
+        self._bindings: list[tuple[str, tuple[str, str], set[str]]] = []  # ns, role, users
+
+    def load(self, objects: list[Obj]) -> None:
+        for obj in objects:
+            kind, meta = obj.get("kind"), obj.get("metadata") or {}
+            if kind in ("ClusterRole", "Role"):
+                scope = meta.get("namespace", "") if kind == "Role" else ""
+                self._roles[(scope, meta["name"])] = [
+                    Rule(
+                        frozenset(r.get("apiGroups") or []),
+                        frozenset(r.get("resources") or []),
+                        frozenset(r.get("verbs") or []),
+                    )
+                    for r in obj.get("rules") or []
+                ]
+            elif kind in ("ClusterRoleBinding", "RoleBinding"):
+                scope = meta.get("namespace", "") if kind == "RoleBinding" else ""
+                ref = obj["roleRef"]
+                role = (scope if ref["kind"] == "Role" else "", ref["name"])
+                users = {
+                    f"system:serviceaccount:{s.get('namespace', scope)}:{s['name']}"
+                    for s in obj.get("subjects") or []
+                    if s.get("kind") == "ServiceAccount"
+                }
+                self._bindings.append((scope, role, users))
+
+    def allows(self, user: str, verb: str, group: str, resource: str, namespace: str) -> bool:
+        for scope, role, users in self._bindings:
+            if user not in users or (scope and scope != namespace):
+                continue
+            if any(r.allows(verb, group, resource) for r in self._roles.get(role, [])):
+                return True
+        return False
+
+
+def _verb(method: str, name: str, query: dict[str, str]) -> str:
+    if method == "GET":
+        return "watch" if _is_true(query.get("watch")) else ("get" if name else "list")
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+
+
+def _forbidden(user: str, verb: str, resource: str, namespace: str) -> ApiError:
+    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    return ApiError(
+        403,
+        "Forbidden",
+        f'{resource.split("/")[0]} is forbidden: User "{user}" cannot {verb} resource '
+        f'"{resource}" in API group "" {where}',
+    )
+
+
+# ---------------------------------------------------------------- admission
+
+
+def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
+    """A metav1.LabelSelector (matchLabels, matchExpressions); empty or absent matches all."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], set(expr.get("values") or [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _rule_matches(rule: Obj, operation: str, plural: str) -> bool:
+    def has(field: str, value: str) -> bool:
+        return value in rule.get(field, []) or "*" in rule.get(field, [])
+
+    return (
+        has("operations", operation)
+        and has("apiGroups", "")
+        and has("apiVersions", "v1")
+        and (has("resources", plural) or "*/*" in rule.get("resources", []))
+    )
+
+
+class _ServiceConnection(http.client.HTTPSConnection):
+    """HTTPS to a Service's address, verifying the certificate for the Service's DNS name."""
+
+    def __init__(
+        self, address: tuple[str, int], server_name: str, tls: ssl.SSLContext, timeout: float
+    ) -> None:
+        super().__init__(server_name, address[1], context=tls, timeout=timeout)
+        self._address = address
+        self._tls = tls
+
+    def connect(self) -> None:
+        sock = socket.create_connection(self._address, self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+
+
+@dataclass
+class _Webhook:
+    spec: Obj  # one entry of a MutatingWebhookConfiguration's `webhooks`
+    address: tuple[str, int]
+    server_name: str
+    tls: ssl.SSLContext
+    conditions: list[tuple[str, Any]]  # (name, compiled CEL program)
+    idle: list[_ServiceConnection]
+
+
+class MutatingAdmission:
+    """The API server's mutating admission step, for registered MutatingWebhookConfigurations.
+
+    For a CREATE it does what kube-apiserver does with each webhook: match `rules`,
+    `namespaceSelector`, `objectSelector` and `matchConditions` (CEL, evaluated by cel-python),
+    then POST an AdmissionReview over HTTPS, trusting only the `caBundle`, with the
+    certificate checked for `<service>.<namespace>.svc`, within `timeoutSeconds`; apply the
+    returned JSON patch, pass warnings on, and apply `failurePolicy` to any failure (a call
+    that cannot be made, times out or answers nonsense; a condition that fails to evaluate).
+    Connections are kept alive and reused, as the API server's are.
+    """
+
+    def __init__(self) -> None:
+        self._webhooks: list[_Webhook] = []
+        self._lock = threading.Lock()
+        self.calls = 0  # AdmissionReviews sent
+        self.connections = 0  # TCP connections opened for them
+        self.failures: list[str] = []  # calls that failed under failurePolicy Ignore
+
+    def register(self, config: Obj, *, address: tuple[str, int]) -> None:
+        """`config`: a MutatingWebhookConfiguration; its Service answers at `address`."""
+        import celpy  # type: ignore[import-untyped]
+
+        env = celpy.Environment()
+        for spec in config["webhooks"]:
+            service = spec["clientConfig"]["service"]
+            tls = ssl.create_default_context(
+                cadata=base64.b64decode(spec["clientConfig"]["caBundle"]).decode()
+            )
+            conditions = [
+                (c["name"], env.program(env.compile(c["expression"])))
+                for c in spec.get("matchConditions") or []
+            ]
+            self._webhooks.append(
+                _Webhook(
+                    spec=spec,
+                    address=address,
+                    server_name=f"{service['name']}.{service['namespace']}.svc",
+                    tls=tls,
+                    conditions=conditions,
+                    idle=[],
+                )
+            )
+
+    def close(self) -> None:
+        """Close the connections kept alive to webhooks."""
+        with self._lock:
+            idle = [c for hook in self._webhooks for c in hook.idle]
+            for hook in self._webhooks:
+                hook.idle.clear()
+        for conn in idle:
+            conn.close()
+
+    def admit(
+        self, *, plural: str, obj: Obj, namespace_labels: dict[str, str], user: str
+    ) -> tuple[Obj, list[str]]:
+        """The object after every matching webhook, and the warnings they gave."""
+        warnings: list[str] = []
+        for hook in self._webhooks:
+            if not self._selected(hook, plural, obj, namespace_labels, user):
+                continue
+            try:
+                response = self._call(hook, plural, obj, user)
+            except Exception as e:  # noqa: BLE001 - every failure goes to failurePolicy
+                why = f'failed calling webhook "{hook.spec["name"]}": {type(e).__name__}: {e}'
+                if hook.spec.get("failurePolicy", "Fail") == "Fail":
+                    raise ApiError(
+                        500, "InternalError", f"Internal error occurred: {why}"
+                    ) from None
+                self.failures.append(why)
+                continue
+            warnings.extend(response.get("warnings") or [])
+            if not response.get("allowed"):
+                status = response.get("status") or {}
+                raise ApiError(
+                    int(status.get("code") or 400),
+                    str(status.get("reason") or "BadRequest"),
+                    f'admission webhook "{hook.spec["name"]}" denied the request: '
+                    f"{status.get('message', '')}",
+                )
+            if response.get("patch"):
+                ops = json.loads(base64.b64decode(response["patch"]))
+                obj = json_patch(obj, ops)
+        return obj, warnings
+
+    def _selected(
+        self, hook: _Webhook, plural: str, obj: Obj, namespace_labels: dict[str, str], user: str
+    ) -> bool:
+        spec = hook.spec
+        if not any(_rule_matches(r, "CREATE", plural) for r in spec.get("rules") or []):
+            return False
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if not selector_matches(spec.get("namespaceSelector"), namespace_labels):
+            return False
+        if not selector_matches(spec.get("objectSelector"), labels):
+            return False
+        import celpy
+
+        activation = {
+            "object": celpy.json_to_cel(obj),
+            "oldObject": celpy.json_to_cel(None),
+            "request": celpy.json_to_cel({"operation": "CREATE", "userInfo": {"username": user}}),
+        }
+        for name, program in hook.conditions:
+            result = program.evaluate(activation)
+            if isinstance(result, celpy.CELEvalError):
+                if spec.get("failurePolicy", "Fail") == "Fail":
+                    raise ApiError(
+                        500, "InternalError", f"matchCondition {name!r} failed: {result}"
+                    )
+                return False
+            if not result:
+                return False
+        return True
+
+    def _call(self, hook: _Webhook, plural: str, obj: Obj, user: str) -> Obj:
+        uid = str(uuid.uuid4())
+        meta = obj.get("metadata") or {}
+        kind = RESOURCES[plural][0]
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": kind},
+                "resource": {"group": "", "version": "v1", "resource": plural},
+                "requestKind": {"group": "", "version": "v1", "kind": kind},
+                "requestResource": {"group": "", "version": "v1", "resource": plural},
+                "name": meta.get("name", ""),
+                "namespace": meta.get("namespace", ""),
+                "operation": "CREATE",
+                "userInfo": {"username": user},
+                "object": obj,
+                "oldObject": None,
+                "dryRun": False,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            },
+        }
+        service = hook.spec["clientConfig"]["service"]
+        path = service.get("path", "/")
+        timeout = float(hook.spec.get("timeoutSeconds", 10))
+        with self._lock:
+            self.calls += 1
+            conn = hook.idle.pop() if hook.idle else None
+        if conn is None:
+            conn = _ServiceConnection(hook.address, hook.server_name, hook.tls, timeout)
+            with self._lock:
+                self.connections += 1
+        try:
+            conn.request("POST", path, json.dumps(review), {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            payload = answer.read()
+        except BaseException:
+            conn.close()
+            raise
+        if answer.will_close:
+            conn.close()
+        else:
+            with self._lock:
+                hook.idle.append(conn)
+        if answer.status != 200:
+            raise RuntimeError(f"HTTP {answer.status}: {payload[:200]!r}")
+        response = json.loads(payload).get("response") or {}
+        if response.get("uid") != uid:
+            raise RuntimeError(f"the response's uid {response.get('uid')!r} is not {uid!r}")
+        return dict(response)
+
+
 # ---------------------------------------------------------------- the store
 
 
@@ -267,15 +632,17 @@ class Change:
     key: Key
     obj: Obj
     prev: Obj | None
+    at: float  # time.monotonic() when it happened
 
 
 class Store:
     """Objects plus the history of changes that watches replay, under one condition."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, watch_window_s: float) -> None:
         self.cond = threading.Condition()
         self.rv = 0
         self.compacted_rv = 0
+        self.watch_window_s = watch_window_s
         self.objects: dict[Key, Obj] = {}
         self.history: list[Change] = []
         self.history_rvs: list[int] = []
@@ -284,9 +651,37 @@ class Store:
             self.create("namespaces", "", {"metadata": {"name": ns}})
 
     def _record(self, kind: str, key: Key, obj: Obj, prev: Obj | None) -> None:
-        self.history.append(Change(self.rv, kind, key, obj, prev))
+        now = time.monotonic()
+        self.history.append(Change(self.rv, kind, key, obj, prev, now))
         self.history_rvs.append(self.rv)
+        self._expire(now)
         self.cond.notify_all()
+
+    def _expire(self, now: float) -> None:
+        """The watch cache keeps `watch_window_s` of history; older versions become 410s."""
+        keep = 0
+        while keep < len(self.history) and now - self.history[keep].at > self.watch_window_s:
+            keep += 1
+        if keep:
+            self.compacted_rv = max(self.compacted_rv, self.history[keep - 1].rv)
+            del self.history[:keep], self.history_rvs[:keep]
+
+    def snapshot(self, rv: int) -> dict[Key, Obj]:
+        """The objects as they were at `rv` (current ones undone by the history after it)."""
+        if rv < self.compacted_rv:
+            raise ApiError(
+                410,
+                "Expired",
+                "The provided continue parameter is too old to display a consistent list "
+                "result. You can start a new list without the continue parameter.",
+            )
+        state = dict(self.objects)
+        for change in reversed(self.changes_after(rv)):
+            if change.prev is None:
+                state.pop(change.key, None)
+            else:
+                state[change.key] = change.prev
+        return state
 
     def get(self, key: Key) -> Obj:
         with self.cond:
@@ -329,6 +724,7 @@ class Store:
             meta["resourceVersion"] = str(self.rv)
             if plural == "namespaces":
                 obj.setdefault("status", {"phase": "Active"})
+                meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             self.objects[key] = obj
             self._record("ADDED", key, copy.deepcopy(obj), None)
             return copy.deepcopy(obj)
@@ -431,6 +827,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
         self.send_response(code)
+        for warning in getattr(self, "warnings", []):
+            self.send_header("Warning", f'299 - "{warning}"')
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -441,7 +839,9 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         fake = self.server.fake
         fake.requests.append((method, url.path, query))
+        self.warnings: list[str] = []
         try:
+            self.user = fake._authenticate(self.headers.get("Authorization", ""))
             if method == "GET" and url.path in fake.discovery:
                 self._body()
                 self._send(200, fake.discovery[url.path]())
@@ -500,14 +900,22 @@ class FakeApiServer:
     """
 
     def __init__(
-        self, *, host: str = "127.0.0.1", port: int = 0, bookmark_interval_s: float = 60.0
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bookmark_interval_s: float = 60.0,
+        watch_window_s: float = 120.0,
     ) -> None:
         self.host, self.port = host, port
         self.bookmark_interval_s = bookmark_interval_s
         # A too-old watch gets a 200 stream with an ERROR event (the watch cache's answer);
         # True answers with an HTTP 410 Status instead, as a read through to etcd does.
         self.expired_as_status = False
-        self.store = Store()
+        self.store = Store(watch_window_s=watch_window_s)
+        self.rbac = Rbac()
+        self.admission = MutatingAdmission()
+        self._tokens: dict[str, str] = {}  # bearer token -> user
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._httpd: _HttpServer | None = None
         self._thread: threading.Thread | None = None
@@ -560,6 +968,7 @@ class FakeApiServer:
                 pass
         with self.store.cond:
             self.store.cond.notify_all()
+        self.admission.close()
         self._httpd = None
 
     def __enter__(self) -> FakeApiServer:
@@ -600,6 +1009,16 @@ class FakeApiServer:
         with self._conns_lock:
             self._stalled |= self._conns
             return len(self._stalled)
+
+    def token_for(self, namespace: str, service_account: str) -> str:
+        """A bearer token for a service account; its rights come from `rbac` (see load_rbac)."""
+        token = uuid.uuid4().hex
+        self._tokens[token] = f"system:serviceaccount:{namespace}:{service_account}"
+        return token
+
+    def load_rbac(self, objects: list[Obj]) -> None:
+        """Roles and bindings among `objects` (say, the rendered deploy/) take effect."""
+        self.rbac.load(objects)
 
     def watch_count(self) -> int:
         return sum(1 for m, _, q in self.requests if m == "GET" and _is_true(q.get("watch")))
@@ -706,6 +1125,7 @@ class FakeApiServer:
     ) -> tuple[int, Any] | None:
         plural, namespace, name, sub = _route(path)
         key: Key = (plural, namespace, name)
+        self._authorize(h.user, _verb(method, name, query), plural, sub, namespace)
         if not name:
             if method == "GET" and _is_true(query.get("watch")):
                 self._watch(h, plural, namespace, query)
@@ -719,7 +1139,7 @@ class FakeApiServer:
                     namespace = body.get("metadata", {}).get("namespace") or ""
                     if not namespace:
                         raise ApiError(400, "BadRequest", "a namespace is required")
-                return 201, self.store.create(plural, namespace, body)
+                return 201, self._create(h, plural, namespace, body)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
         if RESOURCES[plural][1] and not namespace:
             raise ApiError(
@@ -737,6 +1157,39 @@ class FakeApiServer:
         if method == "DELETE" and not sub:
             return 200, self.store.delete(key)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    def _authenticate(self, authorization: str) -> str:
+        """The user a request is from; no credentials at all is the admin (a test's kubectl)."""
+        if not authorization:
+            return ADMIN
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or token not in self._tokens:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return self._tokens[token]
+
+    def _authorize(self, user: str, verb: str, plural: str, sub: str, namespace: str) -> None:
+        resource = f"{plural}/{sub}" if sub else plural
+        if user != ADMIN and not self.rbac.allows(user, verb, "", resource, namespace):
+            raise _forbidden(user, verb, resource, namespace)
+
+    def _create(self, h: _Handler, plural: str, namespace: str, body: Obj) -> Obj:
+        """Mutating admission, then the write, as kube-apiserver orders them."""
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if RESOURCES[plural][1]:
+            meta["namespace"] = namespace
+        labels: dict[str, str] = {}
+        if RESOURCES[plural][1]:
+            with self.store.cond:
+                ns = self.store.objects.get(("namespaces", "", namespace))
+            if ns is None:
+                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+            labels = ns["metadata"].get("labels") or {}
+        obj, warnings = self.admission.admit(
+            plural=plural, obj=obj, namespace_labels=labels, user=h.user
+        )
+        h.warnings.extend(warnings)
+        return self.store.create(plural, namespace, obj)
 
     def _write(self, key: Key, sub: str, make: Callable[[Obj], Obj]) -> Obj:
         """PUT or PATCH: status changes only through /status, and /status changes only status."""
@@ -756,25 +1209,48 @@ class FakeApiServer:
             return self.store.update(key, new)  # a stale resourceVersion given: 409
 
     def _list(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> Obj:
-        fmatch = field_matcher(query.get("fieldSelector"))
+        """A list; with `limit`, one page of a consistent snapshot and a `continue` token.
+
+        As in Kubernetes 1.32, `resourceVersion=0` is answered from the watch cache, which does
+        not page: `limit` is ignored there.
+        """
+        fmatch = field_matcher(query.get("fieldSelector"), plural)
         lmatch = label_matcher(query.get("labelSelector"))
-        items, rv = self.store.list(plural, namespace)
-        items = [o for o in items if fmatch(o) and lmatch(o)]
+        limit = int(query.get("limit") or 0)
+        if query.get("resourceVersion") == "0":
+            limit = 0
+        token = query.get("continue") or ""
+        with self.store.cond:
+            if token:
+                rv, after = _decode_continue(token)
+                state = self.store.snapshot(rv)
+            else:
+                rv, after, state = self.store.rv, None, self.store.objects
+            keys = sorted(
+                k
+                for k, o in state.items()
+                if k[0] == plural
+                and (not namespace or k[1] == namespace)
+                and (after is None or k > after)
+                and fmatch(o)
+                and lmatch(o)
+            )
+            shown = keys[:limit] if limit else keys
+            items = [copy.deepcopy(state[k]) for k in shown]
+        metadata: Obj = {"resourceVersion": str(rv)}
+        if len(shown) < len(keys):
+            metadata["continue"] = _encode_continue(rv, shown[-1])
+            metadata["remainingItemCount"] = len(keys) - len(shown)
         if "as=Table" in h.headers.get("Accept", ""):
-            return _table(items, rv)
+            return _table(items, metadata)
         for o in items:  # list items carry no kind/apiVersion, as from a real server
             o.pop("kind", None)
             o.pop("apiVersion", None)
         kind = RESOURCES[plural][0]
-        return {
-            "kind": f"{kind}List",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(rv)},
-            "items": items,
-        }
+        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata, "items": items}
 
     def _watch(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> None:
-        fmatch = field_matcher(query.get("fieldSelector"))
+        fmatch = field_matcher(query.get("fieldSelector"), plural)
         lmatch = label_matcher(query.get("labelSelector"))
         bookmarks = _is_true(query.get("allowWatchBookmarks"))
         timeout = float(query.get("timeoutSeconds") or 1800)
@@ -914,11 +1390,23 @@ def _apply_patch(cur: Obj, content_type: str, body: Any) -> Obj:
     return patched
 
 
+def _encode_continue(rv: int, last: Key) -> str:
+    return base64.urlsafe_b64encode(json.dumps([rv, list(last)]).encode()).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, Key]:
+    try:
+        rv, last = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(rv), (str(last[0]), str(last[1]), str(last[2]))
+    except (ValueError, TypeError, IndexError):
+        raise ApiError(400, "BadRequest", f"invalid continue token {token!r}") from None
+
+
 def _is_true(v: str | None) -> bool:
     return (v or "").lower() in ("1", "true")
 
 
-def _table(items: list[Obj], rv: int) -> Obj:
+def _table(items: list[Obj], metadata: Obj) -> Obj:
     """The meta.k8s.io/v1 Table that `kubectl get` asks for, with Name and Age columns."""
     rows = []
     for o in items:
@@ -935,7 +1423,7 @@ def _table(items: list[Obj], rv: int) -> Obj:
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": str(rv)},
+        "metadata": metadata,
         "columnDefinitions": [
             {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0},
             {"name": "Age", "type": "string", "format": "", "description": "", "priority": 0},

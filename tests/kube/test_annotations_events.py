@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,8 +29,12 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def recorder(api_client: client.ApiClient, clock: FakeClock) -> Iterator[EventRecorder]:
-    rec = EventRecorder(api_client, node_name="gpu-node-1", window_s=60.0, clock=clock)
+def recorder(
+    service_account_client: Callable[[str], client.ApiClient], clock: FakeClock
+) -> Iterator[EventRecorder]:
+    """Writes with the node daemon's service account: deploy/'s RBAC must allow what it does."""
+    api = service_account_client("nvshare-node")
+    rec = EventRecorder(api, node_name="gpu-node-1", window_s=60.0, clock=clock)
     yield rec
     rec.close()
 

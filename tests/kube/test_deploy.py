@@ -9,19 +9,16 @@ components use, and a broken webhook cannot block pods.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from manifests import DEPLOY, ROOT, kustomize_output, objects
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
+from appliance.kube.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE
+
 NAMESPACE = "nvshare-system"
 KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 ALLOWED_GRANTS = {
@@ -30,42 +27,9 @@ ALLOWED_GRANTS = {
     ("", "pods", "watch"),
     ("", "events", "create"),
     ("", "events", "patch"),
-    ("", "nodes", "get"),
     ("", "nodes", "list"),
+    ("", "nodes", "watch"),
 }
-
-
-@cache
-def kustomize_output() -> tuple[str | None, str]:
-    """(rendered YAML, "") or (None, why kustomize could not be used here)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        return None, "kubectl is not installed"
-    done = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
-    )
-    if done.returncode != 0:
-        return None, f"`kubectl kustomize` failed (too old a kustomize?): {done.stderr.strip()}"
-    return done.stdout, ""
-
-
-def manifest_files() -> list[Path]:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
-    return [DEPLOY / name for name in kustomization["resources"] if name.endswith(".yaml")]
-
-
-@cache
-def _objects() -> tuple[dict[str, Any], ...]:
-    rendered, _why = kustomize_output()
-    if rendered is not None:
-        docs = list(yaml.safe_load_all(rendered))
-    else:  # the files as written: every property below still holds for them
-        docs = [d for f in manifest_files() for d in yaml.safe_load_all(f.read_text("utf-8"))]
-    return tuple(d for d in docs if d)
-
-
-def objects(kind: str | None = None) -> list[dict[str, Any]]:
-    return [o for o in _objects() if kind is None or o["kind"] == kind]
 
 
 def one(kind: str, name: str) -> dict[str, Any]:
@@ -203,6 +167,11 @@ def test_the_webhook_cannot_block_pods_and_points_at_its_service() -> None:
     ]
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert {"kube-system", NAMESPACE} <= set(excluded)
+    # Only MIG pods reach it (the CEL itself is exercised by the fake API server's admission
+    # in test_webhook.py), and the opt-out label keeps a pod away.
+    assert "nvidia.com/mig-" in hook["matchConditions"][0]["expression"]
+    (opt_out,) = hook["objectSelector"]["matchExpressions"]
+    assert opt_out == {"key": OPT_OUT_LABEL, "operator": "NotIn", "values": [OPT_OUT_VALUE]}
     target = hook["clientConfig"]["service"]
     service = one("Service", target["name"])
     assert target["namespace"] == NAMESPACE

@@ -8,7 +8,8 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -182,6 +183,113 @@ def test_compaction_makes_old_versions_gone(
     since = str(fake_api.resource_version - 1)
     fresh = list(watch_events(api_client, resource_version=since, timeout_seconds=1))
     assert [e["type"] for e in fresh] == ["MODIFIED"]
+
+
+def test_history_older_than_the_watch_window_is_gone(api_client: client.ApiClient) -> None:
+    fake = FakeApiServer(watch_window_s=0.2).start()
+    try:
+        api = client.ApiClient(client.Configuration(host=fake.url))
+        fake.add_pod("a", node="n1")
+        old = fake.resource_version
+        fake.set_pod_annotations("a", {"x": "1"})
+        time.sleep(0.3)  # older than the window: the next change pushes it out
+        fake.set_pod_annotations("a", {"x": "2"})
+        events = list(watch_events(api, resource_version=str(old), timeout_seconds=1))
+        assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
+        recent = list(
+            watch_events(api, resource_version=str(fake.resource_version - 1), timeout_seconds=1)
+        )
+        assert [e["type"] for e in recent] == ["MODIFIED"]
+        api.close()
+    finally:
+        fake.stop()
+
+
+def test_unsupported_field_selectors_are_a_400(
+    fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api = client.CoreV1Api(api_client)
+    for call, selector in [
+        (api.list_pod_for_all_namespaces, "spec.containers=x"),
+        (api.list_pod_for_all_namespaces, "metadata.labels=x"),
+        (api.list_node, "spec.nodeName=n1"),
+        (api.list_node, "status.allocatable=1"),
+    ]:
+        with pytest.raises(client.ApiException) as error:
+            call(field_selector=selector)
+        assert error.value.status == 400
+        label = selector.split("=")[0]
+        assert json.loads(error.value.body)["message"] == f"field label not supported: {label}"
+    supported = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    assert api.list_pod_for_all_namespaces(field_selector=supported).items == []
+    assert api.list_node(field_selector="spec.unschedulable=false").items == []
+
+
+def test_paging_serves_a_consistent_snapshot_until_its_history_is_gone(
+    fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api = client.CoreV1Api(api_client)
+    for name in "abcde":
+        fake_api.add_pod(name, node="n1")
+    first = api.list_pod_for_all_namespaces(limit=2)
+    assert [p.metadata.name for p in first.items] == ["a", "b"]
+    assert first.metadata.remaining_item_count == 3
+    fake_api.delete("pods", "d", namespace="default")  # after the snapshot: still listed
+    fake_api.add_pod("f", node="n1")  # after the snapshot: not listed
+    rest = api.list_pod_for_all_namespaces(limit=2, _continue=first.metadata._continue)
+    last = api.list_pod_for_all_namespaces(limit=2, _continue=rest.metadata._continue)
+    names = [p.metadata.name for p in rest.items + last.items]
+    assert names == ["c", "d", "e"] and not last.metadata._continue
+    assert rest.metadata.resource_version == first.metadata.resource_version
+    # The watch cache answers resourceVersion=0 whole, whatever the limit.
+    assert len(api.list_pod_for_all_namespaces(limit=2, resource_version="0").items) == 5
+    again = api.list_pod_for_all_namespaces(limit=2)
+    fake_api.add_pod("g", node="n1")
+    fake_api.compact()  # the snapshot's version is older than what is left
+    with pytest.raises(client.ApiException) as error:
+        api.list_pod_for_all_namespaces(limit=2, _continue=again.metadata._continue)
+    assert error.value.status == 410
+
+
+def test_service_accounts_get_what_the_deploy_manifests_grant_and_nothing_else(
+    fake_api: FakeApiServer, service_account_client: Callable[[str], client.ApiClient]
+) -> None:
+    fake_api.add_pod("a", node="n1")
+    node = client.CoreV1Api(service_account_client("nvshare-node"))
+    webhook = client.CoreV1Api(service_account_client("nvshare-webhook"))
+    assert [p.metadata.name for p in node.list_pod_for_all_namespaces().items] == ["a"]
+    assert node.read_namespaced_pod("a", "default").metadata.name == "a"
+    assert webhook.list_node().items == []
+    denied = [
+        (node.list_node, (), 'cannot list resource "nodes" in API group "" at the cluster scope'),
+        (
+            node.delete_namespaced_pod,
+            ("a", "default"),
+            'cannot delete resource "pods" in API group "" in the namespace "default"',
+        ),
+        (
+            webhook.read_namespaced_pod,
+            ("a", "default"),
+            'cannot get resource "pods" in API group "" in the namespace "default"',
+        ),
+        (
+            webhook.patch_namespaced_pod_status,
+            ("a", "default", {"status": {"phase": "Failed"}}),
+            'cannot patch resource "pods/status"',
+        ),
+    ]
+    for call, args, message in denied:
+        with pytest.raises(client.ApiException) as error:
+            call(*args)
+        assert error.value.status == 403, call
+        body = json.loads(error.value.body)
+        assert 'User "system:serviceaccount:nvshare-system:' in body["message"]
+        assert message in body["message"]
+    stranger = client.Configuration(host=fake_api.url)
+    stranger.api_key = {"authorization": "Bearer not-a-token"}
+    with client.ApiClient(stranger) as api, pytest.raises(client.ApiException) as error:
+        client.CoreV1Api(api).list_node()
+    assert error.value.status == 401
 
 
 def test_patch_types_put_conflicts_and_no_op_writes(

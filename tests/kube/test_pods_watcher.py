@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
@@ -64,12 +65,13 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def start_watcher(
-    fake_api: FakeApiServer, recorder: Recorder
+    service_account_client: Callable[[str], client.ApiClient], recorder: Recorder
 ) -> Iterator[Callable[..., PodWatcher]]:
-    made: list[tuple[PodWatcher, client.ApiClient]] = []
+    """Watchers with the node daemon's token: deploy/'s RBAC must allow what they do."""
+    made: list[PodWatcher] = []
 
     def start(**kwargs: object) -> PodWatcher:
-        api = api_client_from_env(fake_api.url)
+        api = service_account_client("nvshare-node")
         options: dict[str, object] = {"backoff": (0.05, 0.2)} | kwargs
         watcher = PodWatcher(
             api_client=api,
@@ -78,15 +80,14 @@ def start_watcher(
             on_pod_deleted=recorder.on_pod_deleted,
             **options,  # type: ignore[arg-type]
         )
-        made.append((watcher, api))
+        made.append(watcher)
         watcher.start()
         assert watcher.synced.wait(LIVENESS_S), "the first list never completed"
         return watcher
 
     yield start
-    for watcher, api in made:
+    for watcher in made:
         watcher.stop()
-        api.close()
 
 
 def wait_until(
@@ -274,7 +275,44 @@ def test_a_failing_callback_is_logged_and_the_watch_goes_on(
     finally:
         watcher.stop()
         api.close()
-    assert any(
-        "on_pod callback failed for pod default/bad" in r.getMessage() for r in caplog.records
-    )
+    assert any("callback failed for pod default/bad" in r.getMessage() for r in caplog.records)
     assert watcher.relists == 1
+
+
+def test_relists_read_from_the_watch_cache(
+    fake_api: FakeApiServer, start_watcher: Callable[..., PodWatcher]
+) -> None:
+    start_watcher()
+    (listed,) = [q for m, _, q in fake_api.requests if m == "GET" and "watch" not in q]
+    assert listed["resourceVersion"] == "0" and listed["fieldSelector"] == "spec.nodeName=n1"
+
+
+def test_a_server_without_bookmarks_is_reopened_quietly(
+    fake_api: FakeApiServer,
+    recorder: Recorder,
+    start_watcher: Callable[..., PodWatcher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake_api.add_pod("p", node="n1")
+    with caplog.at_level(logging.DEBUG, logger="appliance.kube.informer"):
+        start_watcher(bookmark=False, inactivity_timeout_s=0.2)
+        wait_until(lambda: fake_api.watch_count() >= 4, "three quiet reopens")
+        fake_api.set_pod_annotations("p", {"x": "1"})
+        recorder.wait_for("a change after the reopens", saw("pod", "p", {"x": "1"}))
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "a quiet watch (no bookmarks)" in caplog.text
+
+
+def test_silence_from_a_server_that_sends_bookmarks_is_a_warning(
+    fake_api: FakeApiServer,
+    start_watcher: Callable[..., PodWatcher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    watcher = start_watcher(inactivity_timeout_s=0.5)
+    wait_until(lambda: fake_api.watch_count() >= 1, "a watch request")
+    before = watcher.resource_version
+    fake_api.add_pod("elsewhere", node="n2")
+    wait_until(lambda: watcher.resource_version != before, "a bookmark", poke=fake_api.bookmark_now)
+    fake_api.stall_open_watches()
+    wait_until(lambda: fake_api.watch_count() >= 2, "a reopen after the stall")
+    assert "silent for 0.5s although the server sends bookmarks" in caplog.text

@@ -1,71 +1,61 @@
-"""The MIG-fallback webhook over real HTTPS, with cluster state in the fake API server."""
+"""The MIG-fallback webhook over real HTTPS, its caches fed by the fake API server.
+
+The webhook lists and watches with the nvshare-webhook service account's token, so the RBAC of
+the rendered deploy/ manifests decides what it may read, as in a cluster.
+"""
 
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
+import copy
+import http.client
 import json
+import os
+import shutil
+import socket
 import ssl
+import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import manifests
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from certs import issue
 from fakeapi import FakeApiServer, json_patch
 from kubernetes import client
 
 from appliance.kube.webhook import (
-    ClusterAvailability,
+    OPT_OUT_LABEL,
+    OPT_OUT_VALUE,
     MigFallbackWebhook,
+    MigInventory,
     PolicyChains,
     WebhookServer,
     build_webhook_server,
     policy_chains,
+    warning_text,
 )
 
 MIG = "nvidia.com/mig-"
 CHAINS = [["3g.40gb", "2g.20gb", "1g.10gb"]]
+WAIT = 20.0  # a bound for what happens in milliseconds; never a measurement
 
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, as a cluster's cert-manager would issue one."""
-    directory = tmp_path_factory.mktemp("tls")
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nvshare-webhook")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
+    return issue(tmp_path_factory.mktemp("tls"))
+
+
+def eventually(pred: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not pred():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
 
 
 class Webhook:
@@ -86,27 +76,39 @@ class Webhook:
         except urllib.error.HTTPError as error:
             return error.code, error.read()
 
+    def get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(
+                self.url.replace("/mutate", path), context=self.tls, timeout=30
+            ) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
     def review(self, pod: dict[str, Any], *, operation: str = "CREATE") -> dict[str, Any]:
-        body = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": operation,
-                "namespace": "default",
-                "object": pod,
-            },
-        }
-        status, payload = self.post(json.dumps(body).encode())
+        status, payload = self.post(json.dumps(admission_review(pod, operation)).encode())
         assert status == 200
         answer = json.loads(payload)
         assert answer["apiVersion"] == "admission.k8s.io/v1"
         assert answer["kind"] == "AdmissionReview"
-        assert answer["response"]["uid"] == body["request"]["uid"]
+        assert answer["response"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
         assert answer["response"]["allowed"] is True  # never a rejection
         return dict(answer["response"])
+
+
+def admission_review(pod: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": operation,
+            "namespace": "default",
+            "object": pod,
+        },
+    }
 
 
 def running(server: WebhookServer, cert_file: Path) -> Iterator[Webhook]:
@@ -118,22 +120,6 @@ def running(server: WebhookServer, cert_file: Path) -> Iterator[Webhook]:
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-@pytest.fixture
-def webhook(certificate: tuple[Path, Path], api_client: client.ApiClient) -> Iterator[Webhook]:
-    cert_file, key_file = certificate
-    server = WebhookServer(
-        webhook=MigFallbackWebhook(
-            chains=lambda: CHAINS,
-            available=ClusterAvailability(api_client=api_client, ttl_s=0.0),
-        ),
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
-    )
-    yield from running(server, cert_file)
 
 
 def mig_pod(profile: str, count: int = 1, **metadata: Any) -> dict[str, Any]:
@@ -155,11 +141,39 @@ def mig_pod(profile: str, count: int = 1, **metadata: Any) -> dict[str, Any]:
 
 
 def seed(fake_api: FakeApiServer) -> None:
-    """n1 has one 3g.40gb, taken by a running pod; n2 has one free 2g.20gb."""
+    """n1 has one 3g.40gb, taken by a running pod; n2 has one free 2g.20gb and two 1g.10gb."""
     fake_api.add_node("n1", status={"allocatable": {MIG + "3g.40gb": "1", "cpu": "64"}})
     fake_api.add_node("n2", status={"allocatable": {MIG + "2g.20gb": "1", MIG + "1g.10gb": "2"}})
-    busy = mig_pod("3g.40gb")
-    fake_api.add_pod("busy", node="n1", spec=busy["spec"])
+    fake_api.add_pod("busy", node="n1", spec=mig_pod("3g.40gb")["spec"])
+    fake_api.add_pod("cpu-only", node="n1")
+
+
+def start_inventory(api: client.ApiClient, **options: Any) -> MigInventory:
+    inventory = MigInventory(api_client=api, backoff=(0.05, 0.2), **options)
+    inventory.start()
+    return inventory
+
+
+@pytest.fixture
+def webhook(
+    certificate: tuple[Path, Path],
+    fake_api: FakeApiServer,
+    service_account_client: Callable[[str], client.ApiClient],
+) -> Iterator[Webhook]:
+    seed(fake_api)
+    inventory = start_inventory(service_account_client("nvshare-webhook"))
+    cert_file, key_file = certificate
+    server = WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
+        cert_file=cert_file,
+        key_file=key_file,
+        host="127.0.0.1",
+        port=0,
+        ready=lambda: inventory.synced,
+        sources=[inventory],
+    )
+    eventually(lambda: inventory.synced, "the caches synced")
+    yield from running(server, cert_file)
 
 
 def applied(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
@@ -167,10 +181,7 @@ def applied(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     return json_patch(pod, json.loads(base64.b64decode(response["patch"])))
 
 
-def test_falls_back_to_the_next_free_profile_and_says_so_on_the_pod(
-    fake_api: FakeApiServer, webhook: Webhook
-) -> None:
-    seed(fake_api)
+def test_falls_back_to_the_next_free_profile_and_says_so_on_the_pod(webhook: Webhook) -> None:
     pod = mig_pod("3g.40gb", labels={"app": "train"})
     patched = applied(pod, webhook.review(pod))
     resources = patched["spec"]["containers"][0]["resources"]
@@ -182,10 +193,7 @@ def test_falls_back_to_the_next_free_profile_and_says_so_on_the_pod(
     assert patched["metadata"]["labels"] == {"app": "train"}
 
 
-def test_keeps_existing_annotations_and_skips_profiles_that_are_too_few(
-    fake_api: FakeApiServer, webhook: Webhook
-) -> None:
-    seed(fake_api)
+def test_keeps_existing_annotations_and_skips_profiles_that_are_too_few(webhook: Webhook) -> None:
     pod = mig_pod("3g.40gb", count=2, annotations={"team": "vision"})
     patched = applied(pod, webhook.review(pod))  # n2 has one 2g.20gb but two 1g.10gb
     assert patched["spec"]["containers"][0]["resources"]["limits"] == {MIG + "1g.10gb": "2"}
@@ -195,22 +203,28 @@ def test_keeps_existing_annotations_and_skips_profiles_that_are_too_few(
     }
 
 
-def test_a_pod_that_finished_frees_its_profile(fake_api: FakeApiServer, webhook: Webhook) -> None:
-    seed(fake_api)
+def test_the_caches_follow_pods_and_nodes_as_they_change(
+    fake_api: FakeApiServer, webhook: Webhook
+) -> None:
+    inventory = webhook.server.webhook._available
+    assert isinstance(inventory, MigInventory)
 
     def finish(pod: dict[str, Any]) -> dict[str, Any]:
         pod["status"]["phase"] = "Succeeded"
         return pod
 
     fake_api.update("pods", "busy", finish, namespace="default")
+    eventually(lambda: inventory.free_per_node()["n1"][MIG + "3g.40gb"] == 1, "busy's 3g freed")
     response = webhook.review(mig_pod("3g.40gb"))
     assert "patch" not in response and "warnings" not in response
+    fake_api.add_pod("again", node="n1", spec=mig_pod("3g.40gb")["spec"])
+    fake_api.delete("nodes", "n2")
+    eventually(lambda: inventory.free_per_node() == {"n1": {MIG + "3g.40gb": 0}}, "n2 gone")
+    (warning,) = webhook.review(mig_pod("3g.40gb"))["warnings"]
+    assert "not free on any node" in warning
 
 
-def test_nothing_free_in_the_chain_admits_unchanged_with_a_warning(
-    fake_api: FakeApiServer, webhook: Webhook
-) -> None:
-    seed(fake_api)
+def test_nothing_free_in_the_chain_admits_unchanged_with_a_warning(webhook: Webhook) -> None:
     response = webhook.review(mig_pod("3g.40gb", count=3))
     assert "patch" not in response
     (warning,) = response["warnings"]
@@ -223,6 +237,7 @@ def test_nothing_free_in_the_chain_admits_unchanged_with_a_warning(
     [
         (mig_pod("4g.40gb"), "CREATE"),  # in no chain
         (mig_pod("3g.40gb"), "UPDATE"),  # only CREATE is mutated
+        (mig_pod("3g.40gb", labels={OPT_OUT_LABEL: OPT_OUT_VALUE}), "CREATE"),  # opted out
         (
             {"kind": "Pod", "metadata": {"name": "cpu"}, "spec": {"containers": [{"name": "c"}]}},
             "CREATE",
@@ -230,29 +245,137 @@ def test_nothing_free_in_the_chain_admits_unchanged_with_a_warning(
     ],
 )
 def test_pods_outside_the_policy_pass_untouched(
-    fake_api: FakeApiServer, webhook: Webhook, pod: dict[str, Any], operation: str
+    webhook: Webhook, pod: dict[str, Any], operation: str
 ) -> None:
-    seed(fake_api)
     response = webhook.review(pod, operation=operation)
     assert "patch" not in response and "warnings" not in response
 
 
-def test_an_unreachable_api_server_fails_open(fake_api: FakeApiServer, webhook: Webhook) -> None:
+def test_before_the_caches_sync_it_is_not_ready_and_admits_unchanged(
+    certificate: tuple[Path, Path], fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
     fake_api.stop()
-    response = webhook.review(mig_pod("3g.40gb"))
+    inventory = start_inventory(api_client)
+    cert_file, key_file = certificate
+    server = WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
+        cert_file=cert_file,
+        key_file=key_file,
+        host="127.0.0.1",
+        port=0,
+        ready=lambda: inventory.synced,
+        sources=[inventory],
+    )
+    for webhook in running(server, cert_file):
+        assert webhook.get("/readyz") == 503 and webhook.get("/healthz") == 200
+        response = webhook.review(mig_pod("3g.40gb"))
+        assert "patch" not in response
+        assert "still being listed" in response["warnings"][0]
+
+
+def test_its_own_failure_admits_unchanged_with_a_printable_warning(
+    certificate: tuple[Path, Path],
+) -> None:
+    def broken(resource: str, count: int) -> bool:
+        raise RuntimeError("line one\n\x1b[31mred\x1b[0m\tand\x00more" + "x" * 500)
+
+    cert_file, key_file = certificate
+    server = WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=broken),
+        cert_file=cert_file,
+        key_file=key_file,
+        host="127.0.0.1",
+        port=0,
+    )
+    for webhook in running(server, cert_file):
+        response = webhook.review(mig_pod("3g.40gb"))
     assert "patch" not in response
-    assert "MIG fallback skipped" in response["warnings"][0]
+    (warning,) = response["warnings"]
+    assert warning.isprintable() and len(warning) <= 250
+    assert warning.startswith("nvshare MIG fallback skipped (line one [31mred")
+
+
+def test_warning_text_keeps_words_and_drops_control_characters() -> None:
+    assert warning_text("a\r\nb\x07  c") == "a b c"
+    assert len(warning_text("y" * 1000)) == 250
 
 
 def test_a_body_that_is_not_an_admission_review_is_a_400_and_the_server_lives_on(
-    fake_api: FakeApiServer, webhook: Webhook
+    webhook: Webhook,
 ) -> None:
     status, payload = webhook.post(b"{not json")
     assert status == 400 and b"AdmissionReview" in payload
     status, _ = webhook.post(b'{"kind": "AdmissionReview"}')
     assert status == 400
-    seed(fake_api)
     assert "patch" in webhook.review(mig_pod("3g.40gb"))
+
+
+def test_one_connection_carries_many_reviews(webhook: Webhook) -> None:
+    conn = http.client.HTTPSConnection("127.0.0.1", webhook.server.port, context=webhook.tls)
+    try:
+        sockets = set()
+        for _ in range(3):
+            body = json.dumps(admission_review(mig_pod("3g.40gb")))
+            conn.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            assert answer.status == 200 and not answer.will_close
+            assert "patch" in json.loads(answer.read())["response"]
+            sockets.add(id(conn.sock))
+        assert len(sockets) == 1
+    finally:
+        conn.close()
+
+
+def swap_secret(mounted: Path, cert: tuple[Path, Path], generation: int) -> None:
+    """Update `mounted` as kubelet updates a Secret volume: new dir, then swap `..data`."""
+    data = mounted / f"..{generation}"
+    data.mkdir()
+    for source in cert:
+        (data / source.name).write_bytes(source.read_bytes())
+    (mounted / "..data_tmp").symlink_to(data.name)
+    os.replace(mounted / "..data_tmp", mounted / "..data")
+    for name in ("tls.crt", "tls.key"):
+        if not (mounted / name).is_symlink():
+            (mounted / name).symlink_to(f"..data/{name}")
+
+
+def handshake(port: int, cafile: Path) -> bool:
+    tls = ssl.create_default_context(cafile=str(cafile))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=tls, timeout=30)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except ssl.SSLCertVerificationError:
+        return False
+    finally:
+        conn.close()
+
+
+def test_a_rotated_certificate_is_served_to_new_connections(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old, new = issue(tmp_path / "old", cn="old"), issue(tmp_path / "new", cn="new")
+    mounted = tmp_path / "tls"
+    mounted.mkdir()
+    swap_secret(mounted, old, 1)
+    server = WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=lambda r, n: True),
+        cert_file=mounted / "tls.crt",
+        key_file=mounted / "tls.key",
+        host="127.0.0.1",
+        port=0,
+    )
+    for webhook in running(server, old[0]):
+        assert handshake(webhook.server.port, old[0])
+        assert not handshake(webhook.server.port, new[0])
+        swap_secret(mounted, new, 2)
+        assert handshake(webhook.server.port, new[0])
+        assert not handshake(webhook.server.port, old[0])
+        assert server.certificate.loads == 2
+        # A pair that does not belong together keeps the certificate that works.
+        swap_secret(mounted, (new[0], old[1]), 3)
+        assert handshake(webhook.server.port, new[0])
+        assert "does not load" in caplog.text and "still serving the previous one" in caplog.text
 
 
 def test_chains_come_from_the_policy_dir_and_a_bad_edit_keeps_the_last_good(
@@ -271,7 +394,7 @@ def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_t
     tmp_path: Path,
     certificate: tuple[Path, Path],
     fake_api: FakeApiServer,
-    api_client: client.ApiClient,
+    service_account_client: Callable[[str], client.ApiClient],
 ) -> None:
     (tmp_path / "50-mig.yaml").write_text(
         'migFallback:\n  chains:\n    - ["3g.40gb", "1g.10gb"]\n', encoding="utf-8"
@@ -283,15 +406,119 @@ def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_t
         cert_file=cert_file,
         key_file=key_file,
         port=0,
-        api_client=api_client,
+        api_client=service_account_client("nvshare-webhook"),
         host="127.0.0.1",
     )
     for webhook in running(server, cert_file):
+        eventually(lambda w=webhook: w.get("/readyz") == 200, "ready once the caches synced")
         pod = mig_pod("3g.40gb")
         patched = applied(pod, webhook.review(pod))
         assert patched["metadata"]["annotations"]["nvshare.com/mig-fallback"] == "3g.40gb->1g.10gb"
-        health = urllib.request.urlopen(
-            webhook.url.replace("/mutate", "/healthz"), context=webhook.tls, timeout=30
-        )
-        assert health.status == 200
-        health.close()
+        assert webhook.get("/healthz") == 200
+
+
+def webhook_configuration(ca_file: Path) -> dict[str, Any]:
+    """The rendered MutatingWebhookConfiguration with its caBundle, as webhook-certs.sh sets it."""
+    (config,) = manifests.objects("MutatingWebhookConfiguration")
+    config = copy.deepcopy(config)
+    config["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(
+        ca_file.read_bytes()
+    ).decode()
+    return config
+
+
+def kubectl_create(fake_api: FakeApiServer, tmp_path: Path, pod: dict[str, Any]) -> str:
+    """`kubectl create -f` of a pod; returns what kubectl printed on stderr (its warnings)."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.skip("kubectl is not on PATH (Debian: apt-get install kubernetes-client)")
+    manifest = tmp_path / f"{pod['metadata']['name']}.json"
+    manifest.write_text(json.dumps(pod), encoding="utf-8")
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [exe, f"--server={fake_api.url}", "create", "--validate=false", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def named(pod: dict[str, Any], name: str, namespace: str = "default") -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    pod["metadata"].update(name=name, namespace=namespace)
+    return pod
+
+
+def test_kubectl_create_of_a_mig_pod_goes_through_the_webhook_as_configured(
+    fake_api: FakeApiServer, webhook: Webhook, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    admission = fake_api.admission
+    admission.register(
+        webhook_configuration(certificate[0]), address=("127.0.0.1", webhook.server.port)
+    )
+    kubectl_create(fake_api, tmp_path, named(mig_pod("3g.40gb"), "train"))
+    train = fake_api.get("pods", "train", namespace="default")
+    assert train["metadata"]["annotations"] == {"nvshare.com/mig-fallback": "3g.40gb->2g.20gb"}
+    assert train["spec"]["containers"][0]["resources"]["limits"] == {MIG + "2g.20gb": "1"}
+    assert admission.calls == 1
+    # matchConditions: a pod without MIG devices never reaches the webhook; objectSelector:
+    # nor does one that opted out; namespaceSelector: nor does anything in kube-system.
+    cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu"}}
+    cpu["spec"] = {"containers": [{"name": "c", "image": "busybox"}]}
+    kubectl_create(fake_api, tmp_path, cpu)
+    opted_out = mig_pod("3g.40gb", labels={OPT_OUT_LABEL: OPT_OUT_VALUE})
+    kubectl_create(fake_api, tmp_path, named(opted_out, "keep"))
+    kubectl_create(fake_api, tmp_path, named(mig_pod("3g.40gb"), "system", "kube-system"))
+    assert admission.calls == 1
+    kept = fake_api.get("pods", "keep", namespace="default")
+    assert kept["spec"]["containers"][0]["resources"]["limits"] == {MIG + "3g.40gb": "1"}
+    printed = kubectl_create(fake_api, tmp_path, named(mig_pod("3g.40gb", count=3), "big"))
+    assert f"Warning: {MIG}3g.40gb x3 is not free on any node" in printed
+    assert admission.calls == 2 and admission.connections == 1  # kept alive between calls
+    assert admission.failures == []
+
+
+def test_a_webhook_that_is_down_leaves_pods_unchanged_under_failure_policy_ignore(
+    fake_api: FakeApiServer, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    fake_api.admission.register(webhook_configuration(certificate[0]), address=("127.0.0.1", port))
+    kubectl_create(fake_api, tmp_path, named(mig_pod("3g.40gb"), "train"))
+    train = fake_api.get("pods", "train", namespace="default")
+    assert train["spec"]["containers"][0]["resources"]["limits"] == {MIG + "3g.40gb": "1"}
+    (failure,) = fake_api.admission.failures
+    assert 'failed calling webhook "mig-fallback.nvshare.com"' in failure
+
+
+def test_the_caches_list_in_pages_keep_only_mig_pods_and_recover_from_410(
+    fake_api: FakeApiServer, service_account_client: Callable[[str], client.ApiClient]
+) -> None:
+    fake_api.add_node("n1", status={"allocatable": {MIG + "1g.10gb": "7"}})
+    for i in range(120):
+        fake_api.add_pod(f"cpu-{i}", node="n1")
+    for i in range(5):
+        fake_api.add_pod(f"mig-{i}", node="n1", spec=mig_pod("1g.10gb")["spec"])
+    fake_api.add_pod("pending", spec=mig_pod("1g.10gb")["spec"])  # not bound: holds nothing
+    inventory = start_inventory(service_account_client("nvshare-webhook"), page_size=50)
+    try:
+        eventually(lambda: inventory.synced, "the caches synced")
+        assert inventory.free_per_node() == {"n1": {MIG + "1g.10gb": 2}}
+        assert len(inventory.pods.items()) == 5
+        lists = [q for m, p, q in fake_api.requests if p == "/api/v1/pods" and "watch" not in q]
+        assert [q["limit"] for q in lists] == ["50", "50", "50"]
+        assert "continue" not in lists[0] and "continue" in lists[1]
+        # While the API server is down, a MIG pod goes and history is compacted away: the
+        # watch's version is then too old (410), and the relist's diff still frees the device.
+        fake_api.stop()
+        fake_api.delete("pods", "mig-0", namespace="default")
+        fake_api.compact()
+        fake_api.start()
+        eventually(lambda: inventory.pods.relists == 2, "a relist after the 410")
+        eventually(lambda: inventory.free_per_node()["n1"][MIG + "1g.10gb"] == 3, "mig-0 freed")
+    finally:
+        inventory.stop()
