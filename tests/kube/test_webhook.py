@@ -154,6 +154,19 @@ def start_inventory(api: client.ApiClient, **options: Any) -> MigInventory:
     return inventory
 
 
+def server_over(inventory: MigInventory, certificate: tuple[Path, Path]) -> WebhookServer:
+    """The webhook with CHAINS, answering from `inventory`, ready when it has synced."""
+    return WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
+        cert_file=certificate[0],
+        key_file=certificate[1],
+        host="127.0.0.1",
+        port=0,
+        ready=lambda: inventory.synced,
+        sources=[inventory],
+    )
+
+
 @pytest.fixture
 def webhook(
     certificate: tuple[Path, Path],
@@ -162,18 +175,9 @@ def webhook(
 ) -> Iterator[Webhook]:
     seed(fake_api)
     inventory = start_inventory(service_account_client("nvshare-webhook"))
-    cert_file, key_file = certificate
-    server = WebhookServer(
-        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
-        ready=lambda: inventory.synced,
-        sources=[inventory],
-    )
+    server = server_over(inventory, certificate)
     eventually(lambda: inventory.synced, "the caches synced")
-    yield from running(server, cert_file)
+    yield from running(server, certificate[0])
 
 
 def applied(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
@@ -255,18 +259,8 @@ def test_before_the_caches_sync_it_is_not_ready_and_admits_unchanged(
     certificate: tuple[Path, Path], fake_api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
     fake_api.stop()
-    inventory = start_inventory(api_client)
-    cert_file, key_file = certificate
-    server = WebhookServer(
-        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
-        ready=lambda: inventory.synced,
-        sources=[inventory],
-    )
-    for webhook in running(server, cert_file):
+    server = server_over(start_inventory(api_client), certificate)
+    for webhook in running(server, certificate[0]):
         assert webhook.get("/readyz") == 503 and webhook.get("/healthz") == 200
         response = webhook.review(mig_pod("3g.40gb"))
         assert "patch" not in response
