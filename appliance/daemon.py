@@ -222,6 +222,9 @@ class Daemon:
             hook_host_path=self.config.hook_host_path,
             socket_host_dir=str(self.config.socket_dir),
             load=load,
+            gpu_index=lambda uuid: next(
+                (g.index for g in self.nvml.inventory() if g.uuid == uuid), None
+            ),
         )
         plugin.start()
         self._threads.append(plugin)

@@ -3,8 +3,22 @@
 Kubelet only counts devices; sharing happens in the hook and the node scheduler. This module
 turns each physical GPU into `replicas_per_gpu` virtual devices (`<uuid>::<n>`) so that many
 pods can be placed on one GPU, and at Allocate it injects what a container needs to take part
-in sharing: the hook (LD_PRELOAD, mounted read-only), the scheduler's socket DIRECTORY (so a
-daemon restart that recreates the socket stays visible) and NVIDIA_VISIBLE_DEVICES.
+in sharing: the hook (mounted read-only), the scheduler's socket DIRECTORY (so a daemon restart
+that recreates the socket stays visible) and the GPUs.
+
+The hook must load whatever the pod does with its environment: a pod that sets its own
+LD_PRELOAD (tcmalloc, jemalloc) would otherwise replace ours and run unshared and unlimited.
+So besides LD_PRELOAD, a generated `/etc/ld.so.preload` naming the hook is mounted into the
+container; glibc's loader reads that file for every program in addition to LD_PRELOAD, so the
+pod's own preloads still load too. The GPUs are named as CDI devices (`nvidia.com/gpu=<uuid>`)
+where the node's NVIDIA CDI spec lists them, because NVIDIA's runtime may be set to ignore
+NVIDIA_VISIBLE_DEVICES from unprivileged containers; the variable stays as the fallback for
+runtimes without CDI.
+
+NVIDIA's own device plugin advertises the same GPUs as `nvidia.com/gpu`, whole. Both on one
+node would book a GPU twice, so while its socket (`nvidia-gpu.sock`) is in kubelet's
+directory this plugin reports all its devices unhealthy (kubelet then places no new pod on
+them) and says why.
 
 Kubelet deletes every socket in its device-plugins directory when it restarts and then
 recreates `kubelet.sock`; an inotify watch on the directory notices and the plugin serves
@@ -16,8 +30,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +40,7 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import inotify_simple  # type: ignore[import-untyped]
+import yaml
 
 from appliance.gpu.nvml import GpuInfo
 
@@ -40,6 +56,12 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HOOK_CONTAINER_PATH = "/usr/local/nvshare/lib/libnvshare.so"
 SOCKET_CONTAINER_DIR = "/var/run/nvshare"
+PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
+PRELOAD_FILE_NAME = "ld.so.preload"  # generated next to the hook on the host
+CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+NVIDIA_CDI_KIND = "nvidia.com/gpu"
+# Sockets of device plugins that hand out the same GPUs whole: NVIDIA's k8s-device-plugin.
+FOREIGN_PLUGIN_SOCKETS = ("nvidia-gpu.sock",)
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 _ID_SEPARATOR = "::"
@@ -64,6 +86,44 @@ def physical_uuid(device_id: str) -> str:
     if not separator or not uuid or not replica.isdigit():
         raise ValueError(f"device id {device_id!r} is not of the form <gpu-uuid>::<n>")
     return uuid
+
+
+def cdi_device_names(spec_dirs: Sequence[Path]) -> dict[str, str]:
+    """NVIDIA GPU device names from the node's CDI specs: {"GPU-<uuid>" or "0": "kind=name"}.
+
+    `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit, the GPU Operator) names each GPU
+    by index, by UUID or both. A file that cannot be read or parsed is skipped and logged.
+    """
+    names: dict[str, str] = {}
+    for directory in spec_dirs:
+        for path in sorted(directory.glob("*")) if directory.is_dir() else []:
+            if path.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError) as exc:
+                log.warning("CDI spec %s cannot be read (%s); skipped", path, exc)
+                continue
+            if not isinstance(spec, dict) or spec.get("kind") != NVIDIA_CDI_KIND:
+                continue
+            for device in spec.get("devices") or []:
+                name = str((device or {}).get("name", ""))
+                if name and name != "all":
+                    names[name] = f"{NVIDIA_CDI_KIND}={name}"
+    return names
+
+
+def write_preload_file(path: Path, hook: str) -> None:
+    """The `/etc/ld.so.preload` pods get: the hook's path inside the container, one line.
+
+    Written to a temporary name and renamed, so a container starting meanwhile mounts either
+    the old file or the new one, never half of one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.write_text(f"{hook}\n", encoding="utf-8")
+    temporary.chmod(0o644)
+    os.replace(temporary, path)
 
 
 def preferred_devices(
@@ -119,6 +179,9 @@ class DevicePlugin:
         endpoint: str = "nvshare.sock",
         hook_container_path: str = HOOK_CONTAINER_PATH,
         socket_container_dir: str = SOCKET_CONTAINER_DIR,
+        cdi_spec_dirs: Sequence[Path] = CDI_SPEC_DIRS,
+        gpu_index: Callable[[str], int | None] = lambda uuid: None,
+        foreign_sockets: Sequence[str] = FOREIGN_PLUGIN_SOCKETS,
         health_interval_s: float = 5.0,
         register_retry_s: float = 1.0,
     ) -> None:
@@ -135,6 +198,13 @@ class DevicePlugin:
         self.endpoint = endpoint
         self._hook_container_path = hook_container_path
         self._socket_container_dir = socket_container_dir
+        # The daemon sees the host's hook directory at the same path (the DaemonSet mounts it
+        # there), so the file it writes is the file kubelet mounts.
+        self._preload_host_path = str(Path(hook_host_path).with_name(PRELOAD_FILE_NAME))
+        self._cdi_spec_dirs = tuple(cdi_spec_dirs)
+        self._gpu_index = gpu_index
+        self._foreign_sockets = tuple(foreign_sockets)
+        self._foreign_seen: str | None = None
         self._health_interval_s = health_interval_s
         self._register_retry_s = register_retry_s
 
@@ -160,6 +230,7 @@ class DevicePlugin:
                 "mount it from the host (kubelet creates it) or turn the device plugin off"
             )
         self._stopping.clear()
+        write_preload_file(Path(self._preload_host_path), self._hook_container_path)
         self._refresh_devices()
         self._serve()
         # The watch is in place before the first registration, so a kubelet that comes up
@@ -192,8 +263,28 @@ class DevicePlugin:
         with self._changed:
             return self._devices
 
+    def _foreign_plugin(self) -> str | None:
+        """The socket of a plugin that hands out these GPUs whole, when one is registered."""
+        present = next((s for s in self._foreign_sockets if (self.kubelet_dir / s).exists()), None)
+        if present != self._foreign_seen:
+            if present:
+                log.warning(
+                    "another device plugin serves these GPUs whole (%s in %s; NVIDIA's plugin "
+                    "for nvidia.com/gpu): every %s is reported unhealthy so that no GPU is "
+                    "booked twice. On GPU nodes meant for sharing, turn NVIDIA's plugin off "
+                    "(GPU Operator: label the node nvidia.com/gpu.deploy.device-plugin=false)",
+                    present,
+                    self.kubelet_dir,
+                    self.resource_name,
+                )
+            else:
+                log.info("%s is gone; advertising %s again", self._foreign_seen, self.resource_name)
+            self._foreign_seen = present
+        return present
+
     def _current_devices(self) -> tuple[VirtualDevice, ...]:
         devices: list[VirtualDevice] = []
+        withdrawn = self._foreign_plugin() is not None
         for gpu in self._gpus():
             if gpu.mig_enabled:
                 if gpu.uuid not in self._skipped_mig:
@@ -202,7 +293,7 @@ class DevicePlugin:
                         "GPU %s is in MIG mode; not advertised as %s", gpu.uuid, self.resource_name
                     )
                 continue
-            healthy = self._health(gpu.uuid)
+            healthy = self._health(gpu.uuid) and not withdrawn
             devices.extend(
                 VirtualDevice(uuid=gpu.uuid, replica=n, healthy=healthy)
                 for n in range(self._replicas)
@@ -252,6 +343,18 @@ class DevicePlugin:
                 ]
             )
 
+    def _cdi_devices(self, uuids: list[str]) -> list[Any]:
+        """CDI names for every GPU, or none at all when the node's spec lacks any of them."""
+        known = cdi_device_names(self._cdi_spec_dirs)
+        names = []
+        for uuid in uuids:
+            index = self._gpu_index(uuid)
+            name = known.get(uuid) or (known.get(str(index)) if index is not None else None)
+            if name is None:
+                return []
+            names.append(pb.CDIDevice(name=name))
+        return names
+
     def allocate(self, request: Any, context: Any) -> Any:
         responses = []
         for container in request.container_requests:
@@ -261,6 +364,7 @@ class DevicePlugin:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             responses.append(
                 pb.ContainerAllocateResponse(
+                    cdi_devices=self._cdi_devices(uuids),
                     envs={
                         "LD_PRELOAD": self._hook_container_path,
                         "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
@@ -277,6 +381,12 @@ class DevicePlugin:
                         pb.Mount(
                             container_path=self._socket_container_dir,
                             host_path=self._socket_host_dir,
+                            read_only=True,
+                        ),
+                        # Loads the hook even when the pod sets its own LD_PRELOAD.
+                        pb.Mount(
+                            container_path=PRELOAD_CONTAINER_PATH,
+                            host_path=self._preload_host_path,
                             read_only=True,
                         ),
                     ],
@@ -365,7 +475,9 @@ class DevicePlugin:
             pending = not self.register()
         timeout_ms = int(self._register_retry_s * 1000) if pending else 200
         for event in inotify.read(timeout=timeout_ms):
-            if event.name == KUBELET_SOCKET and event.mask & (flags.CREATE | flags.MOVED_TO):
+            if event.name in self._foreign_sockets:
+                self._refresh_devices()
+            elif event.name == KUBELET_SOCKET and event.mask & (flags.CREATE | flags.MOVED_TO):
                 # A new kubelet: it has wiped the directory, so serve again if our socket is
                 # gone, then register (after serving: kubelet dials back at once).
                 if not self.socket_path.exists():

@@ -138,6 +138,11 @@ def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> Non
     assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert {p["containerPort"] for p in daemon["ports"]} == {9402}
     assert "--policy-dir" in daemon["command"] and "--device-plugin" in daemon["command"]
+    # The device plugin writes ld.so.preload beside the hook and hands kubelet that path, so
+    # the daemon must see the hook's host directory at the same path.
+    hook_dir = [n for n, p in host_paths.items() if p["path"] == "/var/lib/nvshare/lib"]
+    assert hook_dir and mounts[hook_dir[0]] == "/var/lib/nvshare/lib"
+    assert {"/etc/cdi", "/var/run/cdi"} <= {p["path"] for p in host_paths.values()}
 
 
 def test_no_container_is_privileged_and_the_hook_is_installed_by_an_init_container() -> None:

@@ -62,16 +62,24 @@ def gpus() -> Gpus:
 
 
 @pytest.fixture
-def plugin(tmp_path: Path, gpus: Gpus) -> Iterator[DevicePlugin]:
+def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The node's filesystem as the daemon sees it: the hook's directory, CDI specs."""
+    return tmp_path_factory.mktemp("host")
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, host: Path, gpus: Gpus) -> Iterator[DevicePlugin]:
     plugin = DevicePlugin(
         gpus=gpus.inventory,
         health=gpus.healthy,
         replicas_per_gpu=4,
         resource_name="nvshare.com/gpu",
         kubelet_dir=tmp_path,
-        hook_host_path="/var/lib/nvshare/lib/libnvshare.so",
+        hook_host_path=str(host / "lib" / "libnvshare.so"),
         socket_host_dir="/var/run/nvshare",
         load=lambda: gpus.load,
+        cdi_spec_dirs=[host / "etc-cdi", host / "run-cdi"],
+        gpu_index={"GPU-a": 0, "GPU-b": 1}.get,
         health_interval_s=0.05,
         register_retry_s=0.1,
     )
@@ -124,8 +132,19 @@ def test_registers_with_kubelet_and_advertises_replicas_of_non_mig_gpus(
         kubelet.stop()
 
 
+def allocate(plugin: DevicePlugin, *devices: list[str]) -> list[Any]:
+    for client in stub(plugin):
+        response = client.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=d) for d in devices]
+            ),
+            timeout=WAIT,
+        )
+    return list(response.container_responses)
+
+
 def test_allocate_injects_the_hook_the_socket_directory_and_the_gpus(
-    plugin: DevicePlugin,
+    plugin: DevicePlugin, host: Path
 ) -> None:
     plugin.start()
     for client in stub(plugin):
@@ -146,11 +165,68 @@ def test_allocate_injects_the_hook_the_socket_directory_and_the_gpus(
     }
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
     mounts = {m.host_path: (m.container_path, m.read_only) for m in first.mounts}
+    preload = host / "lib" / "ld.so.preload"
     assert mounts == {
-        "/var/lib/nvshare/lib/libnvshare.so": ("/usr/local/nvshare/lib/libnvshare.so", True),
+        str(host / "lib" / "libnvshare.so"): ("/usr/local/nvshare/lib/libnvshare.so", True),
         "/var/run/nvshare": ("/var/run/nvshare", True),
+        # glibc's loader reads it for every program, whatever LD_PRELOAD the pod sets
+        str(preload): ("/etc/ld.so.preload", True),
     }
+    assert preload.read_text() == "/usr/local/nvshare/lib/libnvshare.so\n"
     assert not any(m.host_path.endswith(".sock") for m in first.mounts)
+    assert not first.cdi_devices  # no CDI spec on this node: NVIDIA_VISIBLE_DEVICES only
+
+
+NVIDIA_CDI_SPEC = """\
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+{names}
+containerEdits:
+  deviceNodes: [{{path: /dev/nvidiactl}}]
+"""
+
+
+def cdi_spec(path: Path, *names: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listed = "\n".join(f"  - name: {n!r}\n    containerEdits: {{}}" for n in names)
+    path.write_text(NVIDIA_CDI_SPEC.format(names=listed), encoding="utf-8")
+
+
+def test_allocate_names_cdi_devices_where_the_node_has_nvidia_cdi_specs(
+    plugin: DevicePlugin, host: Path
+) -> None:
+    plugin.start()
+    (host / "etc-cdi").mkdir()
+    (host / "etc-cdi" / "broken.yaml").write_text("kind: [", encoding="utf-8")
+    cdi_spec(host / "run-cdi" / "nvidia.yaml", "GPU-a", "GPU-b", "all")
+    first, second = allocate(plugin, ["GPU-b::1", "GPU-a::0"], ["GPU-a::2"])
+    assert [d.name for d in first.cdi_devices] == ["nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"]
+    assert [d.name for d in second.cdi_devices] == ["nvidia.com/gpu=GPU-a"]
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b,GPU-a"  # the fallback stays
+    # A spec that names GPUs by index (nvidia-ctk's default) works through NVML's index.
+    cdi_spec(host / "run-cdi" / "nvidia.yaml", "0", "1")
+    (by_index,) = allocate(plugin, ["GPU-b::0"])
+    assert [d.name for d in by_index.cdi_devices] == ["nvidia.com/gpu=1"]
+    # A GPU the spec does not name: no CDI at all for that container, the env var decides.
+    cdi_spec(host / "run-cdi" / "nvidia.yaml", "GPU-a")
+    (partial,) = allocate(plugin, ["GPU-a::1", "GPU-b::1"])
+    assert not partial.cdi_devices
+
+
+def test_nvidia_device_plugin_on_the_node_withdraws_every_device(
+    tmp_path: Path, plugin: DevicePlugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin.start()
+    for client in stub(plugin):
+        stream = client.ListAndWatch(pb.Empty(), timeout=WAIT)
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        (tmp_path / "nvidia-gpu.sock").touch()  # NVIDIA's plugin registers here
+        assert {d.health for d in next(stream).devices} == {"Unhealthy"}
+        assert "nvidia.com/gpu.deploy.device-plugin=false" in caplog.text
+        (tmp_path / "nvidia-gpu.sock").unlink()
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        stream.cancel()
 
 
 def test_allocate_of_a_device_id_we_never_advertised_is_an_invalid_argument(
