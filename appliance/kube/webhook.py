@@ -370,16 +370,16 @@ class MigInventory:
         with self._lock:
             old = self._held.get(uid)
             if old is not None:
-                self._count(old, -1)
+                self._hold(old, -1)
             self._held[uid] = pod
-            self._count(pod, +1)
+            self._hold(pod, +1)
 
     def _pod_gone(self, uid: str, pod: MigPod) -> None:
         with self._lock:
             if self._held.pop(uid, None) is not None:
-                self._count(pod, -1)
+                self._hold(pod, -1)
 
-    def _count(self, pod: MigPod, sign: int) -> None:
+    def _hold(self, pod: MigPod, sign: int) -> None:
         used = self._used.setdefault(pod.node, {})
         for resource, count in pod.devices:
             used[resource] = used.get(resource, 0) + sign * count
