@@ -17,7 +17,7 @@ import click
 
 from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
-from appliance.policy.quantity import QuantityError, format_bytes, parse_bytes
+from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 from appliance.server import socket_dir_from_env
 
 DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
@@ -197,9 +197,14 @@ def limit_set(
     flags, mem = 0, 0
     if memory is not None:
         try:
-            mem = parse_bytes(memory, bare_unit=1 << 20)
+            mem = parse_size(memory)
         except QuantityError as exc:
             raise click.BadParameter(str(exc), param_hint="MEMORY") from None
+        if mem == 0:
+            raise click.BadParameter(
+                "a memory limit must be greater than 0 (`limit clear` removes one)",
+                param_hint="MEMORY",
+            )
         flags |= p.LIMIT_SET_HAS_MEM
     if core is not None:
         flags |= p.LIMIT_SET_HAS_CORE

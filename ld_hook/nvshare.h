@@ -77,6 +77,9 @@ struct nvs_config {
     char pod_name[NVS_NAME_LEN];
 };
 extern struct nvs_config nvs_cfg;
+/* A size as the whole project writes it ("4Gi", "1.5G", "512" = 512 MiB; size.c says how):
+ * NVS_SIZE_OK with *out in bytes, or why not. */
+enum { NVS_SIZE_OK = 0, NVS_SIZE_SYNTAX = -1, NVS_SIZE_TOO_LARGE = -2 };
 int nvs_parse_bytes(const char *text, uint64_t *out);
 uint64_t nvs_now_ns(void);
 

@@ -29,27 +29,6 @@ uint64_t nvs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* "1073741824", "512Mi", "4Gi", "2G", "100K": bytes. Returns 0 on success. */
-int nvs_parse_bytes(const char *text, uint64_t *out)
-{
-    char *end = NULL;
-    if (text == NULL || !isdigit((unsigned char)*text)) return -1;
-    unsigned long long v = strtoull(text, &end, 10);
-    static const struct {
-        const char *suffix;
-        unsigned long long mult;
-    } units[] = {{"", 1},           {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30},
-                 {"Ti", 1ull << 40}, {"K", 1000ull},    {"M", 1000000ull}, {"G", 1000000000ull},
-                 {"T", 1000000000000ull}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) != 0) continue;
-        if (v > UINT64_MAX / units[i].mult) return -1;
-        *out = v * units[i].mult;
-        return 0;
-    }
-    return -1;
-}
-
 static void copy_env(char *dst, size_t len, const char *name)
 {
     const char *v = getenv(name);

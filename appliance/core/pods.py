@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from appliance.policy.model import AnnotationPolicy
-from appliance.policy.quantity import MiB, QuantityError, format_bytes, parse_bytes
+from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 MEMORY_LIMIT = "nvshare.com/gpu-memory-limit"
 CORE_LIMIT = "nvshare.com/gpu-core-limit"
@@ -137,9 +137,9 @@ def _memory(raw: str | None, *, policy: AnnotationPolicy) -> int | None | str:
     if not policy.allowed:
         return "annotations are disabled by policy (annotations.allowed is false)"
     try:
-        value = parse_bytes(raw, bare_unit=MiB)
+        value = parse_size(raw)
     except QuantityError as e:
-        return f"{e} (a bare number means MiB)"
+        return str(e)
     if value <= 0:
         return "a memory limit must be greater than zero"
     if not _memory_allowed(value, policy):

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from appliance.policy.quantity import QuantityError, parse_bytes
+from appliance.policy.quantity import QuantityError, parse_count
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,12 @@ def resource_of(profile: str) -> str:
 
 
 def _count(value: Any) -> int:
+    """A device count as Kubernetes writes it ("1", "2"); one that is not a count is 0 devices,
+    logged, so a malformed pod is admitted unchanged rather than rewritten on a guess."""
     try:
-        return parse_bytes(str(value))
-    except QuantityError:
+        return parse_count(value)
+    except QuantityError as e:
+        log.warning("ignoring a MIG resource amount: %s", e)
         return 0
 
 

@@ -33,13 +33,14 @@ import yaml
 from appliance.policy import model, schema
 from appliance.policy.env import env_overrides
 from appliance.policy.errors import PolicyError, PolicyLoadError
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S
 from appliance.policy.parse import (
     ParsedDocument,
     escape_pointer,
     parse_policy_text,
     parse_yaml_documents,
 )
-from appliance.policy.quantity import QuantityError, parse_bytes, parse_seconds
+from appliance.policy.quantity import QuantityError, parse_seconds, parse_size
 
 __all__ = [
     "PolicyError",
@@ -79,6 +80,10 @@ class PolicySnapshot:
     files: tuple[PolicyFile, ...]
     errors: tuple[PolicyError, ...]
     content_hash: str
+    # Visible names whose symlink target is missing: the directory is in flux (kubelet has
+    # removed `..data` and not yet renamed the new one in), never "these files were removed".
+    dangling: tuple[str, ...] = ()
+    missing: bool = False  # the directory itself does not exist
 
 
 def _content_hash(files: Iterable[PolicyFile]) -> str:
@@ -90,7 +95,15 @@ def _content_hash(files: Iterable[PolicyFile]) -> str:
     return digest.hexdigest()
 
 
-MAX_FILE_BYTES = 4 << 20  # a policy is kilobytes; anything this big is a mistake
+MAX_FILE_BYTES = 1 << 20  # what one ConfigMap can hold; a policy is kilobytes
+MAX_RULES = 10_000  # every client's limits are resolved against every rule
+MAX_GPU_ENTRIES = 1_024
+
+
+_DANGLING = (
+    "is a symlink to a file that does not exist (a ConfigMap being updated: kubelet swaps "
+    "its ..data link); the policy in force is kept"
+)
 
 
 def _read_regular_file(path: Path) -> bytes | None:
@@ -102,7 +115,9 @@ def _read_regular_file(path: Path) -> bytes | None:
         if not stat.S_ISREG(info.st_mode):
             return None
         if info.st_size > MAX_FILE_BYTES:
-            raise OSError(0, f"larger than {MAX_FILE_BYTES >> 20} MiB, not a policy file")
+            raise OSError(
+                0, f"larger than {MAX_FILE_BYTES >> 20} MiB (what a ConfigMap can hold); not read"
+            )
         chunks = []
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
@@ -118,7 +133,7 @@ def read_policy_dir(path: Path, *, label_prefix: str = "") -> PolicySnapshot:
         names = sorted(os.listdir(path))
     except FileNotFoundError:
         err = PolicyError(directory, None, "", "the policy directory does not exist")
-        return PolicySnapshot(directory, (), (err,), _content_hash(()))
+        return PolicySnapshot(directory, (), (err,), _content_hash(()), missing=True)
     except NotADirectoryError:
         err = PolicyError(directory, None, "", "is not a directory (give the policy directory)")
         return PolicySnapshot(directory, (), (err,), _content_hash(()))
@@ -127,19 +142,25 @@ def read_policy_dir(path: Path, *, label_prefix: str = "") -> PolicySnapshot:
         return PolicySnapshot(directory, (), (err,), _content_hash(()))
     files: list[PolicyFile] = []
     errors: list[PolicyError] = []
+    dangling: list[str] = []
     for name in names:
         if name.startswith(".") or not name.endswith(POLICY_SUFFIXES):
             continue
         try:
             content = _read_regular_file(path / name)
         except FileNotFoundError:
-            continue  # removed while we listed, or a symlink whose target is going away
+            if os.path.islink(path / name):
+                dangling.append(name)
+                errors.append(PolicyError(label_prefix + name, None, "", _DANGLING))
+            continue  # else removed while we listed: the event that follows re-reads
         except OSError as e:
             errors.append(PolicyError(label_prefix + name, None, "", f"cannot read: {e.strerror}"))
             continue
         if content is not None:
             files.append(PolicyFile(name, content, label_prefix + name))
-    return PolicySnapshot(directory, tuple(files), tuple(errors), _content_hash(files))
+    return PolicySnapshot(
+        directory, tuple(files), tuple(errors), _content_hash(files), dangling=tuple(dangling)
+    )
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -152,7 +173,7 @@ _PATTERN_HINTS = {
     "/migFallback/chains/*/*": "a MIG profile such as 1g.18gb, 3g.71gb or 1g.18gb+me",
 }
 _KIND_HINTS = {
-    "size": "is not a size (bytes, or a number with a unit such as 512Mi, 4Gi or 8G)",
+    "size": "is not a size (a number with a unit such as 512Mi, 4Gi or 8G; a bare number is MiB)",
     "duration": "is not a duration (seconds, or a number with a unit: 500ms, 30s, 2m, 1h)",
 }
 _JSON_TYPES = {
@@ -195,7 +216,10 @@ def _describe_type(value: Any) -> str:
 def _message(error: jsonschema.ValidationError, json_path: str) -> str:
     title = error.schema.get("title") if isinstance(error.schema, dict) else None
     if title in _KIND_HINTS:
-        return f"{_short(error.instance)} {_KIND_HINTS[title]}"
+        return (
+            _kind_problem(str(title), error.instance)
+            or f"{_short(error.instance)} {_KIND_HINTS[title]}"
+        )
     if error.validator == "anyOf":
         useful = [
             c
@@ -227,6 +251,8 @@ def _message(error: jsonschema.ValidationError, json_path: str) -> str:
         hint = _PATTERN_HINTS.get(_pattern_path(json_path))
         if hint:
             return f"{_short(error.instance)} is not {hint}"
+    if error.validator == "maxItems":
+        return f"{len(error.instance):,} entries; at most {error.validator_value:,}"
     if error.validator == "minItems" and _pattern_path(json_path) == "/migFallback/chains/*":
         return "a fallback chain needs at least two profiles"
     return str(error.message)
@@ -250,20 +276,16 @@ def _schema_problems(value: Any) -> list[tuple[str, str]]:
 
 
 _KINDS = {path: schema.value_kind(sub) for path, sub in schema.iter_properties()}
+_TQ_FLOOR = (
+    MIN_TIME_QUANTUM_S,
+    True,
+    f"the time quantum must be at least {MIN_TIME_QUANTUM_S:g}s "
+    "(nvshare measured throughput collapse below about 10s)",
+)
 # Lower bounds the schema cannot say of "30s"-style strings: (seconds, inclusive?, why).
 _MIN_SECONDS = {
-    "/scheduler/timeQuantum": (
-        1.0,
-        True,
-        "the time quantum must be at least 1s "
-        "(nvshare measured throughput collapse below about 10s)",
-    ),
-    "/gpus/*/timeQuantum": (
-        1.0,
-        True,
-        "the time quantum must be at least 1s "
-        "(nvshare measured throughput collapse below about 10s)",
-    ),
+    "/scheduler/timeQuantum": _TQ_FLOOR,
+    "/gpus/*/timeQuantum": _TQ_FLOOR,
     "/scheduler/computeWindow": (0.0, False, "the compute window must be longer than 0"),
     "/scheduler/quotaSampleInterval": (0.0, False, "the sample interval must be longer than 0"),
     "/realtimeCheck/maxSampleAge": (0.0, False, "the sample age must be longer than 0"),
@@ -281,10 +303,36 @@ def _leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
         yield path, value
 
 
-def _value_problems(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """Checks of single values the schema cannot express (duration bounds, ports, chunk)."""
+def _kind_problem(kind: str, value: Any) -> str | None:
+    """What is wrong with a size or duration, bounds included; None if nothing is."""
+    if kind == "size":
+        try:
+            parse_size(value)
+        except QuantityError as e:
+            return str(e)
+        return None
+    try:
+        seconds = parse_seconds(value)
+    except QuantityError:
+        return None  # the schema's own message says what a duration looks like
+    if seconds < 0:
+        return f"{_short(value)} is negative: durations are 0 or more"
+    if seconds > MAX_DURATION_S:
+        return (
+            f"{_short(value)} is too long: durations are at most {MAX_DURATION_S / 3600:g}h "
+            "(the hook is sent milliseconds in 32 bits)"
+        )
+    return None
+
+
+def _value_problems(doc: dict[str, Any], *, skip: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """Checks of single values the schema cannot express (bounds of sizes and durations written
+    as strings, ports, chunk); paths in `skip` already have an error."""
     problems: list[tuple[str, str]] = []
+    flagged = set(skip)
     for path, value in _leaves(doc):
+        if path in flagged:
+            continue
         try:
             problem = _value_problem(_pattern_path(path), value)
         except (QuantityError, ValueError, IndexError, TypeError):
@@ -297,12 +345,15 @@ def _value_problems(doc: dict[str, Any]) -> list[tuple[str, str]]:
 def _value_problem(pattern: str, value: Any) -> str | None:
     if value is None or isinstance(value, (dict, list)):
         return None
-    if _KINDS.get(pattern) == "duration" and pattern in _MIN_SECONDS:
+    kind = _KINDS.get(pattern)
+    if kind is not None and (problem := _kind_problem(kind, value)) is not None:
+        return problem
+    if kind == "duration" and pattern in _MIN_SECONDS:
         bound, inclusive, why = _MIN_SECONDS[pattern]
         seconds = parse_seconds(value)
         if seconds < bound or (not inclusive and seconds <= bound):
             return f"{_short(value)} is too short: {why}"
-    elif pattern == "/memory/chunk" and parse_bytes(value) == 0:
+    elif pattern == "/memory/chunk" and parse_size(value) == 0:
         return "the reservation chunk must be larger than 0"
     elif pattern == "/metrics/address":
         port = int(str(value).rsplit(":", 1)[1])
@@ -336,6 +387,14 @@ def _merged_problems(doc: dict[str, Any], origin: _Merge) -> list[tuple[str, str
                 "oversubscribing a single process needs /memory/backing: managed",
             )
         )
+    for field, bound in (("rules", MAX_RULES), ("gpus", MAX_GPU_ENTRIES)):
+        if len(doc[field]) > bound:
+            problems.append(
+                (
+                    f"/{field}",
+                    f"{len(doc[field]):,} {field} entries in all files; at most {bound:,}",
+                )
+            )
     named: dict[str, str] = {}
     for index, rule in enumerate(doc["rules"]):
         name = rule.get("name") or ""
@@ -435,7 +494,7 @@ class _Merge:
 
 
 def _opt_bytes(value: Any) -> int | None:
-    return None if value is None else parse_bytes(value)
+    return None if value is None else parse_size(value)
 
 
 def _opt_mode(value: Any) -> model.Mode | None:
@@ -500,12 +559,12 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
         memory=model.MemorySettings(
             backing=model.Backing(mem["backing"]),
             single_process_oversubscription=mem["singleProcessOversubscription"],
-            reserve_bytes=parse_bytes(mem["reserve"]),
-            chunk_bytes=parse_bytes(mem["chunk"]),
+            reserve_bytes=parse_size(mem["reserve"]),
+            chunk_bytes=parse_size(mem["chunk"]),
         ),
         realtime_check=model.RealtimeCheck(
             mode=model.RealtimeCheckMode(rt["mode"]),
-            safety_margin_bytes=parse_bytes(rt["safetyMargin"]),
+            safety_margin_bytes=parse_size(rt["safetyMargin"]),
             enabled_by_default=rt["enabledByDefault"],
             max_sample_age_s=parse_seconds(rt["maxSampleAge"]),
         ),
@@ -554,7 +613,7 @@ def _check_file(f: PolicyFile) -> tuple[ParsedDocument, list[PolicyError]]:
         return doc, errors
     problems = _schema_problems(doc.value)
     if isinstance(doc.value, dict):
-        problems += _value_problems(doc.value)
+        problems += _value_problems(doc.value, skip=(path for path, _ in problems))
     errors += [error(doc.line_of(path), path, message) for path, message in problems]
     errors.sort(key=lambda e: e.line if e.line is not None else 0)  # stable: schema order
     return doc, errors
@@ -578,9 +637,12 @@ def build_policy(
     errors += env_errors
     for override in overrides:
         merge.set(override.json_path, override.value, f"env {override.variable}")
-    problems = _schema_problems(merge.value)
+    # Each rules/gpus entry was checked in its own file and nothing else adds to those lists:
+    # check the merged document without walking them again (they are most of a big policy).
+    rest = {**merge.value, **{path.lstrip("/"): [] for path in schema.ITEM_ARRAYS}}
+    problems = _schema_problems(rest)
     if not problems:
-        problems = _value_problems(merge.value) + _merged_problems(merge.value, merge)
+        problems = _value_problems(rest) + _merged_problems(merge.value, merge)
     seen = set(errors)
     for path, message in problems:
         source, inner = merge.locate(path)

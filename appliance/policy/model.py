@@ -13,6 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The time quantum's floor: nvshare's thesis measured throughput collapse below about 10 s, and
+# under 1 s the lock hand-off itself dominates. Policy, nvsharectl and the daemon share it.
+MIN_TIME_QUANTUM_S = 1.0
+# Every duration's ceiling. The hook is sent the quantum and idle release in milliseconds as
+# 32-bit numbers (49.7 days); a day is far past any sensible quantum and well inside that.
+MAX_DURATION_S = 86_400.0
+
 
 class Mode(enum.Enum):
     """How a GPU's lock is shared. Wire values are in `appliance.protocol`."""

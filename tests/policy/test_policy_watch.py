@@ -156,8 +156,9 @@ def test_invalid_file_keeps_last_good_and_logs_once(
     write_atomically(policy_dir / "20-team.yaml", "rules:\n  - name: a\n    memoryLimit: 4Gx\n")
     recorder.wait(lambda: bool(recorder.errors), "on_error")
     assert [str(e) for e in recorder.errors[-1]] == [
-        "20-team.yaml:3: /rules/0/memoryLimit: '4Gx' is not a size "
-        "(bytes, or a number with a unit such as 512Mi, 4Gi or 8G)"
+        "20-team.yaml:3: /rules/0/memoryLimit: '4Gx' is not a size: "
+        "unknown unit 'Gx' (units: Ki Mi Gi Ti Pi Ei (1024s), k M G T P E (1000s); "
+        "a bare number is MiB)"
     ]
     assert watcher.last_good is good
     assert recorder.policies == [good]  # only the first load
