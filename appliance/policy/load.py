@@ -98,6 +98,7 @@ def _content_hash(files: Iterable[PolicyFile]) -> str:
 MAX_FILE_BYTES = 1 << 20  # what one ConfigMap can hold; a policy is kilobytes
 MAX_RULES = 10_000  # every client's limits are resolved against every rule
 MAX_GPU_ENTRIES = 1_024
+_LIST_BOUNDS = {"rules": MAX_RULES, "gpus": MAX_GPU_ENTRIES}
 
 
 _DANGLING = (
@@ -387,14 +388,6 @@ def _merged_problems(doc: dict[str, Any], origin: _Merge) -> list[tuple[str, str
                 "oversubscribing a single process needs /memory/backing: managed",
             )
         )
-    for field, bound in (("rules", MAX_RULES), ("gpus", MAX_GPU_ENTRIES)):
-        if len(doc[field]) > bound:
-            problems.append(
-                (
-                    f"/{field}",
-                    f"{len(doc[field]):,} {field} entries in all files; at most {bound:,}",
-                )
-            )
     named: dict[str, str] = {}
     for index, rule in enumerate(doc["rules"]):
         name = rule.get("name") or ""
@@ -597,7 +590,9 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
     )
 
 
-def _check_file(f: PolicyFile) -> tuple[ParsedDocument, list[PolicyError]]:
+def _check_file(f: PolicyFile, room: dict[str, int]) -> tuple[ParsedDocument, list[PolicyError]]:
+    """Parse and validate one file; `room` is how many entries each bounded list may still
+    take, across all files (checked before the schema, which would walk every entry)."""
     offset = f.line_offset or 0
 
     def error(line: int | None, json_path: str, message: str) -> PolicyError:
@@ -611,6 +606,19 @@ def _check_file(f: PolicyFile) -> tuple[ParsedDocument, list[PolicyError]]:
     errors = [error(p.line, p.json_path, p.message) for p in doc.problems]
     if doc.value is None or errors:
         return doc, errors
+    for field, left in room.items():
+        entries = doc.value.get(field) if isinstance(doc.value, dict) else None
+        if isinstance(entries, list) and len(entries) > left:
+            bound = _LIST_BOUNDS[field]
+            here = f"/{field}"
+            return doc, [
+                error(
+                    doc.line_of(here),
+                    here,
+                    f"{len(entries):,} entries here make more than {bound:,} in all files; "
+                    f"at most {bound:,}",
+                )
+            ]
     problems = _schema_problems(doc.value)
     if isinstance(doc.value, dict):
         problems += _value_problems(doc.value, skip=(path for path, _ in problems))
@@ -627,12 +635,15 @@ def build_policy(
     errors = list(snapshot.errors)
     merge = _Merge()
     parsed: dict[str, tuple[PolicyFile, ParsedDocument]] = {}
+    room = dict(_LIST_BOUNDS)
     for f in snapshot.files:
-        doc, file_errors = _check_file(f)
+        doc, file_errors = _check_file(f, room)
         errors += file_errors
         if not file_errors:
             parsed[f.name] = (f, doc)
             merge.apply(doc.value, f.name)
+            for field in room:
+                room[field] -= len(doc.value.get(field) or [])
     overrides, env_errors = env_overrides(environ)
     errors += env_errors
     for override in overrides:

@@ -30,7 +30,12 @@ from typing import Literal, TypeVar
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
 from appliance.policy.errors import PolicyError, PolicyLoadError
-from appliance.policy.load import POLICY_SUFFIXES, build_policy, read_policy_dir
+from appliance.policy.load import (
+    POLICY_SUFFIXES,
+    PolicySnapshot,
+    build_policy,
+    read_policy_dir,
+)
 from appliance.policy.model import Policy
 
 log = logging.getLogger("nvshare.policy")
@@ -53,8 +58,12 @@ _DIR_EVENTS = (
 _PARENT_EVENTS = flags.CREATE | flags.MOVED_TO | flags.DELETE | flags.MOVED_FROM | flags.ONLYDIR
 # A steady stream of events must not postpone a reload forever.
 _MAX_DEFER_WINDOWS = 20
-# How long a file being written in place (modified, not yet closed) holds a reload back.
+# How long a file being written in place (modified, not yet closed) holds a reload back, and
+# how long names whose symlinks dangle (kubelet's ..data missing) are waited for before that
+# is reported as an error. Either way the policy in force stays.
 _WRITER_GRACE_S = 5.0
+# After a failure of the watch loop itself, wait this long before going on.
+_FAILURE_PAUSE_S = 1.0
 
 
 class PolicyWatcher:
@@ -75,6 +84,7 @@ class PolicyWatcher:
         debounce_s: float = 0.05,
         rehash_interval_s: float = 60.0,
         on_reload: Callable[[ReloadResult], None] | None = None,
+        flux_grace_s: float = _WRITER_GRACE_S,
     ) -> None:
         self.directory = Path(directory)
         self._on_policy = on_policy
@@ -83,6 +93,7 @@ class PolicyWatcher:
         self._environ = os.environ if environ is None else environ
         self._debounce_s = debounce_s
         self._rehash_interval_s = rehash_interval_s
+        self._flux_grace_s = flux_grace_s
         self.last_good: Policy | None = None
         self.last_errors: list[PolicyError] = []
         self.last_reload_time: float | None = None  # time.time() of the last reload attempt
@@ -98,6 +109,8 @@ class PolicyWatcher:
         self._writing: dict[str, float] = {}  # name -> when its in-place write began
         self._first_event: float | None = None  # a reload is pending since then
         self._last_event = 0.0
+        self._in_flux_since: float | None = None  # when names were first seen dangling
+        self._next_rehash = 0.0
 
     # --- public -----------------------------------------------------------------------------
 
@@ -132,6 +145,11 @@ class PolicyWatcher:
             self._thread.join(timeout_s)
         self._close()
 
+    @property
+    def alive(self) -> bool:
+        """True while the watch thread runs (status shows it)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def reload_now(self) -> ReloadResult:
         """Re-read the directory now (SIGHUP); errors are reported even if unchanged."""
         result = self._reload("reload requested", force_report=True)
@@ -163,7 +181,7 @@ class PolicyWatcher:
         """Read, compare, validate, apply; None if `settled` says the read was mid-change."""
         with self._lock:
             snapshot = read_policy_dir(self.directory)
-            if settled is not None and not settled():
+            if settled is not None and (not settled() or self._waiting_out_flux(snapshot)):
                 return None
             self.last_reload_time = time.time()
             good = self.last_good
@@ -187,6 +205,13 @@ class PolicyWatcher:
                     raise
                 self._report(e.errors, reason=reason, force=force_report)
                 return self._count("invalid")
+            except Exception as e:  # a loader bug must not end hot reload: report it like an error
+                log.exception("loading the policy in %s failed", self.directory)
+                failure = PolicyError(str(self.directory), None, "", f"could not be loaded ({e!r})")
+                if first:
+                    raise PolicyLoadError([failure], where=str(self.directory)) from e
+                self._report([failure], reason=reason, force=force_report)
+                return self._count("invalid")
             previous = good.content_hash[:12] if good is not None else "none"
             self.last_good, self.last_errors, self._reported = policy, [], ()
             log.info(
@@ -199,6 +224,22 @@ class PolicyWatcher:
             )
             self._call(self._on_policy, policy)
             return self._count("applied")
+
+    def _waiting_out_flux(self, snapshot: PolicySnapshot) -> bool:
+        """True while names dangle and have not dangled for long: re-read later, say nothing."""
+        if not snapshot.dangling:
+            self._in_flux_since = None
+            return False
+        now = time.monotonic()
+        if self._in_flux_since is None:
+            self._in_flux_since = now
+            log.info(
+                "%s is being updated (%s point%s at nothing yet); waiting",
+                self.directory,
+                ", ".join(snapshot.dangling),
+                "s" if len(snapshot.dangling) == 1 else "",
+            )
+        return now - self._in_flux_since < self._flux_grace_s
 
     def _count(self, result: ReloadResult) -> ReloadResult:
         self.reload_counts[result] += 1
@@ -312,30 +353,42 @@ class PolicyWatcher:
         poller = select.poll()
         poller.register(self._inotify.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        next_rehash = time.monotonic() + self._rehash_interval_s
+        self._next_rehash = time.monotonic() + self._rehash_interval_s
         while not self._stopping.is_set():
-            deadline = next_rehash
-            if self._first_event is not None:
-                deadline = min(deadline, self._due())
-            ready = poller.poll(max(0.0, deadline - time.monotonic()) * 1000.0)
-            if self._stopping.is_set():
-                break
-            if any(fd == self._inotify.fileno() for fd, _ in ready):
-                self._drain()
-            now = time.monotonic()
-            if self._first_event is not None and now >= self._due():
-                # Events that arrive while the directory is read make that read suspect:
-                # drop it and wait for the next quiet moment.
-                if self._reload("directory changed", settled=lambda: not self._drain()):
-                    self._first_event = None
-                else:
-                    self._first_event = time.monotonic()
-            if now >= next_rehash:
-                if self._parent_wd is None:
-                    self._watch_parent()
-                self._watch_directory()
-                self._reload("periodic re-hash")
-                next_rehash = now + self._rehash_interval_s
+            try:
+                self._step(poller)
+            except Exception:  # whatever went wrong, later edits must still be applied
+                log.exception(
+                    "watching %s failed; still watching (SIGHUP re-reads at once)", self.directory
+                )
+                self._first_event = time.monotonic()  # read again once things settle
+                self._stopping.wait(_FAILURE_PAUSE_S)
+
+    def _step(self, poller: select.poll) -> None:
+        """Wait for events or a deadline, then reload if one is due."""
+        assert self._inotify is not None
+        deadline = self._next_rehash
+        if self._first_event is not None:
+            deadline = min(deadline, self._due())
+        ready = poller.poll(max(0.0, deadline - time.monotonic()) * 1000.0)
+        if self._stopping.is_set():
+            return
+        if any(fd == self._inotify.fileno() for fd, _ in ready):
+            self._drain()
+        now = time.monotonic()
+        if self._first_event is not None and now >= self._due():
+            # Events that arrive while the directory is read make that read suspect, and so
+            # do names that dangle: drop the read and try again after a quiet moment.
+            if self._reload("directory changed", settled=lambda: not self._drain()):
+                self._first_event = None
+            else:
+                self._first_event = self._last_event = time.monotonic()
+        if now >= self._next_rehash:
+            if self._parent_wd is None:
+                self._watch_parent()
+            self._watch_directory()
+            self._reload("periodic re-hash")
+            self._next_rehash = now + self._rehash_interval_s
 
     def _close(self) -> None:
         if self._inotify is not None:

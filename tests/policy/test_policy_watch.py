@@ -16,6 +16,8 @@ from appliance.policy.errors import PolicyError, PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
 
+from .test_policy_bounds import ALIAS_BOMB
+
 WAIT_S = 20.0  # generous: only a failure ever waits this long
 
 
@@ -318,3 +320,95 @@ def test_directory_swapped_by_rename(
     write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 71s}\n")
     recorder.wait_tq(71.0)
     assert 5.0 not in [p.scheduler.time_quantum_s for p in recorder.policies]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("20-chunk.yaml", "memory: {chunk: 1ki}\n", "did you mean Ki?"),
+        ("20-tq.yaml", "scheduler: {timeQuantum: 1200h}\n", "at most 24h"),
+        ("20-idle.yaml", "scheduler: {idleRelease: 1200h}\n", "at most 24h"),
+        ("20-deep.yaml", "a: " + "[" * 5000 + "\n", "nested deeper than 16 levels"),
+        ("20-deep.json", "[" * 100_000 + "]" * 100_000, "nested deeper than 16 levels"),
+        ("20-bomb.yaml", ALIAS_BOMB, "once YAML aliases are expanded"),
+    ],
+)
+def test_inputs_that_used_to_end_hot_reload_are_reported_and_later_edits_apply(
+    policy_dir: Path,
+    recorder: Recorder,
+    watcher: PolicyWatcher,
+    name: str,
+    text: str,
+    message: str,
+) -> None:
+    write_atomically(policy_dir / name, text)
+    recorder.wait(lambda: bool(recorder.errors), "the error to be reported")
+    assert message in str(recorder.errors[-1][0]) and name in str(recorder.errors[-1][0])
+    assert watcher.last_good is not None and watcher.last_good.scheduler.time_quantum_s == 45.0
+    (policy_dir / name).unlink()
+    write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 40s}\n")
+    recorder.wait_tq(40.0)
+    assert watcher.alive and watcher.last_errors == []
+
+
+def test_names_that_dangle_are_in_flux_never_an_empty_directory(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    mount = tmp_path / "config"
+    mount.mkdir()
+    kubelet = Kubelet(mount)
+    kubelet.project({"policy.yaml": "defaults: {memoryLimit: 2Gi}\n"})
+    with PolicyWatcher(
+        mount,
+        on_policy=recorder.on_policy,
+        on_error=recorder.on_error,
+        on_reload=recorder.on_reload,
+        environ={},
+        debounce_s=0.02,
+        flux_grace_s=0.5,
+    ) as watcher:
+        (mount / "..data").unlink()  # policy.yaml -> ..data/policy.yaml now points at nothing
+        recorder.wait(lambda: bool(recorder.errors), "the dangling name to be reported")
+        assert "policy.yaml: is a symlink to a file that does not exist" in str(
+            recorder.errors[-1][0]
+        )
+        assert len(recorder.policies) == 1  # never the built-in defaults
+        assert watcher.last_good is not None and watcher.last_good.defaults.memory_bytes == 2 << 30
+        assert kubelet.current is not None
+        (mount / "..data").symlink_to(kubelet.current.name)  # the same content is back
+        recorder.wait(lambda: watcher.last_errors == [], "the directory to settle")
+        assert len(recorder.policies) == 1
+
+
+class FlakyEnviron(dict[str, str]):
+    """An environment whose reads fail while `broken`: a stand-in for any loader bug."""
+
+    broken = False
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        if self.broken:
+            raise RuntimeError("simulated loader bug")
+        return super().get(key, default)
+
+
+def test_a_loader_failure_is_reported_and_the_watch_goes_on(
+    policy_dir: Path, recorder: Recorder
+) -> None:
+    environ = FlakyEnviron()
+    with PolicyWatcher(
+        policy_dir,
+        on_policy=recorder.on_policy,
+        on_error=recorder.on_error,
+        environ=environ,
+        debounce_s=0.02,
+    ) as watcher:
+        environ.broken = True
+        write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 41s}\n")
+        recorder.wait(lambda: bool(recorder.errors), "the failure to be reported")
+        assert "could not be loaded (RuntimeError('simulated loader bug'))" in str(
+            recorder.errors[-1][0]
+        )
+        environ.broken = False
+        write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 42s}\n")
+        recorder.wait_tq(42.0)
+        assert watcher.alive
