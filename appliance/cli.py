@@ -2,7 +2,8 @@
 
 nvsharectl keeps nvshare's flags (`-T/--set-tq`, `-S/--anti-thrash`) and adds status, mode,
 limit and policy tools. Every command prints what the daemon answered; when no daemon answers
-it prints one line saying where it looked and exits 1.
+it prints one line saying where it looked and exits 1. No error reaches a user as a traceback:
+anything unexpected is one line and exit status 1 (NVSHARE_DEBUG=1 shows the traceback).
 """
 
 from __future__ import annotations
@@ -17,15 +18,50 @@ import click
 
 from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 from appliance.server import socket_dir_from_env
 
 DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
+PACKAGE = "nvshare-appliance"
+FOLLOW_POLICY = "policy"
 
 
 def _fail(message: str) -> NoReturn:
     click.echo(f"nvsharectl: {message}", err=True)
     sys.exit(1)
+
+
+class OneLineErrors(click.Group):
+    """A command group whose unexpected errors are one line and exit status 1, not a traceback
+    (NVSHARE_DEBUG=1 keeps the traceback, for a bug report)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"):
+                raise
+            click.echo(f"{ctx.command_path.split()[0]}: {exc or type(exc).__name__}", err=True)
+            ctx.exit(1)
+
+
+def _time_quantum(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """-T's value: whole seconds within the policy's bounds, or `policy`."""
+    if value is None or value == FOLLOW_POLICY:
+        return value
+    low, high = int(MIN_TIME_QUANTUM_S), int(MAX_DURATION_S)
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a whole number of seconds, or 'policy'"
+        ) from None
+    if not low <= seconds <= high:
+        raise click.BadParameter(f"{seconds} is not from {low} to {high} seconds (24h)")
+    return seconds
 
 
 def _connect(ctx: click.Context) -> ControlClient:
@@ -49,28 +85,37 @@ def _request(ctx: click.Context, message: Any) -> Any:
     with _connect(ctx) as conn:
         try:
             return conn.request(message)
-        except (DaemonUnavailable, OSError) as exc:
+        except TimeoutError:
+            _fail(f"the scheduler at {conn.path} did not answer within {conn.timeout:g} s")
+        except (DaemonUnavailable, OSError, p.ProtocolError) as exc:
             _fail(str(exc))
 
 
 # ------------------------------------------------------------------ nvsharectl
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=OneLineErrors,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(package_name=PACKAGE, prog_name="nvsharectl")
 @click.option(
     "-T",
     "--set-tq",
     "set_tq",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Set the time quantum of the scheduler to N seconds (nvshare's flag).",
+    metavar="N|policy",
+    callback=_time_quantum,
+    help="Set the time quantum to N seconds (1-86400; nvshare's flag), or 'policy' to "
+    "follow the policy's again.",
 )
 @click.option(
     "-S",
     "--anti-thrash",
     "anti_thrash",
-    type=click.Choice(["on", "off"]),
-    help="Turn anti-thrashing (strict serialisation) on or off (nvshare's flag).",
+    type=click.Choice(["on", "off", FOLLOW_POLICY]),
+    help="Turn anti-thrashing (strict serialisation) on or off on every GPU (nvshare's flag), "
+    "or 'policy' to follow the policy's mode again.",
 )
 @click.option(
     "--socket-dir",
@@ -81,11 +126,13 @@ def _request(ctx: click.Context, message: Any) -> Any:
 )
 @click.pass_context
 def nvsharectl(
-    ctx: click.Context, set_tq: int | None, anti_thrash: str | None, socket_dir: Path | None
+    ctx: click.Context, set_tq: int | str | None, anti_thrash: str | None, socket_dir: Path | None
 ) -> None:
     """Control and inspect the nvshare scheduler."""
     ctx.obj = {"socket_dir": socket_dir or socket_dir_from_env()}
-    if set_tq is not None:
+    if set_tq == FOLLOW_POLICY:
+        _answer(_request(ctx, p.SetTq(0, flags=p.SET_FOLLOW_POLICY)))
+    elif isinstance(set_tq, int):
         _answer(_request(ctx, p.SetTq(set_tq)))
         if set_tq < 10:
             click.echo(
@@ -94,8 +141,7 @@ def nvsharectl(
                 err=True,
             )
     if anti_thrash is not None:
-        mode = p.WireMode.ON if anti_thrash == "on" else p.WireMode.OFF
-        _answer(_request(ctx, p.SetMode(mode)))
+        _answer(_request(ctx, _set_mode(anti_thrash, "")))
     if ctx.invoked_subcommand is None and set_tq is None and anti_thrash is None:
         ctx.invoke(status)
 
@@ -158,33 +204,48 @@ def status(ctx: click.Context, as_json: bool) -> None:
         _print_status(doc.doc)
 
 
+def _set_mode(mode: str, gpu: str) -> p.SetMode:
+    if mode == FOLLOW_POLICY:
+        return p.SetMode(p.WireMode.ON, gpu, flags=p.SET_FOLLOW_POLICY)
+    wire = {"on": p.WireMode.ON, "off": p.WireMode.OFF, "auto": p.WireMode.AUTO}[mode]
+    return p.SetMode(wire, gpu)
+
+
 @nvsharectl.command()
-@click.argument("mode", type=click.Choice(["on", "off", "auto"]))
+@click.argument("mode", type=click.Choice(["on", "off", "auto", FOLLOW_POLICY]))
 @click.option("--gpu", default="", help="Only this GPU (UUID); default every GPU.")
 @click.pass_context
 def mode(ctx: click.Context, mode: str, gpu: str) -> None:
-    """Set the scheduling mode: on (serialise), off (free-running) or auto."""
-    wire = {"on": p.WireMode.ON, "off": p.WireMode.OFF, "auto": p.WireMode.AUTO}[mode]
-    _answer(_request(ctx, p.SetMode(wire, gpu)))
+    """Set the scheduling mode: on (serialise), off (free-running), auto, or policy.
+
+    `policy` drops what nvsharectl set (on that GPU, or on all) so that the policy's mode
+    applies again.
+    """
+    _answer(_request(ctx, _set_mode(mode, gpu)))
 
 
 def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
     if (pid is None) == (pod is None):
         raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
     if pod is not None:
-        ns, _, name = pod.rpartition("/")
-        return 0, ns or "default", name
+        ns, _, name = pod.partition("/")
+        if not ns or not name or "/" in name:
+            raise click.BadParameter(
+                f"{pod!r} is not NAMESPACE/NAME (say default/{pod} for the default namespace)",
+                param_hint="--pod",
+            )
+        return 0, ns, name
     assert pid is not None
     return pid, "", ""
 
 
 @nvsharectl.group()
 def limit() -> None:
-    """Change a process's or pod's limits while it runs (root or the admin group)."""
+    """Change, clear or list live limit overrides (root or the admin group to change)."""
 
 
 @limit.command("set")
-@click.option("--pid", type=int, help="A process connected to the scheduler.")
+@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
 @click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--core", type=click.IntRange(1, 100), help="Compute share in percent.")
 @click.argument("memory", required=False)
@@ -192,7 +253,11 @@ def limit() -> None:
 def limit_set(
     ctx: click.Context, pid: int | None, pod: str | None, core: int | None, memory: str | None
 ) -> None:
-    """Set MEMORY (e.g. 4Gi; a bare number is MiB) and/or --core."""
+    """Override the memory and/or core limit of a process or pod.
+
+    MEMORY is a size as in policy files: 4Gi, 1.5G, 512Mi; a bare number is MiB. A pid must be
+    connected, and its override ends when it exits; a pod's waits for the pod if need be.
+    """
     target_pid, ns, name = _target(pid, pod)
     flags, mem = 0, 0
     if memory is not None:
@@ -214,8 +279,8 @@ def limit_set(
 
 
 @limit.command("clear")
-@click.option("--pid", type=int)
-@click.option("--pod")
+@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
+@click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--memory/--no-memory", "clear_mem", default=True, help="Clear the memory limit.")
 @click.option("--core/--no-core", "clear_core", default=True, help="Clear the core limit.")
 @click.pass_context
@@ -228,6 +293,31 @@ def limit_clear(
         p.LIMIT_SET_CLEAR_CORE if clear_core else 0
     )
     _answer(_request(ctx, p.LimitSet(target_pid, flags, 0, 0, ns, name)))
+
+
+@limit.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's answer as JSON.")
+@click.pass_context
+def limit_list(ctx: click.Context, as_json: bool) -> None:
+    """List the overrides set with nvsharectl (limits, time quantum, modes)."""
+    doc = _query(ctx, "overrides")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    rows = doc["limits"]
+    if doc["time_quantum_s"] is not None:
+        click.echo(f"time quantum: {doc['time_quantum_s']:g} s (policy: `nvsharectl -T policy`)")
+    for gpu, value in sorted(doc["modes"].items()):
+        where = "every GPU" if gpu == "*" else gpu
+        click.echo(f"mode: {value} on {where} (policy: `nvsharectl mode policy`)")
+    if not rows:
+        click.echo("no limit overrides")
+        return
+    click.echo(f"{'TARGET':<40} {'MEMORY':>9} {'CORE':>5} CONNECTED PIDS")
+    for row in rows:
+        core = f"{row['core_limit']}%" if row["core_limit"] else "-"
+        pids = ", ".join(map(str, row["clients"])) or "none yet"
+        click.echo(f"{row['target']:<40} {_fmt_mem(row['memory_limit']):>9} {core:>5} {pids}")
 
 
 @nvsharectl.group()
@@ -252,7 +342,7 @@ def policy_validate(paths: tuple[Path, ...]) -> None:
 
 def _query(ctx: click.Context, name: str, **args: Any) -> Any:
     reply = _request(ctx, p.JsonBody(p.MsgType.QUERY, {"query": name, **args}))
-    if isinstance(reply, p.Result):
+    if not isinstance(reply, p.JsonBody):
         _answer(reply)
     return reply.doc
 
@@ -275,13 +365,12 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
 
 
 @policy.command("explain")
-@click.option("--pid", type=int)
+@click.option("--pid", type=click.IntRange(min=1))
 @click.option("--pod", help="NAMESPACE/NAME")
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
     """The effective limits of a client and what set each of them."""
-    if (pid is None) == (pod is None):
-        raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
+    _target(pid, pod)
     rows = _query(ctx, "explain", pid=pid, pod=pod)["clients"]
     if not rows:
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")
@@ -294,7 +383,12 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
 # ------------------------------------------------------------ nvshare-scheduler
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=OneLineErrors,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(package_name=PACKAGE, prog_name="nvshare-scheduler")
 @click.option(
     "--policy-dir",
     type=click.Path(path_type=Path),
@@ -394,19 +488,34 @@ def webhook(
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
     import logging
+    import ssl
 
-    from appliance.kube.pods import api_client_from_env
+    from appliance.kube.pods import KubeConfigError, api_client_from_env
     from appliance.kube.webhook import build_webhook_server, serve_webhook
 
+    def die(message: str) -> NoReturn:
+        click.echo(f"nvshare-scheduler webhook: {message}", err=True)
+        sys.exit(1)
+
+    for flag, path in (("--cert-file", cert_file), ("--key-file", key_file)):
+        if not path.is_file() or not os.access(path, os.R_OK):
+            die(f"{flag} {path}: no readable file there")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = build_webhook_server(
-        policy_dir=policy_dir,
-        cert_file=cert_file,
-        key_file=key_file,
-        port=port,
-        api_client=api_client_from_env(kube_api),
-    )
+    try:
+        server = build_webhook_server(
+            policy_dir=policy_dir,
+            cert_file=cert_file,
+            key_file=key_file,
+            port=port,
+            api_client=api_client_from_env(kube_api),
+        )
+    except KubeConfigError as exc:
+        die(str(exc))
+    except ssl.SSLError as exc:
+        die(f"cannot use {cert_file} with {key_file} for TLS: {exc.reason or exc}")
+    except OSError as exc:
+        die(f"cannot serve on port {port}: {exc.strerror or exc}")
     logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
     serve_webhook(server)

@@ -18,6 +18,7 @@ class DaemonUnavailable(Exception):
 class ControlClient:
     def __init__(self, socket_dir: Path, *, timeout: float = 10.0) -> None:
         self.path = socket_dir / SOCKET_NAME
+        self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -32,7 +33,7 @@ class ControlClient:
             self._sock.close()
             raise DaemonUnavailable(f"permission denied connecting to {self.path}") from None
         self._seq = itertools.count(1)
-        self._decoder = p.FrameDecoder()
+        self._decoder = p.FrameDecoder(max_document=p.MAX_DOCUMENT)
         self._pending: list[p.Frame | p.ProtocolError] = []
 
     def __enter__(self) -> ControlClient:

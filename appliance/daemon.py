@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import grp
 import logging
 import signal
 import sys
@@ -30,7 +31,8 @@ from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.server import SchedulerServer
+from appliance.server import QueryError, SchedulerServer
+from appliance.socket_claim import SocketUnavailable
 
 if TYPE_CHECKING:
     from appliance.kube.deviceplugin import DevicePlugin
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nvshare.daemon")
 
 NVML_SAMPLE_INTERVAL_S = 1.0
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +98,30 @@ class Daemon:
         self._stopping: asyncio.Event | None = None
         self._ready = False
         self._threads: list[Any] = []  # started sources and sinks with a stop()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._api: Any = None  # the Kubernetes ApiClient, with --node-name
         self.events: EventRecorder | None = None
         self.device_plugin: DevicePlugin | None = None
 
     # ------------------------------------------------------------------ glue
 
+    def _in_loop(self, what: str, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` on the event loop, from a source's thread. A failure is logged with
+        its cause and the loop, and the source, carry on."""
+        assert self.loop is not None
+
+        def guarded() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("handling %s failed; carrying on", what)
+
+        self.loop.call_soon_threadsafe(guarded)
+
     def _on_policy(self, policy: Policy) -> None:
         """From the watcher's thread; the first policy (at start) arrives before the loop runs."""
         if self.loop is not None and self.server is not None:
-            self.loop.call_soon_threadsafe(self._apply_policy, policy)
+            self._in_loop(f"policy {policy.content_hash[:12]}", self._apply_policy, policy)
 
     def _apply_policy(self, policy: Policy) -> None:
         assert self.core is not None and self.server is not None
@@ -126,6 +144,7 @@ class Daemon:
                 "hash": good.content_hash if good else "",
                 "files": list(good.files) if good else [],
                 "valid": not w.last_errors,
+                "watching": w.alive,
                 "last_error": "; ".join(str(e) for e in w.last_errors) or None,
                 "last_reload_time": w.last_reload_time,
                 "reload_counts": dict(w.reload_counts),
@@ -149,15 +168,27 @@ class Daemon:
 
     def query_explain(self, doc: dict[str, Any]) -> dict[str, Any]:
         assert self.core is not None
-        pid = doc.get("pid")
-        pod = doc.get("pod")
-        return {"clients": self.core.explain(pid=int(pid) if pid else None, pod=pod)}
+        pid, pod = doc.get("pid"), doc.get("pod")
+        if pid is not None and (type(pid) is not int or pid <= 0):
+            raise QueryError(f"explain: pid must be a positive whole number, not {pid!r:.40}")
+        if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
+            raise QueryError(f"explain: pod must be NAMESPACE/NAME, not {pod!r:.80}")
+        if (pid is None) == (pod is None):
+            raise QueryError("explain: give exactly one of pid and pod")
+        return {"clients": self.core.explain(pid=pid, pod=pod)}
+
+    def query_overrides(self, doc: dict[str, Any]) -> dict[str, Any]:
+        assert self.core is not None
+        return {
+            "limits": self.core.overrides(),
+            "time_quantum_s": self.core.tq_override,
+            "modes": {uuid or "*": m.value for uuid, m in self.core.mode_override.items()},
+        }
 
     # ------------------------------------------------------------------- pods
 
     def _on_pod(self, pod: PodInfo) -> None:
-        assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._apply_pod, pod)
+        self._in_loop(f"pod {pod.namespace}/{pod.name}", self._apply_pod, pod)
 
     def _apply_pod(self, pod: PodInfo) -> None:
         assert self.server is not None
@@ -180,16 +211,16 @@ class Daemon:
         return overrides
 
     def _on_pod_deleted(self, ref: PodRef) -> None:
-        assert self.loop is not None and self.server is not None
+        assert self.server is not None
         self._overrides.pop(ref.uid, None)
-        self.loop.call_soon_threadsafe(self.server.dispatch, ev.PodRemoved(ref))
+        self._in_loop(f"pod {ref} deleted", self.server.dispatch, ev.PodRemoved(ref))
 
     def _start_kube(self) -> None:
         from appliance.kube.events import EventRecorder
-        from appliance.kube.pods import PodWatcher, api_client_from_env  # only with --node-name
+        from appliance.kube.pods import PodWatcher  # only with --node-name
 
-        assert self.config.node_name
-        api = api_client_from_env(self.config.kube_api)
+        assert self.config.node_name and self._api is not None
+        api = self._api
         self.events = EventRecorder(api, node_name=self.config.node_name)
         watcher = PodWatcher(
             api_client=api,
@@ -225,6 +256,7 @@ class Daemon:
             gpu_index=lambda uuid: next(
                 (g.index for g in self.nvml.inventory() if g.uuid == uuid), None
             ),
+            kubelet_dir=DEVICE_PLUGIN_DIR,
         )
         plugin.start()
         self._threads.append(plugin)
@@ -256,74 +288,101 @@ class Daemon:
         sdnotify.notify("READY=1", "STATUS=policy reloaded")
 
     async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status. Every way it cannot start is one log
+        line saying why, and leaves no socket behind."""
         self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        try:
-            policy = self.watcher.start()
-        except PolicyLoadError as exc:
-            log.error("refusing to start: the policy in %s is invalid:", self.config.policy_dir)
-            for err in exc.errors:
-                log.error("  %s", err)
+        problem = self._preflight()
+        if problem is None:
+            problem, policy = self._first_policy()
+        if problem is not None:
+            log.error("refusing to start: %s", problem)
             return 2
+        assert policy is not None
         inventory = {
             g.uuid: GpuFacts(uuid=g.uuid, index=g.index, model=g.name, total_memory=g.memory_total)
             for g in (self.nvml.inventory() if self.nvml.available else [])
         }
-        self.core = Scheduler(policy, inventory=inventory)
+        self.core = Scheduler(
+            policy, inventory=inventory, watching_pods=self.config.node_name is not None
+        )
         self.server = SchedulerServer(
             self.core,
             socket_dir=self.config.socket_dir,
             admin_group=self.config.admin_group,
-            queries={"policy": self.query_policy, "explain": self.query_explain},
+            queries={
+                "policy": self.query_policy,
+                "explain": self.query_explain,
+                "overrides": self.query_overrides,
+            },
             status_extra=self.status_extra,
         )
         try:
             await self.server.start()
-        except OSError as exc:
-            log.error(
-                "cannot listen on %s: %s; run as root, or point NVSHARE_SOCKET_DIR (--socket-dir) "
-                "at a directory you can write",
-                self.server.path,
-                exc.strerror or exc,
-            )
+        except SocketUnavailable as exc:
+            log.error("refusing to start: %s", exc)
             self.watcher.stop()
             return 1
-        tasks = []
-        if self.nvml.available:
-            tasks.append(asyncio.create_task(self._sample_nvml()))
-        if self.config.metrics and policy.metrics.enabled:
-            core, server = self.core, self.server
-            self.registry.register(
-                ApplianceCollector(
-                    lambda: self.loop_call(
-                        lambda: {**core.status(server.now()), **self.status_extra()}
-                    )
-                )
-            )
+        try:
+            return await self._serve(policy)
+        finally:
+            await self._shutdown()
+
+    def _preflight(self) -> str | None:
+        """What makes the configuration unusable, found before anything is claimed."""
+        config = self.config
+        if config.admin_group is not None:
             try:
-                serve_metrics(
-                    address=policy.metrics.address,
-                    registry=self.registry,
-                    ready=lambda: self._ready,
-                )
-                log.info("metrics on http://%s/metrics", policy.metrics.address)
-            except OSError as exc:
-                # Scheduling matters more than metrics: keep serving hooks, say so loudly.
-                log.error(
-                    "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
-                    "address or metrics.enabled to false",
-                    policy.metrics.address,
-                    exc.strerror or exc,
-                )
-        if self.config.node_name:
-            self._start_kube()
-        if self.config.device_plugin:
-            self._start_device_plugin()
+                grp.getgrnam(config.admin_group)
+            except KeyError:
+                return f"--admin-group {config.admin_group!r} is not a group on this machine"
+        if config.device_plugin and not DEVICE_PLUGIN_DIR.is_dir():
+            return (
+                f"--device-plugin: kubelet's device-plugin directory {DEVICE_PLUGIN_DIR} does "
+                "not exist; mount it from the host (kubelet creates it) or leave the plugin off"
+            )
+        if config.node_name:
+            from appliance.kube.pods import KubeConfigError, api_client_from_env
+
+            try:
+                self._api = api_client_from_env(config.kube_api)
+            except KubeConfigError as exc:
+                return f"--node-name {config.node_name}: {exc}"
+        return None
+
+    def _first_policy(self) -> tuple[str | None, Policy | None]:
+        directory = self.config.policy_dir
+        if not directory.is_dir():
+            return (
+                f"the policy directory {directory} does not exist; give one with --policy-dir "
+                "DIR (env NVSHARE_POLICY_DIR), such as configmaps/default in the source tree",
+                None,
+            )
+        try:
+            return None, self.watcher.start()
+        except PolicyLoadError as exc:
+            errors = "\n".join(f"  {err}" for err in exc.errors)
+            return f"the policy in {directory} is invalid:\n{errors}", None
+
+    async def _serve(self, policy: Policy) -> int:
+        assert self.loop is not None and self._stopping is not None and self.server is not None
+        if self.nvml.available:
+            self._tasks.append(asyncio.create_task(self._sample_nvml()))
+        if self.config.metrics and policy.metrics.enabled:
+            self._start_metrics(policy)
+        try:
+            if self.config.node_name:
+                self._start_kube()
+            if self.config.device_plugin:
+                self._start_device_plugin()
+        except Exception as exc:  # noqa: BLE001 - one line, then stop cleanly
+            log.error("stopping: %s", exc)
+            return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
         self.loop.add_signal_handler(signal.SIGHUP, self._reload)
         if (interval := sdnotify.watchdog_interval()) is not None:
-            tasks.append(asyncio.create_task(self._watchdog(interval)))
+            self._tasks.append(asyncio.create_task(self._watchdog(interval)))
         self._ready = True
         sdnotify.notify("READY=1", f"STATUS=serving {self.server.path}")
         log.info(
@@ -333,17 +392,42 @@ class Daemon:
             policy.scheduler.time_quantum_s,
         )
         await self._stopping.wait()
+        return 0
+
+    def _start_metrics(self, policy: Policy) -> None:
+        core, server = self.core, self.server
+        assert core is not None and server is not None
+        self.registry.register(
+            ApplianceCollector(
+                lambda: self.loop_call(lambda: {**core.status(server.now()), **self.status_extra()})
+            )
+        )
+        try:
+            serve_metrics(
+                address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready
+            )
+            log.info("metrics on http://%s/metrics", policy.metrics.address)
+        except OSError as exc:
+            # Scheduling matters more than metrics: keep serving hooks, say so loudly.
+            log.error(
+                "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
+                "address or metrics.enabled to false",
+                policy.metrics.address,
+                exc.strerror or exc,
+            )
+
+    async def _shutdown(self) -> None:
         sdnotify.notify("STOPPING=1")
         log.info("stopping")
-        for t in tasks:
+        for t in self._tasks:
             t.cancel()
         for thing in self._threads:
             thing.stop()
         if self.events is not None:
             self.events.close()
         self.watcher.stop()
-        await self.server.stop()
-        return 0
+        if self.server is not None:
+            await self.server.stop()
 
     def loop_call(self, fn: Any) -> Any:
         """Run `fn` on the event loop from another thread (metrics scrapes) and wait for it."""

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 MAGIC = 0x4853564E
 VERSION = 1
 MAX_BODY = 1 << 20
+MAX_DOCUMENT = 64 << 20  # a JSON reply split over JSON_PART frames (status of 10,000 clients: 4 MB)
 UUID_LEN = 48
 NAME_LEN = 64
 MESSAGE_LEN = 248
@@ -47,6 +48,7 @@ class MsgType(enum.IntEnum):
     LIMIT_SET = 24
     QUERY = 30
     QUERY_REPLY = 31
+    JSON_PART = 40
 
 
 class WireMode(enum.IntEnum):
@@ -82,6 +84,7 @@ LIMIT_SET_CLEAR_MEM = 0x1
 LIMIT_SET_CLEAR_CORE = 0x2
 LIMIT_SET_HAS_MEM = 0x4
 LIMIT_SET_HAS_CORE = 0x8
+SET_FOLLOW_POLICY = 0x1  # SetTq/SetMode flags: drop nvsharectl's value, follow the policy again
 
 
 class ProtocolError(Exception):
@@ -246,18 +249,26 @@ class LockReleased:
         return cls(ReleaseReason(cls.FORMAT.unpack(body)[0]))
 
 
+class _Plain:
+    """A body whose dataclass fields are FORMAT's items, in order, with no padding fields."""
+
+    FORMAT: ClassVar[struct.Struct]
+
+    def pack(self) -> bytes:
+        values = (getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return self.FORMAT.pack(*values)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Any:
+        return cls(*cls.FORMAT.unpack(body))
+
+
 @dataclass(frozen=True, slots=True)
-class SetTq:
+class SetTq(_Plain):
     TYPE: ClassVar[MsgType] = MsgType.SET_TQ
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     seconds: int
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.seconds, 0)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> SetTq:
-        return cls(cls.FORMAT.unpack(body)[0])
+    flags: int = 0  # SET_FOLLOW_POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,14 +277,15 @@ class SetMode:
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<II{UUID_LEN}s")
     mode: WireMode
     gpu_uuid: str = ""
+    flags: int = 0  # SET_FOLLOW_POLICY (mode is then ignored)
 
     def pack(self) -> bytes:
-        return self.FORMAT.pack(self.mode, 0, _fixed(self.gpu_uuid, UUID_LEN))
+        return self.FORMAT.pack(self.mode, self.flags, _fixed(self.gpu_uuid, UUID_LEN))
 
     @classmethod
     def unpack(cls, body: bytes) -> SetMode:
-        mode, _, uuid = cls.FORMAT.unpack(body)
-        return cls(WireMode(mode), _cstr(uuid))
+        mode, flags, uuid = cls.FORMAT.unpack(body)
+        return cls(WireMode(mode), _cstr(uuid), flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,20 +312,6 @@ class Result:
         except ValueError:
             st = Status.INVALID
         return cls(st, ref, _cstr(msg))
-
-
-class _Plain:
-    """A body whose dataclass fields are FORMAT's items, in order, with no padding fields."""
-
-    FORMAT: ClassVar[struct.Struct]
-
-    def pack(self) -> bytes:
-        values = (getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
-        return self.FORMAT.pack(*values)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> Any:
-        return cls(*cls.FORMAT.unpack(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +364,14 @@ class LimitSet:
     def unpack(cls, body: bytes) -> LimitSet:
         pid, flags, mem, core, _, ns, name = cls.FORMAT.unpack(body)
         return cls(pid, flags, mem, core, _cstr(ns), _cstr(name))
+
+
+@dataclass(frozen=True, slots=True)
+class JsonPart:
+    """A JSON_PART frame: the first bytes of a document too big for one frame. The parts and
+    the frame of the document's own type that ends it share one sequence number."""
+
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,8 +437,20 @@ class Frame:
 
 
 def encode(message: Message, *, seq: int = 0) -> bytes:
+    """The frame of a message; a JSON document over MAX_BODY becomes JSON_PART frames and a
+    last frame of its own type."""
     body: bytes = message.pack()
-    return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
+    if len(body) <= MAX_BODY:
+        return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
+    if not isinstance(message, JsonBody) or len(body) > MAX_DOCUMENT:
+        raise ValueError(f"a {message.TYPE.name} body of {len(body)} bytes cannot be sent")
+    frames = []
+    for start in range(0, len(body), MAX_BODY):
+        chunk = body[start : start + MAX_BODY]
+        last = start + MAX_BODY >= len(body)
+        kind = int(message.TYPE) if last else int(MsgType.JSON_PART)
+        frames.append(HEADER.pack(MAGIC, VERSION, kind, 0, len(chunk), seq) + chunk)
+    return b"".join(frames)
 
 
 def decode_body(frame: Frame) -> Message:
@@ -448,7 +466,15 @@ def decode_body(frame: Frame) -> Message:
             return Result.unpack(frame.body)
         if msg_type in _JSON_TYPES:
             return JsonBody(msg_type, json.loads(frame.body.decode("utf-8")))
+        if msg_type is MsgType.JSON_PART:
+            return JsonPart(frame.body)
         return _FIXED[msg_type].unpack(frame.body)
+    except RecursionError:
+        raise ProtocolError(
+            Status.BAD_BODY,
+            f"{msg_type.name} body is nested too deeply",
+            ref_type=frame.msg_type,
+        ) from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(
             Status.BAD_BODY,
@@ -463,10 +489,16 @@ class FrameDecoder:
     A bad magic or an oversized body makes the stream unusable (`ProtocolError` with
     `fatal=True` semantics: the caller closes the connection); a wrong version is reported per
     frame so the peer can be told which version we speak.
+
+    With `max_document` (the CLI's side) JSON_PART frames are joined to the frame that ends
+    their document, up to that many bytes; without it (the daemon's side) they are frames like
+    any other, which the daemon does not accept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_document: int = 0) -> None:
         self._buf = bytearray()
+        self._max_document = max_document
+        self._parts: dict[int, bytearray] = {}
 
     def feed(self, data: bytes) -> list[Frame | ProtocolError]:
         self._buf += data
@@ -492,5 +524,15 @@ class FrameDecoder:
                     )
                 )
                 continue
+            if self._max_document and msg_type == MsgType.JSON_PART:
+                part = self._parts.setdefault(seq, bytearray())
+                part += body
+                if len(part) > self._max_document:
+                    raise ProtocolError(
+                        Status.BAD_BODY, f"a document of more than {self._max_document} bytes"
+                    )
+                continue
+            if seq in self._parts:
+                body = bytes(self._parts.pop(seq)) + body
             out.append(Frame(msg_type, seq, body))
         return out

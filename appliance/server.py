@@ -4,7 +4,12 @@ One task per connection reads frames and turns them into core events; the core's
 written without awaiting the peer, so a slow or stuck reader never stalls anyone else: its
 transport buffer is bounded and the connection is dropped when it overflows. Garbage (a bad
 magic, an oversized frame) closes that one connection after an ERROR frame; an unknown type or
-version is answered with an ERROR frame and the connection stays up.
+version, a malformed body or a query with bad arguments is answered with an ERROR frame and the
+connection stays up. Every request gets an answer, even one that meets a bug here (logged with
+its traceback, answered with an ERROR). Replies larger than a frame (status with thousands of
+clients) are streamed as JSON_PART frames.
+
+The socket is claimed through `appliance.socket_claim`: one daemon per socket directory.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import pwd
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,15 +30,26 @@ from appliance.core import events as ev
 from appliance.core.scheduler import Scheduler
 from appliance.identity import identify, is_admin, peer_credentials
 from appliance.policy.model import Limits, Mode
+from appliance.socket_claim import SOCKET_NAME, SocketClaim, claim_socket
 
 log = logging.getLogger("nvshare.server")
 
-SOCKET_NAME = "scheduler.sock"
+__all__ = ["SOCKET_NAME", "QueryError", "SchedulerServer", "socket_dir_from_env"]
+
 DEFAULT_SOCKET_DIR = Path("/var/run/nvshare")
 MAX_WRITE_BUFFER = 1 << 20
 _MODES = {p.WireMode.OFF: Mode.OFF, p.WireMode.ON: Mode.ON, p.WireMode.AUTO: Mode.AUTO}
 
-QueryHandler = Callable[[dict[str, Any]], dict[str, Any]]
+QueryHandler = Callable[[dict[str, Any]], Any]
+_STATUS = {
+    ev.Outcome.DONE: p.Status.OK,
+    ev.Outcome.INVALID: p.Status.INVALID,
+    ev.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
+}
+
+
+class QueryError(Exception):
+    """A query's arguments are wrong; the message goes back to the client as INVALID."""
 
 
 def socket_dir_from_env(environ: dict[str, str] | None = None) -> Path:
@@ -40,7 +57,7 @@ def socket_dir_from_env(environ: dict[str, str] | None = None) -> Path:
     return Path(env.get("NVSHARE_SOCKET_DIR") or DEFAULT_SOCKET_DIR)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
 class Connection:
     writer: asyncio.StreamWriter
     pid: int
@@ -49,6 +66,7 @@ class Connection:
     client_id: int | None = None
     closed: bool = False
     peer: str = field(default="")
+    flush: bool = False  # a large reply was written: let it drain before reading on
 
     def send(self, message: Any, seq: int = 0) -> bool:
         if self.closed:
@@ -88,6 +106,8 @@ class SchedulerServer:
         self.status_extra = status_extra or dict
         self.on_change = on_change or (lambda: None)
         self._clients: dict[int, Connection] = {}
+        self._connections: set[Connection] = set()
+        self._claim: SocketClaim | None = None
         self._ids = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -103,12 +123,14 @@ class SchedulerServer:
         return self._loop.time()
 
     async def start(self) -> None:
+        """Claim the socket and serve; raises `SocketUnavailable` saying why it cannot."""
         self._loop = asyncio.get_running_loop()
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()  # a stale socket from a daemon that died
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
-        os.chmod(self.path, 0o666)  # any local user may connect; identity comes from the kernel
+        self._claim = claim_socket(self.socket_dir)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, sock=self._claim.sock)
+        except BaseException:
+            self._claim.release()
+            raise
         log.info("listening on %s", self.path)
 
     async def stop(self) -> None:
@@ -116,26 +138,29 @@ class SchedulerServer:
             self._timer.cancel()
         if self._server:
             self._server.close()
-            for conn in list(self._clients.values()):
+            for conn in list(self._connections):  # registered or not: nobody is waited for
                 conn.close()
             if self._tasks:  # let every connection task see its EOF and finish
                 await asyncio.wait(self._tasks, timeout=5)
             await self._server.wait_closed()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        if self._claim is not None:
+            self._claim.release()  # only if the socket at the path is still ours
+            self._claim = None
 
     # ------------------------------------------------------------------ core glue
 
-    def dispatch(self, event: ev.Event) -> None:
-        """Feed one event to the core and carry out its actions (event-loop thread only)."""
+    def dispatch(self, event: ev.Event) -> list[ev.Reply]:
+        """Feed one event to the core, send what it sends, and return its replies to a control
+        request (event-loop thread only)."""
+        replies = []
         for action in self.core.handle(event, self.now()):
-            conn = self._clients.get(action.client_id)
-            if conn is not None:
+            if isinstance(action, ev.Reply):
+                replies.append(action)
+            elif (conn := self._clients.get(action.client_id)) is not None:
                 conn.send(action.message, action.seq)
         self._arm_timer()
         self.on_change()
+        return replies
 
     def _arm_timer(self) -> None:
         if self._timer:
@@ -154,7 +179,8 @@ class SchedulerServer:
             task.add_done_callback(self._tasks.discard)
         sock: socket.socket = writer.get_extra_info("socket")
         pid, uid, gid = peer_credentials(sock)
-        conn = Connection(writer=writer, pid=pid, uid=uid, gid=gid, peer=f"pid {pid} (uid {uid})")
+        conn = Connection(writer=writer, pid=pid, uid=uid, gid=gid, peer=_who(pid, uid))
+        self._connections.add(conn)
         decoder = p.FrameDecoder()
         try:
             while not conn.closed:
@@ -172,15 +198,30 @@ class SchedulerServer:
                         conn.send(p.Result(item.status, item.ref_type, str(item)))
                         continue
                     self._on_frame(conn, item)
+                if conn.flush:
+                    conn.flush = False
+                    await writer.drain()
         except (ConnectionError, OSError) as exc:
             log.debug("%s: connection error: %s", conn.peer, exc)
         finally:
             conn.close()
+            self._connections.discard(conn)
             if conn.client_id is not None:
                 self._clients.pop(conn.client_id, None)
                 self.dispatch(ev.ClientGone(conn.client_id))
 
     def _on_frame(self, conn: Connection, frame: p.Frame) -> None:
+        """Handle one frame; whatever happens, the peer gets an answer and the loop goes on."""
+        try:
+            self._handle_frame(conn, frame)
+        except Exception as exc:  # a bug of ours: say so to the peer and in the log, go on
+            log.exception("handling a frame of type %d from %s failed", frame.msg_type, conn.peer)
+            conn.send(
+                p.Result(p.Status.INVALID, frame.msg_type, f"the scheduler failed: {exc!r}"),
+                frame.seq,
+            )
+
+    def _handle_frame(self, conn: Connection, frame: p.Frame) -> None:
         try:
             msg = p.decode_body(frame)
         except p.ProtocolError as exc:
@@ -263,96 +304,83 @@ class SchedulerServer:
 
     # nvsharectl
 
-    def _ok(self, conn: Connection, seq: int, ref: p.MsgType, message: str) -> None:
-        conn.send(p.Result(p.Status.OK, ref, message), seq)
+    def _reply(self, conn: Connection, seq: int, ref: p.MsgType, replies: list[ev.Reply]) -> None:
+        (reply,) = replies
+        conn.send(p.Result(_STATUS[reply.outcome], ref, reply.message), seq)
 
     def _on_SetTq(self, conn: Connection, msg: p.SetTq, seq: int) -> None:  # noqa: N802
         if not self._need_admin(conn, seq, p.MsgType.SET_TQ, "set the time quantum"):
             return
-        if msg.seconds <= 0:
-            conn.send(
-                p.Result(
-                    p.Status.INVALID,
-                    p.MsgType.SET_TQ,
-                    "the time quantum must be a positive number of seconds",
-                ),
-                seq,
-            )
-            return
-        self.dispatch(ev.TimeQuantumSet(float(msg.seconds)))
-        tq = self.core.tq_override
-        self._ok(conn, seq, p.MsgType.SET_TQ, f"time quantum set to {tq:g} s")
-        log.info("%s set the time quantum to %g s", conn.peer, tq)
+        follow = bool(msg.flags & p.SET_FOLLOW_POLICY)
+        event = ev.TimeQuantumSet(None if follow else float(msg.seconds), by=conn.peer)
+        self._reply(conn, seq, p.MsgType.SET_TQ, self.dispatch(event))
 
     def _on_SetMode(self, conn: Connection, msg: p.SetMode, seq: int) -> None:  # noqa: N802
         if not self._need_admin(conn, seq, p.MsgType.SET_MODE, "change the scheduling mode"):
             return
-        mode = _MODES[msg.mode]
-        self.dispatch(ev.ModeSet(mode, msg.gpu_uuid))
-        where = msg.gpu_uuid or "every GPU"
-        self._ok(conn, seq, p.MsgType.SET_MODE, f"anti-thrashing mode {mode.value} on {where}")
-        log.info("%s set mode %s on %s", conn.peer, mode.value, where)
+        mode = None if msg.flags & p.SET_FOLLOW_POLICY else _MODES[msg.mode]
+        event = ev.ModeSet(mode, msg.gpu_uuid, by=conn.peer)
+        self._reply(conn, seq, p.MsgType.SET_MODE, self.dispatch(event))
 
     def _on_LimitSet(self, conn: Connection, msg: p.LimitSet, seq: int) -> None:  # noqa: N802
         if not self._need_admin(conn, seq, p.MsgType.LIMIT_SET, "change limits"):
             return
         if msg.pid:
             target = ("pid", str(msg.pid))
-        elif msg.pod_name:
-            target = ("pod", f"{msg.pod_namespace or 'default'}/{msg.pod_name}")
+        elif msg.pod_name and msg.pod_namespace:
+            target = ("pod", f"{msg.pod_namespace}/{msg.pod_name}")
         else:
-            conn.send(
-                p.Result(p.Status.INVALID, p.MsgType.LIMIT_SET, "name a --pid or a --pod"), seq
-            )
-            return
-        if msg.flags & p.LIMIT_SET_HAS_CORE and not 1 <= msg.core_limit <= 100:
-            conn.send(
-                p.Result(
-                    p.Status.INVALID,
-                    p.MsgType.LIMIT_SET,
-                    f"core limit {msg.core_limit} is outside 1-100; nothing changed",
-                ),
-                seq,
-            )
+            problem = "name a --pid, or a --pod as NAMESPACE/NAME; nothing changed"
+            conn.send(p.Result(p.Status.INVALID, p.MsgType.LIMIT_SET, problem), seq)
             return
         limits = Limits(
             memory_bytes=msg.mem_limit if msg.flags & p.LIMIT_SET_HAS_MEM else None,
             core_percent=msg.core_limit if msg.flags & p.LIMIT_SET_HAS_CORE else None,
         )
-        self.dispatch(
-            ev.AdminLimitSet(
-                target,
-                limits,
-                clear_memory=bool(msg.flags & p.LIMIT_SET_CLEAR_MEM),
-                clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
-            )
+        event = ev.AdminLimitSet(
+            target,
+            limits,
+            clear_memory=bool(msg.flags & p.LIMIT_SET_CLEAR_MEM),
+            clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
+            by=conn.peer,
         )
-        matched = self.core.explain(pid=msg.pid or None, pod=None if msg.pid else target[1])
-        self._ok(
-            conn,
-            seq,
-            p.MsgType.LIMIT_SET,
-            f"limits for {target[0]} {target[1]} updated; {len(matched)} connected client(s)",
-        )
+        self._reply(conn, seq, p.MsgType.LIMIT_SET, self.dispatch(event))
 
     def _on_StatusRequest(self, conn: Connection, msg: Any, seq: int) -> None:  # noqa: N802
         doc = self.core.status(self.now())
         doc.update(self.status_extra())
-        conn.send(p.JsonBody(p.MsgType.STATUS_REPLY, doc), seq)
+        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, doc), seq)
 
     def _on_JsonBody(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:  # noqa: N802
         if msg.msg_type is not p.MsgType.QUERY or not isinstance(msg.doc, dict):
             conn.send(p.Result(p.Status.INVALID, msg.msg_type, "expected a QUERY object"), seq)
             return
         name = msg.doc.get("query")
-        handler = self.queries.get(str(name))
+        handler = self.queries.get(name) if isinstance(name, str) else None
         if handler is None:
             known = ", ".join(sorted(self.queries))
-            conn.send(
-                p.Result(
-                    p.Status.NOT_FOUND, p.MsgType.QUERY, f"unknown query {name!r} (known: {known})"
-                ),
-                seq,
-            )
+            problem = f"unknown query {str(name)[:60]!r} (known: {known})"
+            conn.send(p.Result(p.Status.NOT_FOUND, p.MsgType.QUERY, problem), seq)
             return
-        conn.send(p.JsonBody(p.MsgType.QUERY_REPLY, handler(msg.doc)), seq)
+        try:
+            answer = handler(msg.doc)
+        except QueryError as exc:
+            conn.send(p.Result(p.Status.INVALID, p.MsgType.QUERY, str(exc)), seq)
+            return
+        self._send_document(conn, p.JsonBody(p.MsgType.QUERY_REPLY, answer), seq)
+
+    def _send_document(self, conn: Connection, reply: p.JsonBody, seq: int) -> None:
+        """A JSON reply of any size up to MAX_DOCUMENT, streamed in frames."""
+        if conn.closed:
+            return
+        conn.writer.write(p.encode(reply, seq=seq))
+        conn.flush = True
+
+
+def _who(pid: int, uid: int) -> str:
+    """How logs name a peer: its pid, uid and user."""
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"pid {pid} (uid {uid})"
+    return f"pid {pid} (uid {uid}, {user})"

@@ -46,6 +46,9 @@ enum {
     /* generic JSON query for the CLI (policy show/explain, ...) */
     NVS_MSG_QUERY = 30,        /* ctl -> daemon: JSON {"query": name, ...} */
     NVS_MSG_QUERY_REPLY = 31,  /* daemon -> ctl: JSON */
+    /* a JSON document larger than NVS_MAX_BODY: its first bytes in JSON_PART frames, the rest in
+     * a last frame of the document's own type, all with the request's seq */
+    NVS_MSG_JSON_PART = 40,    /* daemon -> ctl: raw bytes of a JSON document, continued */
 };
 
 /* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */
@@ -77,6 +80,9 @@ enum {
 #define NVS_LIMIT_SET_CLEAR_CORE 0x2u
 #define NVS_LIMIT_SET_HAS_MEM 0x4u
 #define NVS_LIMIT_SET_HAS_CORE 0x8u
+
+/* nvs_set_tq.flags, nvs_set_mode.flags */
+#define NVS_SET_FOLLOW_POLICY 0x1u /* drop the value nvsharectl set: the policy's applies again */
 
 struct nvs_header {
     uint32_t magic;
@@ -121,13 +127,13 @@ struct nvs_lock_released {
 };
 
 struct nvs_set_tq {
-    uint32_t seconds;
-    uint32_t reserved;
+    uint32_t seconds;  /* 1-86400 */
+    uint32_t flags;    /* NVS_SET_* */
 };
 
 struct nvs_set_mode {
     uint32_t mode;                /* NVS_MODE_* */
-    uint32_t reserved;
+    uint32_t flags;               /* NVS_SET_* */
     char gpu_uuid[NVS_UUID_LEN];  /* empty = every GPU */
 };
 

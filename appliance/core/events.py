@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,13 +76,19 @@ class PodRemoved:
 
 @dataclass(frozen=True, slots=True)
 class TimeQuantumSet:
-    seconds: float
+    """`nvsharectl -T`: seconds, or None to follow the policy again. `by` names who asked."""
+
+    seconds: float | None
+    by: str = "nvsharectl"
 
 
 @dataclass(frozen=True, slots=True)
 class ModeSet:
-    mode: Mode
+    """`nvsharectl mode`/`-S`: a mode, or None to follow the policy again."""
+
+    mode: Mode | None
     gpu_uuid: str = ""  # empty: every GPU
+    by: str = "nvsharectl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,7 @@ class AdminLimitSet:
     limits: Limits
     clear_memory: bool = False
     clear_core: bool = False
+    by: str = "nvsharectl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,4 +142,19 @@ class Send:
     seq: int = 0
 
 
-Action = Send
+class Outcome(enum.Enum):
+    DONE = "done"
+    INVALID = "invalid"  # the request itself is wrong: out of bounds, zero, malformed
+    NOT_FOUND = "not found"  # it names no connected client, known GPU or stored override
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to a control request (TimeQuantumSet, ModeSet, AdminLimitSet), for whoever
+    asked: what changed, or why nothing did."""
+
+    outcome: Outcome
+    message: str
+
+
+Action = Send | Reply

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +32,20 @@ from appliance.core.identity import ClientIdentity
 from appliance.core.limits import EffectiveLimits, GpuFacts, describe, gpu_settings, resolve_limits
 from appliance.core.pods import PodInfo, PodOverrides
 from appliance.core.quota import QuotaAccount
-from appliance.policy.model import Backing, Limits, Mode, Policy, RealtimeCheckMode
-from appliance.policy.quantity import format_bytes
+from appliance.policy.model import (
+    MAX_DURATION_S,
+    MIN_TIME_QUANTUM_S,
+    Backing,
+    Limits,
+    Mode,
+    Policy,
+    RealtimeCheckMode,
+)
+from appliance.policy.quantity import MAX_SIZE_BYTES, format_bytes
 
 log = logging.getLogger("nvshare.scheduler")
 
-MIN_TIME_QUANTUM_S = 1.0
+MAX_TIME_QUANTUM_S = MAX_DURATION_S
 UNBOUNDED = 1 << 62
 EPSILON_S = 1e-6  # float slack on quota arithmetic
 _WIRE_MODE = {Mode.OFF: p.WireMode.OFF, Mode.ON: p.WireMode.ON, Mode.AUTO: p.WireMode.AUTO}
@@ -95,8 +103,11 @@ class Scheduler:
         policy: Policy,
         *,
         inventory: dict[str, GpuFacts] | None = None,
+        watching_pods: bool = False,
     ) -> None:
         self.policy = policy
+        self.watching_pods = watching_pods  # without a pod watch, claimed pod names mean nothing
+        self._claim_noted = False
         self.inventory = dict(inventory or {})
         self.clients: dict[int, Client] = {}
         self.gpus: dict[str, Gpu] = {}
@@ -109,7 +120,7 @@ class Scheduler:
         self._free: dict[str, _FreeSample] = {}
         self._deadline: float | None = None
         self._stale_logged: set[str] = set()
-        self._handlers: dict[type, Callable[[Any, float], list[ev.Send]]] = {
+        self._handlers: dict[type, Callable[[Any, float], Sequence[ev.Action]]] = {
             ev.ClientRegistered: self._on_registered,
             ev.ClientGone: self._on_gone,
             ev.LockRequested: self._on_lock_requested,
@@ -128,8 +139,8 @@ class Scheduler:
 
     # ------------------------------------------------------------ public surface
 
-    def handle(self, event: ev.Event, now: float) -> list[ev.Send]:
-        actions = self._handlers[type(event)](event, now)
+    def handle(self, event: ev.Event, now: float) -> list[ev.Action]:
+        actions = list(self._handlers[type(event)](event, now))
         self._deadline = self._compute_deadline(now)
         return actions
 
@@ -226,6 +237,7 @@ class Scheduler:
         self.clients[c.id] = c
         c.pod_source = self._pod_of(c.ident)[1]
         self._refresh_limits(c, now)
+        self._note_claim(c)
         self.counters["registrations"] += 1
         log.info(
             "client %d registered: pid %d uid %d gpu %s pod %s limits %s",
@@ -252,10 +264,27 @@ class Scheduler:
         c.wire = wire
         return changed
 
+    def _note_claim(self, c: Client) -> None:
+        """Say once why a pod name a process claims has no effect here."""
+        ident = c.ident
+        if self.watching_pods or self._claim_noted or ident.pod_uid or not ident.claimed_pod:
+            return
+        self._claim_noted = True
+        log.warning(
+            "client %d (pid %d) names pod %s/%s (NVSHARE_POD_NAMESPACE/NVSHARE_POD_NAME), but "
+            "this daemon watches no pods, so the name is ignored; start it with --node-name "
+            "to follow pod annotations (said once)",
+            c.id,
+            ident.pid,
+            ident.claimed_namespace,
+            ident.claimed_pod,
+        )
+
     def _on_gone(self, e: ev.ClientGone, now: float) -> list[ev.Send]:
         c = self.clients.pop(e.client_id, None)
         if c is None:
             return []
+        self._drop_pid_override(c.ident.pid)
         gpu = self.gpus[c.gpu]
         was_holder = c.id in gpu.holders
         gpu.holders.discard(c.id)
@@ -573,7 +602,20 @@ class Scheduler:
         self.policy = e.policy
         if old.scheduler != e.policy.scheduler or old.gpus != e.policy.gpus:
             # The newest writer wins: a policy that changes scheduling replaces nvsharectl's
-            # runtime overrides.
+            # runtime overrides, and says so.
+            replaced = []
+            if self.tq_override is not None:
+                replaced.append(f"time quantum {self.tq_override:g} s")
+            replaced += [
+                f"mode {mode.value} on {uuid or 'every GPU'}"
+                for uuid, mode in sorted(self.mode_override.items())
+            ]
+            if replaced:
+                log.info(
+                    "the policy reload changes scheduling settings, so it replaces what "
+                    "nvsharectl set: %s",
+                    ", ".join(replaced),
+                )
             self.tq_override = None
             self.mode_override.clear()
         return self._refresh_all(now)
@@ -588,26 +630,136 @@ class Scheduler:
         self.pod_overrides.pop(e.pod.uid, None)
         return self._refresh_all(now)
 
-    def _on_set_tq(self, e: ev.TimeQuantumSet, now: float) -> list[ev.Send]:
-        self.tq_override = max(MIN_TIME_QUANTUM_S, e.seconds)
-        return self._refresh_all(now)
+    def _on_set_tq(self, e: ev.TimeQuantumSet, now: float) -> list[ev.Action]:
+        policy_tq = self.policy.scheduler.time_quantum_s
+        if e.seconds is None:
+            if self.tq_override is None:
+                return [ev.Reply(ev.Outcome.DONE, "the time quantum already follows the policy")]
+            log.info(
+                "%s handed the time quantum back to the policy (%g s -> %g s)",
+                e.by,
+                self.tq_override,
+                policy_tq,
+            )
+            self.tq_override = None
+            message = f"the time quantum follows the policy again ({policy_tq:g} s)"
+            return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
+        if not MIN_TIME_QUANTUM_S <= e.seconds <= MAX_TIME_QUANTUM_S:
+            message = (
+                f"a time quantum of {e.seconds:g} s is outside {MIN_TIME_QUANTUM_S:g}-"
+                f"{MAX_TIME_QUANTUM_S:g} s; nothing changed"
+            )
+            return [ev.Reply(ev.Outcome.INVALID, message)]
+        before = self.tq_override
+        self.tq_override = e.seconds
+        was = f"{before:g} s from nvsharectl" if before else f"{policy_tq:g} s from the policy"
+        log.info("%s set the time quantum to %g s (was %s)", e.by, e.seconds, was)
+        message = f"time quantum set to {e.seconds:g} s on every GPU (was {was})"
+        return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
 
-    def _on_set_mode(self, e: ev.ModeSet, now: float) -> list[ev.Send]:
+    def _on_set_mode(self, e: ev.ModeSet, now: float) -> list[ev.Action]:
+        where = e.gpu_uuid or "every GPU"
+        if e.gpu_uuid and e.gpu_uuid not in self.gpus and e.gpu_uuid not in self.inventory:
+            known = ", ".join(sorted(set(self.gpus) | set(self.inventory))) or "none yet"
+            message = f"no GPU {e.gpu_uuid} is known here (known: {known}); nothing changed"
+            return [ev.Reply(ev.Outcome.NOT_FOUND, message[:240])]
+        if e.mode is None:
+            keys = [e.gpu_uuid] if e.gpu_uuid else list(self.mode_override)
+            if not any(k in self.mode_override for k in keys):
+                message = f"the mode on {where} already follows the policy"
+                return [ev.Reply(ev.Outcome.DONE, message)]
+            for key in keys:
+                self.mode_override.pop(key, None)
+            log.info("%s handed the mode on %s back to the policy", e.by, where)
+            message = f"the mode on {where} follows the policy again"
+            return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
         if e.gpu_uuid:
             self.mode_override[e.gpu_uuid] = e.mode
         else:
             self.mode_override = {"": e.mode}
-        return self._refresh_all(now)
+        log.info("%s set mode %s on %s", e.by, e.mode.value, where)
+        message = f"anti-thrashing mode {e.mode.value} on {where}"
+        return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
 
-    def _on_admin_limit(self, e: ev.AdminLimitSet, now: float) -> list[ev.Send]:
+    def _on_admin_limit(self, e: ev.AdminLimitSet, now: float) -> list[ev.Action]:
+        kind, name = e.target
+        label = f"{kind} {name}"
+        invalid = _limit_problem(e.limits)
+        if invalid:
+            return [ev.Reply(ev.Outcome.INVALID, f"{invalid}; nothing changed")]
+        matched = [c for c in self.clients.values() if self._targets(c, e.target)]
+        if kind == "pid" and not matched:
+            message = (
+                f"no connected client has pid {name}; nothing changed (a pid override is kept "
+                "only while that process is connected)"
+            )
+            return [ev.Reply(ev.Outcome.NOT_FOUND, message)]
         current = self.admin.get(e.target, Limits())
         memory = None if e.clear_memory else (e.limits.memory_bytes or current.memory_bytes)
         core = None if e.clear_core else (e.limits.core_percent or current.core_percent)
-        if memory is None and core is None:
+        after = Limits(memory_bytes=memory, core_percent=core)
+        if after == current:
+            if e.clear_memory or e.clear_core:
+                message = f"{label} has no such override to clear; nothing changed"
+                return [ev.Reply(ev.Outcome.NOT_FOUND, message)]
+            memory_shown, core_shown = _shown(after)
+            message = f"{label} already has memory {memory_shown}, core {core_shown}; no change"
+            return [ev.Reply(ev.Outcome.DONE, message)]
+        if after == Limits():
             self.admin.pop(e.target, None)
         else:
-            self.admin[e.target] = Limits(memory_bytes=memory, core_percent=core)
-        return self._refresh_all(now)
+            self.admin[e.target] = after
+        change = _describe_change(current, after)
+        log.info("%s changed the limits of %s: %s", e.by, label, change)
+        out: list[ev.Action] = list(self._refresh_all(now))
+        message = f"{label}: {change}; {_reach(matched, kind)}{self._env_note(matched)}"
+        return [ev.Reply(ev.Outcome.DONE, message), *out]
+
+    def _targets(self, c: Client, target: tuple[str, str]) -> bool:
+        kind, name = target
+        if kind == "pid":
+            return str(c.ident.pid) == name
+        pod, _ = self._pod_of(c.ident)
+        return pod is not None and f"{pod.namespace}/{pod.name}" == name
+
+    def _env_note(self, matched: list[Client]) -> str:
+        """Say when a process's own, lower environment limit still wins over the override."""
+        notes = []
+        for c in matched:
+            if c.limits.sources.get("memory", "").startswith("env "):
+                own = f"NVSHARE_GPU_MEMORY_LIMIT={format_bytes(c.env_memory)}"
+                notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
+            if c.limits.sources.get("core", "").startswith("env "):
+                own = f"NVSHARE_GPU_CORE_LIMIT={c.env_core}%"
+                notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
+        return "; " + "; ".join(dict.fromkeys(notes)) if notes else ""
+
+    def _drop_pid_override(self, pid: int) -> None:
+        """A pid override dies with its process: a later process reusing the pid starts clean."""
+        key = ("pid", str(pid))
+        if key not in self.admin or any(c.ident.pid == pid for c in self.clients.values()):
+            return
+        dropped = self.admin.pop(key)
+        log.info(
+            "dropped the nvsharectl override of pid %d (%s): the process disconnected",
+            pid,
+            _describe_change(dropped, Limits()),
+        )
+
+    def overrides(self) -> list[dict[str, Any]]:
+        """Every limit stored by `nvsharectl limit set`, and who it reaches now."""
+        rows = []
+        for (kind, name), limits in sorted(self.admin.items()):
+            reached = [c for c in self.clients.values() if self._targets(c, (kind, name))]
+            rows.append(
+                {
+                    "target": f"{kind} {name}",
+                    "memory_limit": limits.memory_bytes,
+                    "core_limit": limits.core_percent,
+                    "clients": sorted({c.ident.pid for c in reached}),
+                }
+            )
+        return rows
 
     # ------------------------------------------------------------------ views
 
@@ -681,3 +833,34 @@ class Scheduler:
                 }
             )
         return out
+
+
+def _limit_problem(limits: Limits) -> str | None:
+    """What makes a requested override unusable, if anything."""
+    if limits.memory_bytes is not None and not 0 < limits.memory_bytes <= MAX_SIZE_BYTES:
+        return "a memory limit must be greater than 0 and at most 1Ei (`limit clear` removes one)"
+    if limits.core_percent is not None and not 1 <= limits.core_percent <= 100:
+        return f"core limit {limits.core_percent} is outside 1-100"
+    return None
+
+
+def _shown(limits: Limits) -> tuple[str, str]:
+    memory = "none" if limits.memory_bytes is None else format_bytes(limits.memory_bytes)
+    core = "none" if limits.core_percent is None else f"{limits.core_percent}%"
+    return memory, core
+
+
+def _describe_change(before: Limits, after: Limits) -> str:
+    """ "memory 4Gi (was none)", only for what changed."""
+    parts = []
+    for what, old, new in zip(("memory", "core"), _shown(before), _shown(after), strict=True):
+        if old != new:
+            parts.append(f"{what} override {new} (was {old})")
+    return ", ".join(parts)
+
+
+def _reach(matched: list[Client], kind: str) -> str:
+    if matched:
+        pids = sorted({c.ident.pid for c in matched})
+        return f"applies to {len(matched)} connected client(s), pid {', '.join(map(str, pids))}"
+    return "no client of that pod is connected yet; the override waits for it"

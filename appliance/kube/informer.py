@@ -336,6 +336,12 @@ def _lines(resp: urllib3.HTTPResponse) -> Iterator[bytes]:
 
 
 def _describe(e: BaseException) -> str:
+    """A failure in one short line (urllib3 puts an object's repr and the whole URL in its)."""
     if isinstance(e, client.ApiException):
         return f"HTTP {e.status} {e.reason}"
-    return f"{type(e).__name__}: {e}"
+    if isinstance(e, urllib3.exceptions.HTTPError):
+        text = str(getattr(e, "reason", None) or e)
+        if text.startswith("<") and ">: " in text:  # "<...Connection object at 0x..>: why"
+            text = text.split(">: ", 1)[1]
+        return f"cannot reach the API server: {text[:160]}"
+    return f"{type(e).__name__}: {str(e)[:200]}"

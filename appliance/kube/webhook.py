@@ -38,6 +38,7 @@ OPT_OUT_LABEL = "nvshare.com/mig-fallback"
 OPT_OUT_VALUE = "disabled"
 WARNING_MAX_CHARS = 250
 _TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+MAX_REVIEW_BYTES = 3 << 20  # the API server's own request limit; a pod is far smaller
 
 Chains = Sequence[Sequence[str]]
 Availability = Callable[[str, int], bool]  # (resource name, count) -> some node has it free
@@ -469,15 +470,24 @@ class _ReviewHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         try:
             length = int(self.headers.get("Content-Length", "0"))
+            if not 0 <= length <= MAX_REVIEW_BYTES:
+                raise ValueError(f"a body of {length} bytes (at most {MAX_REVIEW_BYTES})")
             body = json.loads(self.rfile.read(length))
             if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
                 raise ValueError("the body is not an AdmissionReview with a request")
+        except RecursionError:
+            self._bad_request("a body nested too deeply to be an AdmissionReview")
+            return
         except (ValueError, UnicodeDecodeError) as exc:
-            log.warning("webhook: bad request from %s: %s", self.client_address[0], exc)
-            self._send(400, f"expected an AdmissionReview: {exc}\n".encode(), "text/plain")
+            self._bad_request(str(exc))
             return
         answer = self.server.webhook.review(body)
         self._send(200, json.dumps(answer).encode(), "application/json")
+
+    def _bad_request(self, why: str) -> None:
+        log.warning("webhook: bad request from %s: %s", self.client_address[0], why)
+        self.close_connection = True  # an unread body must not be taken for the next request
+        self._send(400, f"expected an AdmissionReview: {why}\n".encode(), "text/plain")
 
     def _send(self, code: int, payload: bytes, content_type: str) -> None:
         self.send_response(code)

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from appliance import protocol as p
 from appliance.client import ControlClient
 
@@ -170,15 +172,20 @@ def test_an_invalid_policy_at_start_is_refused_with_every_error(tmp_path: Path) 
     assert "Traceback" not in r.stderr
 
 
-def test_an_unusable_socket_directory_is_one_clear_error(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
+@pytest.mark.parametrize(
+    ("where", "problem"), [("file", "is not a directory"), ("file/run", "Not a directory")]
+)
+def test_an_unusable_socket_directory_is_one_clear_error(
+    tmp_path: Path, where: str, problem: str
+) -> None:
+    (tmp_path / "file").write_text("")
     r = run_daemon_briefly(
-        tmp_path, "metrics: {enabled: false}\n", "--socket-dir", str(blocker / "run")
+        tmp_path, "metrics: {enabled: false}\n", "--socket-dir", str(tmp_path / where)
     )
     assert r.returncode == 1
-    assert "cannot listen on" in r.stderr and "NVSHARE_SOCKET_DIR" in r.stderr
-    assert "Traceback" not in r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "refusing to start" in x]
+    assert problem in line and "point NVSHARE_SOCKET_DIR (--socket-dir) at a directory" in line
+    assert "run as root" not in line and "Traceback" not in r.stderr
 
 
 def test_a_busy_metrics_port_leaves_scheduling_running(tmp_path: Path) -> None:

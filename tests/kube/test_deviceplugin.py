@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -53,7 +54,11 @@ class Gpus:
         ]
 
     def healthy(self, uuid: str) -> bool:
+        if self.broken:
+            raise RuntimeError("NVML: GPU is lost")
         return uuid not in self.unhealthy
+
+    broken = False  # the health query raises, as NVML can
 
 
 @pytest.fixture
@@ -127,6 +132,30 @@ def test_registers_with_kubelet_and_advertises_replicas_of_non_mig_gpus(
             assert sorted(d.ID for d in third.devices) == [
                 f"GPU-{g}::{n}" for g in "ab" for n in range(2)
             ]
+            stream.cancel()
+    finally:
+        kubelet.stop()
+
+
+def test_a_failing_health_query_is_logged_and_health_is_followed_again(
+    tmp_path: Path, plugin: DevicePlugin, gpus: Gpus, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubelet = FakeKubelet(tmp_path)
+    try:
+        plugin.start()
+        kubelet.requests.get(timeout=WAIT)
+        with grpc.insecure_channel(f"unix://{plugin.socket_path}") as channel:
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=WAIT)
+            assert {d.health for d in next(stream).devices} == {"Healthy"}
+            gpus.broken = True
+            deadline = time.monotonic() + WAIT
+            while "listing GPUs for the device plugin failed" not in caplog.text:
+                assert time.monotonic() < deadline, "the failure was not logged"
+                time.sleep(0.02)
+            gpus.broken = False
+            gpus.unhealthy.add("GPU-a")  # the loop lives on and sees the next change
+            health = {d.ID: d.health for d in next(stream).devices}
+            assert health["GPU-a::0"] == "Unhealthy" and health["GPU-b::0"] == "Healthy"
             stream.cancel()
     finally:
         kubelet.stop()

@@ -301,7 +301,26 @@ def test_a_body_that_is_not_an_admission_review_is_a_400_and_the_server_lives_on
     assert status == 400 and b"AdmissionReview" in payload
     status, _ = webhook.post(b'{"kind": "AdmissionReview"}')
     assert status == 400
+    status, payload = webhook.post(b"[" * 100_000 + b"]" * 100_000)  # used to kill the thread
+    assert status == 400 and b"nested too deeply" in payload
+    huge = http.client.HTTPSConnection("127.0.0.1", webhook.server.port, context=webhook.tls)
+    huge.putrequest("POST", "/mutate")
+    huge.putheader("Content-Length", str(1 << 40))  # refused before a byte of it is read
+    huge.endheaders()
+    answer = huge.getresponse()
+    assert answer.status == 400 and b"at most 3145728" in answer.read()
+    huge.close()
     assert "patch" in webhook.review(mig_pod("3g.40gb"))
+
+
+def test_a_device_count_that_is_no_count_admits_the_pod_unchanged(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    pod = mig_pod("3g.40gb")
+    pod["spec"]["containers"][0]["resources"]["limits"][MIG + "3g.40gb"] = "1ki"
+    response = webhook.review(pod)
+    assert response["allowed"] is True and "patch" not in response
+    assert "'1ki' is not a whole number of devices" in caplog.text
 
 
 def test_one_connection_carries_many_reviews(webhook: Webhook) -> None:

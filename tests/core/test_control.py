@@ -1,0 +1,178 @@
+"""nvsharectl's state changes as the core decides them: bounds, unknown targets, what the reply
+says changed, who is logged, and overrides that end with their process or give way to policy."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from appliance import protocol as p
+from appliance.core import events as ev
+from appliance.core.limits import GpuFacts
+from appliance.core.scheduler import Scheduler
+from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
+
+from .conftest import GPU, GiB, Harness, of
+
+OTHER = "GPU-00000000-0000-0000-0000-000000000002"
+
+
+def reply(actions: list[ev.Action]) -> ev.Reply:
+    (answer,) = [a for a in actions if isinstance(a, ev.Reply)]
+    return answer
+
+
+@pytest.mark.parametrize("seconds", [0.01, 0.999, 86401, 1e8])
+def test_a_time_quantum_out_of_bounds_changes_nothing(harness: Harness, seconds: float) -> None:
+    answer = reply(harness.feed(ev.TimeQuantumSet(seconds)))
+    assert answer.outcome is ev.Outcome.INVALID
+    assert answer.message.endswith("is outside 1-86400 s; nothing changed")
+    assert harness.sched.tq_override is None
+
+
+def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nvshare.scheduler")
+    a = harness.register()
+    out = harness.feed(ev.TimeQuantumSet(86400, by="pid 7 (uid 0, root)"))
+    assert (
+        reply(out).message == "time quantum set to 86400 s on every GPU (was 30 s from the policy)"
+    )
+    assert "pid 7 (uid 0, root) set the time quantum to 86400 s" in caplog.text
+    assert of(harness.feed(ev.LockRequested(a, 1)), p.LockGrant)[0].message.tq_ms == 86_400_000
+    out = harness.feed(ev.TimeQuantumSet(None, by="pid 8"))
+    assert reply(out).message == "the time quantum follows the policy again (30 s)"
+    assert harness.sched.time_quantum(GPU) == 30
+    assert "pid 8 handed the time quantum back to the policy" in caplog.text
+    assert reply(harness.feed(ev.TimeQuantumSet(None))).message == (
+        "the time quantum already follows the policy"
+    )
+
+
+def test_a_mode_for_an_unknown_gpu_is_refused_naming_the_known_ones() -> None:
+    h = Harness(Scheduler(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER)}))
+    h.register()  # on GPU
+    answer = reply(h.feed(ev.ModeSet(Mode.OFF, "GPU-nosuch")))
+    assert answer.outcome is ev.Outcome.NOT_FOUND
+    assert answer.message == (
+        f"no GPU GPU-nosuch is known here (known: {GPU}, {OTHER}); nothing changed"
+    )
+    assert h.sched.mode_override == {}
+    assert reply(h.feed(ev.ModeSet(Mode.OFF, OTHER))).outcome is ev.Outcome.DONE  # NVML knows it
+
+
+def test_a_mode_handed_back_to_policy_reaches_the_hooks(harness: Harness) -> None:
+    a = harness.register()
+    harness.feed(ev.ModeSet(Mode.OFF))
+    assert harness.wire(a).mode is p.WireMode.OFF
+    out = harness.feed(ev.ModeSet(None))
+    assert reply(out).message == "the mode on every GPU follows the policy again"
+    assert of(out, p.LimitUpdate, a)[0].message.limits.mode is p.WireMode.ON
+    assert reply(harness.feed(ev.ModeSet(None, GPU))).message == (
+        f"the mode on {GPU} already follows the policy"
+    )
+
+
+def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nvshare.scheduler")
+    harness.register()
+    harness.feed(ev.TimeQuantumSet(45))
+    harness.feed(ev.ModeSet(Mode.AUTO, GPU))
+    harness.feed(ev.PolicyChanged(Policy(scheduler=SchedulerSettings(time_quantum_s=12))))
+    assert harness.sched.time_quantum(GPU) == 12 and harness.sched.gpu_mode(GPU) is Mode.ON
+    assert (
+        "the policy reload changes scheduling settings, so it replaces what nvsharectl set: "
+        f"time quantum 45 s, mode auto on {GPU}"
+    ) in caplog.text
+
+
+def test_a_pid_that_is_not_connected_is_refused(harness: Harness) -> None:
+    harness.register(pid=500)
+    answer = reply(harness.feed(ev.AdminLimitSet(("pid", "999999"), Limits(memory_bytes=GiB))))
+    assert answer.outcome is ev.Outcome.NOT_FOUND
+    assert answer.message.startswith("no connected client has pid 999999; nothing changed")
+    assert harness.sched.admin == {}
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (Limits(memory_bytes=0), "a memory limit must be greater than 0"),
+        (Limits(memory_bytes=(1 << 60) + 1), "at most 1Ei"),
+        (Limits(core_percent=0), "core limit 0 is outside 1-100"),
+        (Limits(core_percent=101), "core limit 101 is outside 1-100"),
+    ],
+)
+def test_an_override_that_means_nothing_is_refused(
+    harness: Harness, limits: Limits, message: str
+) -> None:
+    harness.register(pid=500)
+    answer = reply(harness.feed(ev.AdminLimitSet(("pid", "500"), limits)))
+    assert answer.outcome is ev.Outcome.INVALID and message in answer.message
+    assert answer.message.endswith("nothing changed") and harness.sched.admin == {}
+
+
+def test_an_override_says_what_changed_and_whom_it_reaches(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nvshare.scheduler")
+    harness.register(pid=500)
+    target = ("pid", "500")
+    out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB), by="pid 9 (uid 0)"))
+    assert reply(out).message == (
+        "pid 500: memory override 4Gi (was none); applies to 1 connected client(s), pid 500"
+    )
+    assert "pid 9 (uid 0) changed the limits of pid 500: memory override 4Gi (was none)" in (
+        caplog.text
+    )
+    out = harness.feed(ev.AdminLimitSet(target, Limits(core_percent=50)))
+    assert reply(out).message.startswith("pid 500: core override 50% (was none);")
+    out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB)))
+    assert reply(out).message == "pid 500 already has memory 4Gi, core 50%; no change"
+    out = harness.feed(ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True))
+    assert reply(out).message.startswith(
+        "pid 500: memory override none (was 4Gi), core override none (was 50%);"
+    )
+    out = harness.feed(ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True))
+    assert reply(out).outcome is ev.Outcome.NOT_FOUND
+    assert reply(out).message == "pid 500 has no such override to clear; nothing changed"
+
+
+def test_an_override_under_a_lower_env_limit_says_the_env_limit_wins(harness: Harness) -> None:
+    a = harness.register(pid=500, env_mem=1 * GiB)
+    out = harness.feed(ev.AdminLimitSet(("pid", "500"), Limits(memory_bytes=4 * GiB)))
+    assert reply(out).message.endswith(
+        "pid 500's own NVSHARE_GPU_MEMORY_LIMIT=1Gi is lower and still applies"
+    )
+    assert harness.wire(a).mem_limit == 1 * GiB
+
+
+def test_a_pid_override_ends_with_its_process(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nvshare.scheduler")
+    a = harness.register(pid=500)
+    b = harness.register(pid=500, gpu=OTHER)  # the same process on a second GPU
+    harness.feed(ev.AdminLimitSet(("pid", "500"), Limits(memory_bytes=4 * GiB)))
+    harness.feed(ev.ClientGone(a))
+    assert ("pid", "500") in harness.sched.admin  # still connected through b
+    harness.feed(ev.ClientGone(b))
+    assert harness.sched.admin == {}
+    assert "dropped the nvsharectl override of pid 500" in caplog.text
+    reused = harness.register(pid=500)  # a new process that got the same pid
+    assert harness.wire(reused).mem_limit == 0
+
+
+def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
+    out = harness.feed(ev.AdminLimitSet(("pod", "ml/trainer"), Limits(memory_bytes=2 * GiB)))
+    assert reply(out).outcome is ev.Outcome.DONE
+    assert reply(out).message.endswith(
+        "no client of that pod is connected yet; the override waits for it"
+    )
+    assert harness.sched.overrides() == [
+        {"target": "pod ml/trainer", "memory_limit": 2 * GiB, "core_limit": None, "clients": []}
+    ]
