@@ -1,7 +1,8 @@
 /*
- * The copy and set entry points of the driver as X-macro lists: X(name, (params), (args)).
- * They are many and alike, so the prototypes, the gated hooks, the fake driver and the export list
- * are all generated from these two lists (SFX is "", _ptds or _ptsz). Macros only: this header
+ * The copy, set and other stream-ordered submission entry points of the driver as X-macro lists:
+ * X(name, (params), (args)). They are many and alike, so the prototypes, the gated hooks, the fake
+ * driver and the export list are all generated from these lists (SFX is "", _ptds or _ptsz).
+ * In the stream-ordered lists the stream parameter is always called `st`. Macros only: this header
  * must expand to nothing, because the version script is made from it with cpp.
  */
 #ifndef NVSHARE_COPIES_H
@@ -66,5 +67,85 @@
       (d, p, v, w, h, st))                                                                         \
     X(cuMemsetD2D32Async##SFX,                                                                     \
       (CUdeviceptr d, size_t p, unsigned v, size_t w, size_t h, CUstream st), (d, p, v, w, h, st))
+
+/*
+ * Other stream-ordered submissions: batched and attributed copies (CUDA 12.8 / 13), prefetch and
+ * discard, stream memory operations, sparse array mapping, external semaphores, batch
+ * decompression and host functions. The _v2 names are the ABI that newer cuda.h headers select.
+ */
+#define NVS_STREAM_OPS(X, SFX)                                                                     \
+    X(cuMemcpyBatchAsync##SFX,                                                                     \
+      (CUdeviceptr * d, CUdeviceptr * s, size_t * n, size_t count, CUmemcpyAttributes * a,         \
+       size_t * ai, size_t na, size_t * fail, CUstream st),                                        \
+      (d, s, n, count, a, ai, na, fail, st))                                                       \
+    X(cuMemcpyBatchAsync_v2##SFX,                                                                  \
+      (CUdeviceptr * d, CUdeviceptr * s, size_t * n, size_t count, CUmemcpyAttributes * a,         \
+       size_t * ai, size_t na, CUstream st),                                                       \
+      (d, s, n, count, a, ai, na, st))                                                             \
+    X(cuMemcpy3DBatchAsync##SFX,                                                                   \
+      (size_t n, CUDA_MEMCPY3D_BATCH_OP * ops, size_t * fail, unsigned long long flags,            \
+       CUstream st),                                                                               \
+      (n, ops, fail, flags, st))                                                                   \
+    X(cuMemcpy3DBatchAsync_v2##SFX,                                                                \
+      (size_t n, CUDA_MEMCPY3D_BATCH_OP * ops, unsigned long long flags, CUstream st),             \
+      (n, ops, flags, st))                                                                         \
+    X(cuMemcpyWithAttributesAsync##SFX,                                                            \
+      (CUdeviceptr d, CUdeviceptr s, size_t n, CUmemcpyAttributes * a, CUstream st),              \
+      (d, s, n, a, st))                                                                            \
+    X(cuMemcpy3DWithAttributesAsync##SFX,                                                          \
+      (CUDA_MEMCPY3D_BATCH_OP * op, unsigned long long flags, CUstream st), (op, flags, st))       \
+    X(cuMemPrefetchAsync##SFX, (CUdeviceptr p, size_t n, CUdevice dev, CUstream st),               \
+      (p, n, dev, st))                                                                             \
+    X(cuMemPrefetchAsync_v2##SFX,                                                                  \
+      (CUdeviceptr p, size_t n, CUmemLocation loc, unsigned flags, CUstream st),                   \
+      (p, n, loc, flags, st))                                                                      \
+    X(cuMemPrefetchBatchAsync##SFX,                                                                \
+      (CUdeviceptr * p, size_t * n, size_t count, CUmemLocation * locs, size_t * li, size_t nl,    \
+       unsigned long long flags, CUstream st),                                                     \
+      (p, n, count, locs, li, nl, flags, st))                                                      \
+    X(cuMemDiscardBatchAsync##SFX,                                                                 \
+      (CUdeviceptr * p, size_t * n, size_t count, unsigned long long flags, CUstream st),          \
+      (p, n, count, flags, st))                                                                    \
+    X(cuMemDiscardAndPrefetchBatchAsync##SFX,                                                      \
+      (CUdeviceptr * p, size_t * n, size_t count, CUmemLocation * locs, size_t * li, size_t nl,    \
+       unsigned long long flags, CUstream st),                                                     \
+      (p, n, count, locs, li, nl, flags, st))                                                      \
+    X(cuStreamWaitValue32##SFX, (CUstream st, CUdeviceptr a, cuuint32_t v, unsigned f),           \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWaitValue64##SFX, (CUstream st, CUdeviceptr a, cuuint64_t v, unsigned f),           \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWriteValue32##SFX, (CUstream st, CUdeviceptr a, cuuint32_t v, unsigned f),          \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWriteValue64##SFX, (CUstream st, CUdeviceptr a, cuuint64_t v, unsigned f),          \
+      (st, a, v, f))                                                                               \
+    X(cuStreamBatchMemOp##SFX,                                                                     \
+      (CUstream st, unsigned count, CUstreamBatchMemOpParams * p, unsigned f), (st, count, p, f))  \
+    X(cuStreamWaitValue32_v2##SFX, (CUstream st, CUdeviceptr a, cuuint32_t v, unsigned f),        \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWaitValue64_v2##SFX, (CUstream st, CUdeviceptr a, cuuint64_t v, unsigned f),        \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWriteValue32_v2##SFX, (CUstream st, CUdeviceptr a, cuuint32_t v, unsigned f),       \
+      (st, a, v, f))                                                                               \
+    X(cuStreamWriteValue64_v2##SFX, (CUstream st, CUdeviceptr a, cuuint64_t v, unsigned f),       \
+      (st, a, v, f))                                                                               \
+    X(cuStreamBatchMemOp_v2##SFX,                                                                  \
+      (CUstream st, unsigned count, CUstreamBatchMemOpParams * p, unsigned f), (st, count, p, f))  \
+    X(cuMemMapArrayAsync##SFX, (CUarrayMapInfo * m, unsigned count, CUstream st), (m, count, st))  \
+    X(cuSignalExternalSemaphoresAsync##SFX,                                                        \
+      (const CUexternalSemaphore *e, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *p, unsigned n,   \
+       CUstream st),                                                                               \
+      (e, p, n, st))                                                                               \
+    X(cuWaitExternalSemaphoresAsync##SFX,                                                          \
+      (const CUexternalSemaphore *e, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS *p, unsigned n,     \
+       CUstream st),                                                                               \
+      (e, p, n, st))                                                                               \
+    X(cuMemBatchDecompressAsync##SFX,                                                              \
+      (CUmemDecompressParams * p, size_t count, unsigned f, size_t * err, CUstream st),            \
+      (p, count, f, err, st))                                                                      \
+    X(cuLaunchHostFunc##SFX, (CUstream st, CUhostFn fn, void *data), (st, fn, data))              \
+    X(cuStreamAddCallback##SFX, (CUstream st, CUstreamCallback cb, void *data, unsigned f),       \
+      (st, cb, data, f))                                                                           \
+    X(cuLaunchHostFunc_v2##SFX, (CUstream st, CUhostFn fn, void *data, unsigned mode),            \
+      (st, fn, data, mode))
 
 #endif /* NVSHARE_COPIES_H */

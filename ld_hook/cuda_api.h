@@ -34,15 +34,43 @@ CUresult cuCtxGetCurrent(CUcontext *ctx);
 CUresult cuCtxPushCurrent_v2(CUcontext ctx);
 CUresult cuCtxPopCurrent_v2(CUcontext *ctx);
 CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active);
+CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev, unsigned flags);
+CUresult cuGreenCtxDestroy(CUgreenCtx green);
+CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx green);
+CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx green, unsigned flags, int priority);
 CUresult cuStreamCreate(CUstream *s, unsigned flags);
 CUresult cuStreamDestroy_v2(CUstream s);
 CUresult cuStreamSynchronize(CUstream s);
+CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status);
+
+/* stream capture and graphs */
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *edges, size_t n,
+                                     CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                          const CUgraphEdgeData *edges, size_t n,
+                                          CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream s, CUgraph *graph);
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph);
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceGraphMemTrim(CUdevice dev);
 
 /* submissions: launches */
 CUresult cuLaunchKernel(NVS_LAUNCH_ARGS);
@@ -53,14 +81,21 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p
 CUresult cuLaunchCooperativeKernel(NVS_COOP_ARGS);
 CUresult cuLaunchCooperativeKernel_ptsz(NVS_COOP_ARGS);
 CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *p, unsigned n, unsigned flags);
+CUresult cuLaunch(CUfunction f);
+CUresult cuLaunchGrid(CUfunction f, int width, int height);
+CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream s);
 CUresult cuGraphLaunch(CUgraphExec g, CUstream s);
 CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s);
+CUresult cuGraphUpload(CUgraphExec g, CUstream s);
+CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s);
 
 #define NVS_DECLARE(name, params, args) CUresult name params;
 NVS_SYNC_COPIES(NVS_DECLARE, )
 NVS_SYNC_COPIES(NVS_DECLARE, _ptds)
 NVS_ASYNC_COPIES(NVS_DECLARE, )
 NVS_ASYNC_COPIES(NVS_DECLARE, _ptsz)
+NVS_STREAM_OPS(NVS_DECLARE, )
+NVS_STREAM_OPS(NVS_DECLARE, _ptsz)
 
 /* memory */
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes);
@@ -74,6 +109,13 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool
 CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes, const CUmemAllocationProp *prop,
                      unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle h);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d);
 CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d,
@@ -86,6 +128,12 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags);
 CUresult cuMemFreeHost(void *p);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 
 /* NVML */
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem);

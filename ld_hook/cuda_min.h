@@ -21,11 +21,30 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
-typedef struct CUlaunchConfig_st CUlaunchConfig;           /* only passed through */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
+typedef struct CUextSemaphore_st *CUexternalSemaphore;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;                  /* only passed through */
+typedef struct CUarrayMapInfo_st CUarrayMapInfo;                    /* only passed through */
+typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams; /* only passed through */
+typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;            /* only passed through */
+typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;    /* only passed through */
+typedef struct CUmemDecompressParams_st CUmemDecompressParams;      /* only passed through */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS; /* passed through */
+typedef struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
+typedef struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
+typedef void (*CUhostFn)(void *userData);
+typedef void (*CUstreamCallback)(CUstream s, CUresult status, void *userData);
+typedef int CUstreamCaptureMode;
+typedef int CUstreamCaptureStatus;
+typedef int CUmemPool_attribute;
+typedef int CUgraphMem_attribute;
+typedef uint32_t cuuint32_t;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;             /* only passed through */
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;             /* only passed through */
 typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;   /* only passed through */
-typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;   /* only passed through */
 typedef struct CUctxCreateParams_st CUctxCreateParams;     /* only passed through */
 typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* only passed through */
 typedef int CUdriverProcAddressQueryResult;
@@ -47,8 +66,26 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
 #define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
 
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+
+/* The special stream handles (cuda.h's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD). */
+#define NVS_STREAM_LEGACY ((CUstream)0x1)
+#define NVS_STREAM_PER_THREAD ((CUstream)0x2)
+
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 
 typedef struct {
     unsigned char bytes[16];
@@ -87,6 +124,33 @@ typedef struct {
         unsigned char reserved[4];
     } allocFlags;
 } CUmemAllocationProp;
+
+/* Read for the stream a launch goes to; the layout of cuda.h's CUlaunchConfig. */
+typedef struct CUlaunchConfig_st {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+
+/* Read for the stream of every launch of a multi-device cooperative launch. */
+typedef struct CUDA_LAUNCH_PARAMS_st {
+    CUfunction function;
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
+/* Read for the pool's device (location); the rest is passed through. */
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 /* NVML */
 typedef int nvmlReturn_t;

@@ -4,42 +4,63 @@
  *   - symbol interposition (the program links libcuda.so.1; LD_PRELOAD puts our exports first),
  *   - dlsym (interposed here; the real dlsym comes from dlvsym),
  *   - cuGetProcAddress / cuGetProcAddress_v2 (CUDA 12+ runtimes resolve everything this way).
- * Names not in the table pass through untouched.
+ * Names not in the table pass through untouched. dlsym(RTLD_NEXT, ...) is answered relative to
+ * its caller, exactly as glibc would without us (see the trampoline below), so another
+ * interposer loaded after libnvshare.so reaches the driver and not itself.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
 
-#include "nvshare.h"
+#include "config.h"
+#include "dispatch.h"
 
 _Atomic(void *) nvs_slots[NVS_H_COUNT];
 
 static const char *const hook_names[NVS_H_COUNT] = {
 #define NVS_CU(n) #n,
 #define NVS_NVML(n) #n,
+#define NVS_DRV(n) #n,
+#define NVS_NVML_DRV(n) #n,
 #include "hooks.def"
 #undef NVS_CU
 #undef NVS_NVML
+#undef NVS_DRV
+#undef NVS_NVML_DRV
 };
 
 static const unsigned char hook_is_nvml[NVS_H_COUNT] = {
 #define NVS_CU(n) 0,
 #define NVS_NVML(n) 1,
+#define NVS_DRV(n) 0,
+#define NVS_NVML_DRV(n) 1,
 #include "hooks.def"
 #undef NVS_CU
 #undef NVS_NVML
+#undef NVS_DRV
+#undef NVS_NVML_DRV
 };
 
+/* Our function for an interposed id; NULL for functions we only call. */
 static void *hook_fn(int id)
 {
     static void *const fns[NVS_H_COUNT] = {
 #define NVS_CU(n) (void *)&n,
 #define NVS_NVML(n) (void *)&n,
+#define NVS_DRV(n) NULL,
+#define NVS_NVML_DRV(n) NULL,
 #include "hooks.def"
 #undef NVS_CU
 #undef NVS_NVML
+#undef NVS_DRV
+#undef NVS_NVML_DRV
     };
     return fns[id];
+}
+
+int nvs_not_found(int id)
+{
+    return hook_is_nvml[id] ? 13 /* NVML_ERROR_FUNCTION_NOT_FOUND */ : CUDA_ERROR_NOT_FOUND;
 }
 
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -75,20 +96,14 @@ static void *library(int nvml)
     return h;
 }
 
-void *nvs_resolve_extra(int nvml, const char *name)
-{
-    dlsym_fn ds = real_dlsym();
-    void *h = library(nvml);
-    return (ds != NULL && h != NULL) ? ds(h, name) : NULL;
-}
-
-/* Find the real function: first in the global scope after us, else in the driver library itself. */
+/* Find the real function: first in the global scope after us, else in the library itself. */
 void *nvs_resolve(int id)
 {
     dlsym_fn ds = real_dlsym();
+    void *lib = library(hook_is_nvml[id]);
     if (ds == NULL) return NULL;
     void *p = ds(RTLD_NEXT, hook_names[id]);
-    if (p == NULL || p == hook_fn(id)) p = nvs_resolve_extra(hook_is_nvml[id], hook_names[id]);
+    if ((p == NULL || p == hook_fn(id)) && lib != NULL) p = ds(lib, hook_names[id]);
     if (p == hook_fn(id)) p = NULL;
     if (p != NULL) {
         void *expected = NULL;
@@ -100,7 +115,7 @@ void *nvs_resolve(int id)
 static int lookup(const char *name)
 {
     for (int i = 0; i < NVS_H_COUNT; i++)
-        if (strcmp(hook_names[i], name) == 0) return i;
+        if (hook_fn(i) != NULL && strcmp(hook_names[i], name) == 0) return i;
     return -1;
 }
 
@@ -127,22 +142,35 @@ static size_t base_len(const char *name)
     return len;
 }
 
-/* The CUDA version from which cuGetProcAddress(base) means this versioned name (cuda.h's #defines). */
+/*
+ * The CUDA version from which cuGetProcAddress(base) means this versioned name (cuda.h's
+ * #defines). Only a fallback: an answer is matched by the driver's own pointer first.
+ */
 static int since_version(const char *name)
 {
     static const struct {
         const char *name;
         int version;
     } exceptions[] = {
-        {"cuCtxCreate_v3", 11040},      {"cuCtxCreate_v4", 12050},
-        {"cuCtxDestroy_v2", 4000},      {"cuCtxPushCurrent_v2", 4000},
-        {"cuCtxPopCurrent_v2", 4000},   {"cuGetProcAddress_v2", 12000},
+        {"cuCtxCreate_v3", 11040},          {"cuCtxCreate_v4", 12050},
+        {"cuCtxDestroy_v2", 4000},          {"cuCtxPushCurrent_v2", 4000},
+        {"cuCtxPopCurrent_v2", 4000},       {"cuGetProcAddress_v2", 12000},
+        {"cuStreamDestroy_v2", 4000},       {"cuDevicePrimaryCtxRelease_v2", 11000},
+        {"cuDevicePrimaryCtxReset_v2", 11000}, {"cuStreamBeginCapture_v2", 10010},
+        {"cuStreamWaitValue32_v2", 11070},  {"cuStreamWaitValue64_v2", 11070},
+        {"cuStreamWriteValue32_v2", 11070}, {"cuStreamWriteValue64_v2", 11070},
+        {"cuStreamBatchMemOp_v2", 11070},   {"cuMemPrefetchAsync_v2", 13000},
+        {"cuMemcpyBatchAsync_v2", 13000},   {"cuMemcpy3DBatchAsync_v2", 13000},
+        {"cuLaunchHostFunc_v2", 13020},
     };
+    size_t len = strlen(name);
+    if (is_per_thread(name)) len -= 5;
+    int since = -1;
     for (size_t i = 0; i < sizeof exceptions / sizeof exceptions[0]; i++)
-        if (strcmp(exceptions[i].name, name) == 0) return exceptions[i].version;
-    if (is_per_thread(name)) return 7000;
-    if (strstr(name, "_v2") != NULL) return 3020;
-    return 0;
+        if (strlen(exceptions[i].name) == len && memcmp(exceptions[i].name, name, len) == 0)
+            since = exceptions[i].version;
+    if (since < 0) since = memmem(name, len, "_v2", 3) != NULL ? 3020 : 0;
+    return is_per_thread(name) && since < 7000 ? 7000 : since;
 }
 
 /*
@@ -157,6 +185,7 @@ static int pick_for_proc_address(const char *symbol, void *real, int version, cu
     int candidates[NVS_H_COUNT], n = 0;
     for (int i = 0; i < NVS_H_COUNT; i++) {
         const char *name = hook_names[i];
+        if (hook_fn(i) == NULL) continue;
         if (strcmp(name, symbol) == 0 || (base_len(name) == slen && memcmp(name, symbol, slen) == 0))
             candidates[n++] = i;
     }
@@ -192,32 +221,28 @@ static CUresult answer_proc_address(CUresult r, const char *symbol, void **pfn, 
 NVS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                      cuuint64_t flags)
 {
-    nvs_early_init();
-    __typeof__(&cuGetProcAddress) real = NVS_REAL(cuGetProcAddress);
-    if (real == NULL) return CUDA_ERROR_NOT_FOUND;
-    CUresult r = real(symbol, pfn, cudaVersion, flags);
+    nvs_config_load();
+    CUresult r = NVS_CALL(cuGetProcAddress, (symbol, pfn, cudaVersion, flags));
     return answer_proc_address(r, symbol, pfn, cudaVersion, flags);
 }
 
 NVS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-    nvs_early_init();
-    __typeof__(&cuGetProcAddress_v2) real = NVS_REAL(cuGetProcAddress_v2);
-    if (real == NULL) return CUDA_ERROR_NOT_FOUND;
-    CUresult r = real(symbol, pfn, cudaVersion, flags, status);
+    nvs_config_load();
+    CUresult r = NVS_CALL(cuGetProcAddress_v2, (symbol, pfn, cudaVersion, flags, status));
     return answer_proc_address(r, symbol, pfn, cudaVersion, flags);
 }
 
 /*
- * Interposed dlsym. Cheap for every other name (two character compares). Known limit: a caller's
- * dlsym(RTLD_NEXT, ...) is resolved relative to libnvshare.so rather than the caller.
+ * dlsym with a real handle: cheap for every other name (two character compares); an interposed
+ * name is answered with our hook, remembering what the library returned as the real function.
  */
-NVS_EXPORT NVS_UNINSTRUMENTED void *dlsym(void *handle, const char *name)
+__attribute__((used)) NVS_UNINSTRUMENTED void *nvs_dlsym_handle(void *handle, const char *name)
 {
     dlsym_fn ds = real_dlsym();
     if (ds == NULL) return NULL;
-    if (!((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
+    if (name == NULL || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
         return ds(handle, name);
     int id = lookup(name);
     void *p = ds(handle, name);
@@ -228,3 +253,65 @@ NVS_EXPORT NVS_UNINSTRUMENTED void *dlsym(void *handle, const char *name)
     }
     return hook_fn(id);
 }
+
+/* The real dlsym, for the trampoline to jump to (NULL if glibc has none: dlsym answers NULL). */
+__attribute__((used)) NVS_UNINSTRUMENTED void *nvs_dlsym_next_target(void) { return (void *)real_dlsym(); }
+
+/*
+ * dlsym itself. glibc resolves RTLD_NEXT relative to the return address dlsym sees, so for
+ * RTLD_NEXT the trampoline jumps into the real dlsym with the caller's return address still in
+ * place (a C function in between would make every such lookup relative to libnvshare.so, and an
+ * interposer after us would find itself and recurse forever). Other handles go to
+ * nvs_dlsym_handle.
+ */
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        "dlsym:\n"
+        "    endbr64\n"
+        "    cmpq $-1, %rdi\n"
+        "    jne nvs_dlsym_handle\n"
+        "    pushq %rdi\n"
+        "    pushq %rsi\n"
+        "    subq $8, %rsp\n"
+        "    call nvs_dlsym_next_target\n"
+        "    addq $8, %rsp\n"
+        "    popq %rsi\n"
+        "    popq %rdi\n"
+        "    testq %rax, %rax\n"
+        "    je 1f\n"
+        "    jmp *%rax\n"
+        "1:  ret\n"
+        ".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, %function\n"
+        "dlsym:\n"
+        "    hint #34\n" /* bti c */
+        "    cmn x0, #1\n"
+        "    b.ne nvs_dlsym_handle\n"
+        "    stp x29, x30, [sp, #-32]!\n"
+        "    mov x29, sp\n"
+        "    stp x0, x1, [sp, #16]\n"
+        "    bl nvs_dlsym_next_target\n"
+        "    mov x16, x0\n"
+        "    ldp x0, x1, [sp, #16]\n"
+        "    ldp x29, x30, [sp], #32\n"
+        "    cbz x16, 1f\n"
+        "    br x16\n"
+        "1:  mov x0, #0\n"
+        "    ret\n"
+        ".size dlsym, .-dlsym\n");
+#else
+/* Elsewhere RTLD_NEXT is resolved relative to libnvshare.so (a known limit, see README). */
+NVS_EXPORT NVS_UNINSTRUMENTED void *dlsym(void *handle, const char *name)
+{
+    if (handle == RTLD_NEXT) {
+        dlsym_fn ds = real_dlsym();
+        return ds != NULL ? ds(handle, name) : NULL;
+    }
+    return nvs_dlsym_handle(handle, name);
+}
+#endif

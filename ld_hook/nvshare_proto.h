@@ -49,6 +49,11 @@ enum {
     /* a JSON document larger than NVS_MAX_BODY: its first bytes in JSON_PART frames, the rest in
      * a last frame of the document's own type, all with the request's seq */
     NVS_MSG_JSON_PART = 40,    /* daemon -> ctl: raw bytes of a JSON document, continued */
+    /* liveness and what the GPU really holds */
+    NVS_MSG_HEARTBEAT = 50,     /* hook -> daemon: empty; reply HEARTBEAT_ACK with the same seq */
+    NVS_MSG_HEARTBEAT_ACK = 51, /* daemon -> hook: empty */
+    NVS_MSG_MEM_OBSERVED = 52,  /* daemon -> hook: struct nvs_mem_observed, unsolicited (seq 0) */
+    NVS_MSG_LEDGER_PEERS = 53,  /* daemon -> hook: struct nvs_ledger_peers, unsolicited (seq 0) */
 };
 
 /* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */
@@ -59,9 +64,11 @@ enum { NVS_BACKING_DEVICE = 0, NVS_BACKING_MANAGED = 1 };
 
 /* nvs_limits.flags */
 #define NVS_LIMIT_SINGLE_OVERSUB 0x1u /* managed backing may exceed the physical GPU for one process */
+#define NVS_LIMIT_KNOWN_FLAGS NVS_LIMIT_SINGLE_OVERSUB
 
-/* nvs_lock_released.reason */
-enum { NVS_RELEASE_DROPPED = 0, NVS_RELEASE_IDLE = 1, NVS_RELEASE_EXIT = 2 };
+/* nvs_lock_released.reason; UNDRAINED: a stream capture outlived the quantum, so the GPU's queued
+ * work was handed over without being synchronised (a capture must not be broken) */
+enum { NVS_RELEASE_DROPPED = 0, NVS_RELEASE_IDLE = 1, NVS_RELEASE_EXIT = 2, NVS_RELEASE_UNDRAINED = 3 };
 
 /* nvs_result.status (0 = ok) */
 enum {
@@ -168,6 +175,21 @@ struct nvs_limit_set {
     char pod_name[NVS_NAME_LEN];
 };
 
+/* What NVML says the client's process holds on its GPU; the hook counts the part its own ledger
+ * does not explain (module globals, heaps, stacks) beyond `allowance` (the CUDA context). */
+struct nvs_mem_observed {
+    uint64_t nvml_used; /* bytes, nvmlDeviceGetComputeRunningProcesses for the client's pid */
+    uint64_t allowance; /* bytes of it the daemon leaves uncounted (context overhead) */
+};
+
+/* How many processes share this client's memory ledger (its pod's, on its GPU), itself
+ * included: while the daemon is unreachable each keeps what it reserved and may grow to an equal
+ * share of the limit. Sent when the count changes; a hook assumes 1 until told. */
+struct nvs_ledger_peers {
+    uint32_t clients;
+    uint32_t reserved;
+};
+
 #define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
 NVS_ASSERT_SIZE(struct nvs_header, 24);
 NVS_ASSERT_SIZE(struct nvs_register, 200);
@@ -182,5 +204,7 @@ NVS_ASSERT_SIZE(struct nvs_mem_reserve, 16);
 NVS_ASSERT_SIZE(struct nvs_mem_grant, 16);
 NVS_ASSERT_SIZE(struct nvs_mem_return, 16);
 NVS_ASSERT_SIZE(struct nvs_limit_set, 152);
+NVS_ASSERT_SIZE(struct nvs_mem_observed, 16);
+NVS_ASSERT_SIZE(struct nvs_ledger_peers, 8);
 
 #endif /* NVSHARE_PROTO_H */

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "nvshare.h"
+#include "config.h"
 
 #define MAX_FRACTION_DIGITS 9
 #define MAX_SIZE (1ull << 60)

@@ -1,48 +1,78 @@
 /*
- * Every submission path: kernel launches, graph launches, copies and sets. Each passes the gate
- * of the GPU the calling thread submits to (nvs_gate, the hot path) and then goes to the driver.
+ * Every submission path: kernel launches (current, cooperative, legacy), graph launches and
+ * uploads, copies and sets, and the other stream-ordered work (batched copies, prefetch, stream
+ * memory operations, sparse mapping, external semaphores, host functions). Each passes the gate
+ * of the GPU its stream belongs to (the calling thread's current device for the default
+ * streams), and stays marked in flight until the driver call returns.
  */
-#include "nvshare.h"
+#include "contexts.h"
+#include "dispatch.h"
+#include "gate.h"
+#include "pools.h"
 
-#define NVS_GATED(name, params, args)                 \
-    NVS_EXPORT CUresult name params                   \
-    {                                                 \
-        nvs_gate(nvs_current_gpu());                  \
-        NVS_TAIL(name, args);                         \
+#define NVS_GATED_ON(name, params, args, stream)              \
+    NVS_EXPORT CUresult name params                           \
+    {                                                         \
+        CUstream s_ = (stream);                               \
+        struct nvs_thread *t_ = nvs_gate_enter(nvs_submit_gpu(s_), s_); \
+        CUresult r_ = NVS_CALL(name, args);                   \
+        nvs_gate_exit(t_);                                    \
+        return r_;                                            \
     }
+/* synchronous copies and sets use the current context's default stream */
+#define NVS_GATED_SYNC(name, params, args) NVS_GATED_ON(name, params, args, NULL)
+/* stream-ordered ones name their stream `st` */
+#define NVS_GATED_STREAM(name, params, args) NVS_GATED_ON(name, params, args, st)
 
 #define NVS_LAUNCH_CALL (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)
 #define NVS_COOP_CALL (f, gx, gy, gz, bx, by, bz, shmem, s, params)
+#define NVS_EX_PARAMS (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 
-NVS_GATED(cuLaunchKernel, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL)
-NVS_GATED(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL)
-NVS_GATED(cuLaunchKernelEx,
-          (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra),
-          (cfg, f, params, extra))
-NVS_GATED(cuLaunchKernelEx_ptsz,
-          (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra),
-          (cfg, f, params, extra))
-NVS_GATED(cuLaunchCooperativeKernel, (NVS_COOP_ARGS), NVS_COOP_CALL)
-NVS_GATED(cuLaunchCooperativeKernel_ptsz, (NVS_COOP_ARGS), NVS_COOP_CALL)
-NVS_GATED(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
-NVS_GATED(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))
+NVS_GATED_ON(cuLaunchKernel, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
+NVS_GATED_ON(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
+NVS_GATED_ON(cuLaunchKernelEx, NVS_EX_PARAMS, (cfg, f, params, extra), cfg ? cfg->hStream : NULL)
+NVS_GATED_ON(cuLaunchKernelEx_ptsz, NVS_EX_PARAMS, (cfg, f, params, extra),
+             cfg ? cfg->hStream : NULL)
+NVS_GATED_ON(cuLaunchCooperativeKernel, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
+NVS_GATED_ON(cuLaunchCooperativeKernel_ptsz, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
+NVS_GATED_ON(cuLaunch, (CUfunction f), (f), NULL)
+NVS_GATED_ON(cuLaunchGrid, (CUfunction f, int w, int h), (f, w, h), NULL)
+NVS_GATED_ON(cuLaunchGridAsync, (CUfunction f, int w, int h, CUstream s), (f, w, h, s), s)
 
-NVS_SYNC_COPIES(NVS_GATED, )
-NVS_SYNC_COPIES(NVS_GATED, _ptds)
-NVS_ASYNC_COPIES(NVS_GATED, )
-NVS_ASYNC_COPIES(NVS_GATED, _ptsz)
+NVS_SYNC_COPIES(NVS_GATED_SYNC, )
+NVS_SYNC_COPIES(NVS_GATED_SYNC, _ptds)
+NVS_ASYNC_COPIES(NVS_GATED_STREAM, )
+NVS_ASYNC_COPIES(NVS_GATED_STREAM, _ptsz)
+NVS_STREAM_OPS(NVS_GATED_STREAM, )
+NVS_STREAM_OPS(NVS_GATED_STREAM, _ptsz)
 
-/* A launch across several GPUs: pass the gate of every GPU this process has used, in index order. */
+/* A graph's memory is reserved when it is uploaded or first launched: measure it then. */
+#define NVS_GRAPH_RUN(name)                                              \
+    NVS_EXPORT CUresult name(CUgraphExec g, CUstream s)                  \
+    {                                                                    \
+        struct nvs_gpu *gpu = nvs_submit_gpu(s);                         \
+        struct nvs_thread *t = nvs_gate_enter(gpu, s);                   \
+        CUresult r = NVS_CALL(name, (g, s));                             \
+        nvs_gate_exit(t);                                                \
+        if (r == CUDA_SUCCESS) nvs_graph_ran(gpu, g);                    \
+        return r;                                                        \
+    }
+NVS_GRAPH_RUN(cuGraphLaunch)
+NVS_GRAPH_RUN(cuGraphLaunch_ptsz)
+NVS_GRAPH_RUN(cuGraphUpload)
+NVS_GRAPH_RUN(cuGraphUpload_ptsz)
+
+/* A launch across several GPUs: every gate it touches must be open at once. */
 NVS_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *p, unsigned n,
                                                          unsigned flags)
 {
-    int count = atomic_load_explicit(&nvs_ngpus, memory_order_acquire);
-    for (int i = 0; i < count; i++) {
-        struct nvs_gpu *g = &nvs_gpus[i];
-        pthread_mutex_lock(&g->mu);
-        int used = g->state != NVS_UNUSED || g->nctx > 0;
-        pthread_mutex_unlock(&g->mu);
-        if (used) nvs_gate(g);
+    uint64_t mask = 0;
+    for (unsigned i = 0; p != NULL && i < n; i++) {
+        struct nvs_gpu *g = nvs_stream_gpu(p[i].hStream);
+        if (g != NULL) mask |= g->bit;
     }
-    NVS_TAIL(cuLaunchCooperativeKernelMultiDevice, (p, n, flags));
+    struct nvs_thread *t = mask ? nvs_gate_enter_many(mask) : NULL;
+    CUresult r = NVS_CALL(cuLaunchCooperativeKernelMultiDevice, (p, n, flags));
+    nvs_gate_exit(t);
+    return r;
 }

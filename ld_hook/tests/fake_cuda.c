@@ -1,19 +1,25 @@
 /*
- * A fake libcuda.so.1 for tests on machines without a GPU: an in-memory device that tracks bytes
- * against its size (so real-driver out-of-memory can be simulated) and runs "kernels" on a worker
- * thread per context, asynchronously, for NVSHARE_FAKE_LAUNCH_US each. With NVSHARE_FAKE_TRACE set,
- * every kernel appends "pid device start_ns end_ns" (CLOCK_MONOTONIC) to that file when it runs,
- * in one O_APPEND write so several processes can share the file.
+ * A fake libcuda.so.1 for tests on machines without a GPU: in-memory devices that count bytes
+ * against their size (fake_memory.c) and run "kernels" on a worker thread per context,
+ * asynchronously, for NVSHARE_FAKE_LAUNCH_US each. With NVSHARE_FAKE_TRACE set, every kernel
+ * appends "pid device start_ns end_ns" (CLOCK_MONOTONIC) to that file when it runs, in one
+ * O_APPEND write so several processes can share the file.
+ *
+ * It keeps the rules the hook must respect: stream capture records work instead of running it,
+ * and synchronising a context that is capturing (or, from a thread in global capture mode, any
+ * synchronising call while a global capture runs) fails and breaks the capture; graphs reserve
+ * their memory at upload or first launch; green contexts, primary-context reset and release are
+ * real; contexts destroyed or reset free their memory.
  *
  * Environment: NVSHARE_FAKE_GPU_MEM (bytes, default 16 GiB), NVSHARE_FAKE_GPU_UUID (device 0;
  * device i adds i to the last byte), NVSHARE_FAKE_GPU_COUNT (default 1), NVSHARE_FAKE_LAUNCH_US
- * (default 1000), NVSHARE_FAKE_FAIL_ALLOC_SIZE (an allocation of exactly these bytes fails with
- * CUDA_ERROR_UNKNOWN, to test the hook's rollback).
+ * (default 1000), NVSHARE_FAKE_SUBMIT_DELAY_US (time a launch spends inside the driver before its
+ * kernel is queued, default 0), NVSHARE_FAKE_FAIL_ALLOC_SIZE (an allocation of exactly these
+ * bytes fails with CUDA_ERROR_UNKNOWN, to test the hook's rollback).
  * Linked with -Bsymbolic-functions: like the real driver, its internal calls never reach the hook.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,47 +27,34 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../cuda_api.h"
+#include "fake.h"
 #include "fake_uuid.h"
 
-#define EXPORT __attribute__((visibility("default")))
-#define MAX_DEVS 8
-#define MAX_CTX 256
-#define GRANULE (2ull << 20)
+#define STREAM_MAGIC 0x66616b6573747265ull
+#define GRAPH_MAGIC 0x66616b6567726170ull
+#define EXEC_MAGIC 0x66616b6565786563ull
+#define GREEN_MAGIC 0x66616b6567726565ull
+#define MAX_STREAMS 4096
 
-struct fake_ctx {
-    int dev, alive;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int worker_started;
-    unsigned long pending; /* queued or running kernels */
+struct fake_device_table dev = {.mu = PTHREAD_MUTEX_INITIALIZER, .trace_fd = -1};
+
+struct fake_exec {
+    uint64_t magic;
+    struct fake_graph *graph;
+    int reserved;
 };
 
-struct fake_stream {
+struct fake_green {
+    uint64_t magic;
     struct fake_ctx *ctx;
 };
 
-struct fake_alloc {
-    uint64_t magic, bytes;
-    int dev;
-};
-#define ALLOC_MAGIC 0x66616b65616c6c6full
-
-static struct {
-    pthread_mutex_t mu;
-    int initialised, count;
-    uint64_t total, used[MAX_DEVS];
-    unsigned char uuid[MAX_DEVS][16];
-    long launch_us;
-    int trace_fd;
-    uint64_t fail_size;
-    struct fake_ctx *ctxs[MAX_CTX];
-    int nctx;
-    struct fake_ctx *primary[MAX_DEVS];
-} dev = {.mu = PTHREAD_MUTEX_INITIALIZER, .trace_fd = -1};
+static struct fake_stream *streams[MAX_STREAMS];
+static int nstreams;
 
 static __thread struct fake_ctx *ctx_stack[16];
 static __thread int ctx_depth;
+static __thread int capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static uint64_t env_u64(const char *name, uint64_t dflt)
 {
@@ -75,6 +68,14 @@ static uint64_t now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+uint64_t fake_rounded(uint64_t n) { return (n + FAKE_GRANULE - 1) / FAKE_GRANULE * FAKE_GRANULE; }
 
 /* A forked child has no worker threads: its contexts start with empty queues. */
 static void fake_after_fork(void)
@@ -97,25 +98,28 @@ EXPORT CUresult cuInit(unsigned flags)
         pthread_atfork(NULL, NULL, fake_after_fork);
         dev.count = (int)env_u64("NVSHARE_FAKE_GPU_COUNT", 1);
         if (dev.count < 1) dev.count = 1;
-        if (dev.count > MAX_DEVS) dev.count = MAX_DEVS;
+        if (dev.count > FAKE_MAX_DEVS) dev.count = FAKE_MAX_DEVS;
         dev.total = env_u64("NVSHARE_FAKE_GPU_MEM", 16ull << 30);
         dev.launch_us = (long)env_u64("NVSHARE_FAKE_LAUNCH_US", 1000);
+        dev.submit_delay_us = (long)env_u64("NVSHARE_FAKE_SUBMIT_DELAY_US", 0);
         dev.fail_size = env_u64("NVSHARE_FAKE_FAIL_ALLOC_SIZE", 0);
         const char *trace = getenv("NVSHARE_FAKE_TRACE");
-        if (trace != NULL && *trace) dev.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (trace != NULL && *trace)
+            dev.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         unsigned char base[16];
         fake_uuid_bytes(base);
         for (int d = 0; d < dev.count; d++) {
             memcpy(dev.uuid[d], base, 16);
             dev.uuid[d][15] = (unsigned char)(base[15] + d);
         }
+        fake_memory_init();
         dev.initialised = 1;
     }
     pthread_mutex_unlock(&dev.mu);
     return CUDA_SUCCESS;
 }
 
-static int ready(void)
+int fake_ready(void)
 {
     pthread_mutex_lock(&dev.mu);
     int ok = dev.initialised;
@@ -127,14 +131,14 @@ EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
 
 EXPORT CUresult cuDeviceGetCount(int *count)
 {
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     *count = dev.count;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (ordinal < 0 || ordinal >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
     return CUDA_SUCCESS;
@@ -142,7 +146,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 
 EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 {
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     memcpy(u->bytes, dev.uuid[d], 16);
     return CUDA_SUCCESS;
@@ -152,7 +156,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUu
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
 {
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = dev.total;
     return CUDA_SUCCESS;
@@ -168,12 +172,12 @@ static struct fake_ctx *new_ctx(int d)
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_mutex_lock(&dev.mu);
-    if (dev.nctx < MAX_CTX) dev.ctxs[dev.nctx++] = c;
+    if (dev.nctx < FAKE_MAX_CTX) dev.ctxs[dev.nctx++] = c;
     pthread_mutex_unlock(&dev.mu);
     return c;
 }
 
-static int valid_ctx(struct fake_ctx *c)
+int fake_valid_ctx(struct fake_ctx *c)
 {
     int ok = 0;
     pthread_mutex_lock(&dev.mu);
@@ -182,7 +186,7 @@ static int valid_ctx(struct fake_ctx *c)
     return ok;
 }
 
-static struct fake_ctx *current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
+struct fake_ctx *fake_current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
 
 static void set_current(struct fake_ctx *c)
 {
@@ -193,7 +197,7 @@ static void set_current(struct fake_ctx *c)
 EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned flags, CUdevice d)
 {
     (void)flags;
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     struct fake_ctx *c = new_ctx(d);
     if (ctx_depth < 16) ctx_stack[ctx_depth++] = c;
@@ -214,41 +218,51 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *p, unsigned fl
     return cuCtxCreate_v2(ctx, flags, d);
 }
 
-EXPORT CUresult cuCtxSynchronize(void);
+static void drain(struct fake_ctx *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->pending > 0) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The context and everything allocated in it are gone. */
+static void destroy_ctx(struct fake_ctx *c)
+{
+    drain(c);
+    pthread_mutex_lock(&dev.mu);
+    c->alive = 0;
+    pthread_mutex_unlock(&dev.mu);
+    fake_free_ctx_memory(c);
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == c) ctx_stack[i] = NULL;
+}
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
-    if (!valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&c->mu);
-    while (c->pending > 0) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&dev.mu);
-    c->alive = 0;
-    pthread_mutex_unlock(&dev.mu);
-    for (int i = 0; i < ctx_depth; i++)
-        if (ctx_stack[i] == c) ctx_stack[i] = NULL;
+    if (!fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    destroy_ctx(c);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
-    if (c != NULL && !valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c != NULL && !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
     set_current(c);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx)
 {
-    *ctx = (CUcontext)current();
+    *ctx = (CUcontext)fake_current();
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
-    if (!valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
     if (ctx_depth >= 16) return CUDA_ERROR_INVALID_VALUE;
     ctx_stack[ctx_depth++] = c;
     return CUDA_SUCCESS;
@@ -264,15 +278,23 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *d)
 {
-    struct fake_ctx *c = current();
+    struct fake_ctx *c = fake_current();
     if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = c->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext ctx)
+{
+    struct fake_ctx *c = ctx != NULL ? (struct fake_ctx *)ctx : fake_current();
+    if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
     *d = c->dev;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
 {
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&dev.mu);
     struct fake_ctx *c = dev.primary[d];
@@ -284,13 +306,78 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d)
         c = dev.primary[d];
         pthread_mutex_unlock(&dev.mu);
     }
+    pthread_mutex_lock(&dev.mu);
+    dev.primary_refs[d]++;
+    pthread_mutex_unlock(&dev.mu);
     *ctx = (CUcontext)c;
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+/* Reset destroys the primary context now; release does when the last reference goes. */
+static CUresult end_primary(CUdevice d, int reset)
 {
-    return d >= 0 && d < dev.count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&dev.mu);
+    struct fake_ctx *c = dev.primary[d];
+    if (!reset && dev.primary_refs[d] > 0) dev.primary_refs[d]--;
+    int gone = c != NULL && (reset || dev.primary_refs[d] == 0);
+    if (gone) {
+        dev.primary[d] = NULL;
+        dev.primary_refs[d] = 0;
+    }
+    pthread_mutex_unlock(&dev.mu);
+    if (gone) destroy_ctx(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return end_primary(d, 0); }
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { return end_primary(d, 1); }
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active)
+{
+    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&dev.mu);
+    *flags = 0;
+    *active = dev.primary[d] != NULL;
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
+}
+
+/* Green contexts: a context of their own, never current, reached through their streams. */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice d,
+                                 unsigned flags)
+{
+    (void)desc, (void)flags;
+    if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
+    struct fake_green *g = calloc(1, sizeof *g);
+    g->magic = GREEN_MAGIC;
+    g->ctx = new_ctx(d);
+    *green = (CUgreenCtx)g;
+    return CUDA_SUCCESS;
+}
+
+static struct fake_green *green_of(CUgreenCtx green)
+{
+    struct fake_green *g = (struct fake_green *)green;
+    return g != NULL && g->magic == GREEN_MAGIC ? g : NULL;
+}
+
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx green)
+{
+    struct fake_green *g = green_of(green);
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = (CUcontext)g->ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green)
+{
+    struct fake_green *g = green_of(green);
+    if (g == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    destroy_ctx(g->ctx);
+    g->magic = 0;
+    return CUDA_SUCCESS;
 }
 
 static void *worker_main(void *arg)
@@ -301,9 +388,7 @@ static void *worker_main(void *arg)
         while (c->pending == 0) pthread_cond_wait(&c->cv, &c->mu);
         pthread_mutex_unlock(&c->mu);
         uint64_t start = now_ns();
-        struct timespec ts = {.tv_sec = dev.launch_us / 1000000,
-                              .tv_nsec = (dev.launch_us % 1000000) * 1000};
-        if (dev.launch_us > 0) nanosleep(&ts, NULL);
+        if (dev.launch_us > 0) sleep_us(dev.launch_us);
         uint64_t end = now_ns();
         if (dev.trace_fd >= 0) {
             char line[96];
@@ -319,17 +404,181 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static struct fake_ctx *stream_ctx(CUstream s)
+/* ---- streams and captures ---- */
+
+struct fake_stream *fake_stream(CUstream s)
 {
     uintptr_t v = (uintptr_t)s;
-    if (v == 0 || v == 1 || v == 2) return current(); /* default, legacy and per-thread streams */
-    return ((struct fake_stream *)s)->ctx;
+    if (v <= 2) return NULL; /* default, legacy and per-thread streams */
+    struct fake_stream *fs = (struct fake_stream *)s;
+    return fs->magic == STREAM_MAGIC ? fs : NULL;
 }
 
+struct fake_ctx *fake_stream_ctx(CUstream s)
+{
+    struct fake_stream *fs = fake_stream(s);
+    return fs != NULL ? fs->ctx : fake_current();
+}
+
+static CUresult new_stream(CUstream *s, struct fake_ctx *c)
+{
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_stream *st = calloc(1, sizeof *st);
+    st->magic = STREAM_MAGIC;
+    st->ctx = c;
+    pthread_mutex_lock(&dev.mu);
+    if (nstreams < MAX_STREAMS) streams[nstreams++] = st;
+    pthread_mutex_unlock(&dev.mu);
+    *s = (CUstream)st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags)
+{
+    (void)flags;
+    return new_stream(s, fake_current());
+}
+
+EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx green, unsigned flags, int priority)
+{
+    (void)flags, (void)priority;
+    struct fake_green *g = green_of(green);
+    return g != NULL ? new_stream(s, g->ctx) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    (void)s; /* streams are kept: a stale handle stays harmless in tests */
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
+{
+    struct fake_ctx *c = fake_stream_ctx(s);
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *ctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode)
+{
+    struct fake_stream *fs = fake_stream(s);
+    if (fs == NULL) return CUDA_ERROR_INVALID_VALUE; /* the legacy stream cannot be captured */
+    pthread_mutex_lock(&dev.mu);
+    CUresult r = CUDA_SUCCESS;
+    if (fs->capturing) {
+        r = 401; /* CUDA_ERROR_ILLEGAL_STATE */
+    } else {
+        fs->capturing = 1;
+        fs->invalidated = 0;
+        fs->mode = mode;
+        fs->graph = calloc(1, sizeof *fs->graph);
+        fs->graph->magic = GRAPH_MAGIC;
+        fs->graph->dev = fs->ctx->dev;
+        if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) dev.global_captures++;
+    }
+    pthread_mutex_unlock(&dev.mu);
+    return r;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    return begin_capture(s, mode);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+    return begin_capture(s, mode);
+}
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                            const CUgraphEdgeData *edges, size_t n,
+                                            CUstreamCaptureMode mode)
+{
+    (void)graph, (void)deps, (void)edges, (void)n;
+    return begin_capture(s, mode);
+}
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                                 const CUgraphEdgeData *edges, size_t n,
+                                                 CUstreamCaptureMode mode)
+{
+    return cuStreamBeginCaptureToGraph(s, graph, deps, edges, n, mode);
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
+{
+    struct fake_stream *fs = fake_stream(s);
+    if (fs == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&dev.mu);
+    CUresult r = CUDA_SUCCESS;
+    if (!fs->capturing) {
+        r = 401;
+    } else {
+        fs->capturing = 0;
+        if (fs->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) dev.global_captures--;
+        *graph = fs->invalidated ? NULL : (CUgraph)fs->graph;
+        r = fs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+        fs->graph = NULL;
+    }
+    pthread_mutex_unlock(&dev.mu);
+    return r;
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
+{
+    return cuStreamEndCapture(s, graph);
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+    struct fake_stream *fs = fake_stream(s);
+    pthread_mutex_lock(&dev.mu);
+    *status = fs == NULL || !fs->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+              : fs->invalidated            ? 2 /* CU_STREAM_CAPTURE_STATUS_INVALIDATED */
+                                           : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only)
+{
+    int broken = 0;
+    pthread_mutex_lock(&dev.mu);
+    for (int i = 0; i < nstreams; i++) {
+        struct fake_stream *fs = streams[i];
+        int own = only != NULL ? fs == only : fs->ctx == c;
+        int global = fs->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                     capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        if (fs->capturing && !fs->invalidated && (own || global)) {
+            fs->invalidated = 1;
+            broken = 1;
+        }
+    }
+    pthread_mutex_unlock(&dev.mu);
+    return broken ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* ---- work ---- */
+
+/* Queue one kernel on s (or record it, when s is capturing). */
 static CUresult launch(CUstream s)
 {
-    struct fake_ctx *c = stream_ctx(s);
-    if (c == NULL || !valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_ctx *c = fake_stream_ctx(s);
+    if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_stream *fs = fake_stream(s);
+    if (fs != NULL && fs->capturing) {
+        pthread_mutex_lock(&dev.mu);
+        CUresult r = fs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+        if (r == CUDA_SUCCESS) fs->graph->nodes++;
+        pthread_mutex_unlock(&dev.mu);
+        return r;
+    }
+    if (dev.submit_delay_us > 0) sleep_us(dev.submit_delay_us);
     if (dev.launch_us == 0 && dev.trace_fd < 0) return CUDA_SUCCESS; /* nothing to wait for */
     pthread_mutex_lock(&c->mu);
     if (!c->worker_started) {
@@ -347,35 +596,23 @@ static CUresult launch(CUstream s)
     return CUDA_SUCCESS;
 }
 
-static CUresult sync_ctx(struct fake_ctx *c)
+static CUresult sync_ctx(struct fake_ctx *c, struct fake_stream *only)
 {
-    if (c == NULL || !valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&c->mu);
-    while (c->pending > 0) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = fake_sync_allowed(c, only);
+    if (r != CUDA_SUCCESS) return r;
+    drain(c);
+    fake_release_pools(c->dev);
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxSynchronize(void) { return sync_ctx(current()); }
-
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags)
+EXPORT CUresult cuCtxSynchronize(void) { return sync_ctx(fake_current(), NULL); }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) { return sync_ctx((struct fake_ctx *)ctx, NULL); }
+EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
-    (void)flags;
-    struct fake_ctx *c = current();
-    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-    struct fake_stream *st = calloc(1, sizeof *st);
-    st->ctx = c;
-    *s = (CUstream)st;
-    return CUDA_SUCCESS;
+    struct fake_stream *fs = fake_stream(s);
+    return sync_ctx(fake_stream_ctx(s), fs);
 }
-
-EXPORT CUresult cuStreamDestroy_v2(CUstream s)
-{
-    (void)s; /* streams are kept: a stale handle stays harmless in tests */
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuStreamSynchronize(CUstream s) { return sync_ctx(stream_ctx(s)); }
 
 EXPORT CUresult cuLaunchKernel(NVS_LAUNCH_ARGS)
 {
@@ -389,8 +626,8 @@ EXPORT CUresult cuLaunchKernel_ptsz(NVS_LAUNCH_ARGS)
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {
-    (void)cfg, (void)f, (void)p, (void)e;
-    return launch(NULL);
+    (void)f, (void)p, (void)e;
+    return launch(cfg != NULL ? cfg->hStream : NULL);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {
@@ -406,192 +643,150 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(NVS_COOP_ARGS)
 }
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *p, unsigned n, unsigned fl)
 {
-    (void)p, (void)n, (void)fl;
+    (void)fl;
+    for (unsigned i = 0; i < n; i++) {
+        CUresult r = launch(p[i].hStream);
+        if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    (void)f;
     return launch(NULL);
 }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
 {
-    (void)g;
+    (void)f, (void)w, (void)h;
+    return launch(NULL);
+}
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    (void)f, (void)w, (void)h;
     return launch(s);
 }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+
+/* ---- graphs: their memory is reserved at upload or first launch ---- */
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                            unsigned long long flags)
+{
+    (void)flags;
+    struct fake_graph *g = (struct fake_graph *)graph;
+    if (g == NULL || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    struct fake_exec *e = calloc(1, sizeof *e);
+    e->magic = EXEC_MAGIC;
+    e->graph = g;
+    *exec = (CUgraphExec)e;
+    return CUDA_SUCCESS;
+}
+
+static struct fake_exec *exec_of(CUgraphExec exec)
+{
+    struct fake_exec *e = (struct fake_exec *)exec;
+    return e != NULL && e->magic == EXEC_MAGIC ? e : NULL;
+}
+
+static CUresult reserve_graph(struct fake_exec *e)
+{
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&dev.mu);
+    int d = e->graph->dev;
+    if (!e->reserved) {
+        uint64_t want = dev.graph_used[d] + e->graph->mem;
+        uint64_t grow = want > dev.graph_reserved[d] ? want - dev.graph_reserved[d] : 0;
+        if (dev.used[d] + grow > dev.total) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            dev.used[d] += grow;
+            dev.graph_reserved[d] += grow;
+            dev.graph_used[d] += e->graph->mem;
+            e->reserved = 1;
+        }
+    }
+    pthread_mutex_unlock(&dev.mu);
+    return r;
+}
+
+static CUresult run_graph(CUgraphExec exec, CUstream s, int launch_it)
+{
+    struct fake_exec *e = exec_of(exec);
+    if (e == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = reserve_graph(e);
+    return r == CUDA_SUCCESS && launch_it ? launch(s) : r;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run_graph(g, s, 1); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return run_graph(g, s, 1); }
+EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { return run_graph(g, s, 0); }
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) { return run_graph(g, s, 0); }
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    struct fake_exec *e = exec_of(exec);
+    if (e == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&dev.mu);
+    if (e->reserved) dev.graph_used[e->graph->dev] -= e->graph->mem;
+    e->magic = 0;
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph graph)
+{
+    struct fake_graph *g = (struct fake_graph *)graph;
+    return g != NULL && g->magic == GRAPH_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void *value)
+{
+    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&dev.mu);
+    uint64_t v = attr == 0 ? dev.graph_used[d] : attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT
+                                                     ? dev.graph_reserved[d]
+                                                     : 0;
+    pthread_mutex_unlock(&dev.mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
+{
+    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&dev.mu);
+    dev.used[d] -= dev.graph_reserved[d] - dev.graph_used[d];
+    dev.graph_reserved[d] = dev.graph_used[d];
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
+}
 
 /* Copies and sets move no bytes: synchronous ones wait for the context, async ones return. */
-#define FAKE_SYNC(name, params, args) \
-    EXPORT CUresult name params       \
-    {                                 \
-        (void)(sizeof #args);         \
-        return sync_ctx(current());   \
+#define FAKE_SYNC(name, params, args)                              \
+    EXPORT CUresult name params                                    \
+    {                                                              \
+        (void)(sizeof #args);                                      \
+        struct fake_ctx *c = fake_current();                       \
+        if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT; \
+        drain(c);                                                  \
+        return CUDA_SUCCESS;                                       \
     }
-#define FAKE_ASYNC(name, params, args) \
-    EXPORT CUresult name params        \
-    {                                  \
-        return current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; \
+#define FAKE_ASYNC(name, params, args)                                    \
+    EXPORT CUresult name params                                           \
+    {                                                                     \
+        return fake_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; \
     }
+/* The other stream-ordered submissions queue one unit of work each. */
+#define FAKE_STREAM_OP(name, params, args) \
+    EXPORT CUresult name params { return launch(st); }
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 NVS_SYNC_COPIES(FAKE_SYNC, )
 NVS_SYNC_COPIES(FAKE_SYNC, _ptds)
 NVS_ASYNC_COPIES(FAKE_ASYNC, )
 NVS_ASYNC_COPIES(FAKE_ASYNC, _ptsz)
+NVS_STREAM_OPS(FAKE_STREAM_OP, )
+NVS_STREAM_OPS(FAKE_STREAM_OP, _ptsz)
 #pragma GCC diagnostic pop
-
-/* ---- memory: virtual, but counted against the device size at 2 MiB granularity ---- */
-
-static CUresult take(int d, uint64_t requested, uint64_t charge, unsigned long long *handle)
-{
-    if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_CONTEXT;
-    if (requested == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (dev.fail_size != 0 && requested == dev.fail_size) return CUDA_ERROR_UNKNOWN;
-    pthread_mutex_lock(&dev.mu);
-    if (dev.used[d] + charge > dev.total) {
-        pthread_mutex_unlock(&dev.mu);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    dev.used[d] += charge;
-    pthread_mutex_unlock(&dev.mu);
-    struct fake_alloc *a = malloc(sizeof *a);
-    a->magic = ALLOC_MAGIC;
-    a->bytes = charge;
-    a->dev = d;
-    *handle = (uint64_t)(uintptr_t)a;
-    return CUDA_SUCCESS;
-}
-
-static CUresult give(uint64_t handle)
-{
-    struct fake_alloc *a = (struct fake_alloc *)(uintptr_t)handle;
-    if (a == NULL || a->magic != ALLOC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&dev.mu);
-    dev.used[a->dev] -= a->bytes;
-    pthread_mutex_unlock(&dev.mu);
-    a->magic = 0;
-    free(a);
-    return CUDA_SUCCESS;
-}
-
-static int cur_dev(void) { return current() ? current()->dev : -1; }
-static uint64_t rounded(uint64_t n) { return (n + GRANULE - 1) / GRANULE * GRANULE; }
-
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
-{
-    return take(cur_dev(), bytes, rounded(bytes), p);
-}
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e)
-{
-    (void)e;
-    *pitch = (w + 511) / 512 * 512;
-    return take(cur_dev(), w * h, rounded(*pitch * h), p);
-}
-/* Managed memory pages in and out on demand: it is not limited by the device size. */
-EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t bytes, unsigned flags)
-{
-    (void)flags;
-    return take(cur_dev(), bytes, 0, p);
-}
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s)
-{
-    struct fake_ctx *c = stream_ctx(s);
-    return take(c ? c->dev : -1, bytes, rounded(bytes), p);
-}
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t bytes, CUstream s)
-{
-    return cuMemAllocAsync(p, bytes, s);
-}
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s)
-{
-    (void)pool;
-    return cuMemAllocAsync(p, bytes, s);
-}
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool pool,
-                                             CUstream s)
-{
-    (void)pool;
-    return cuMemAllocAsync(p, bytes, s);
-}
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes,
-                            const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    (void)flags;
-    if (prop == NULL || bytes % GRANULE != 0) return CUDA_ERROR_INVALID_VALUE;
-    return take(prop->location.id, bytes, bytes, h);
-}
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return give(h); }
-
-static uint64_t elem(unsigned format)
-{
-    return format == 1 || format == 8 ? 1 : (format == 2 || format == 9 || format == 0x10) ? 2 : 4;
-}
-static uint64_t extent(size_t w, size_t h, size_t d, unsigned f, unsigned ch)
-{
-    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * elem(f) * (ch ? ch : 1);
-}
-
-EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    uint64_t bytes = extent(d->Width, d->Height, 0, d->Format, d->NumChannels);
-    unsigned long long h = 0;
-    CUresult r = take(cur_dev(), bytes, rounded(bytes), &h);
-    *a = (CUarray)(uintptr_t)h;
-    return r;
-}
-EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    uint64_t bytes = extent(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-    unsigned long long h = 0;
-    CUresult r = take(cur_dev(), bytes, rounded(bytes), &h);
-    *a = (CUarray)(uintptr_t)h;
-    return r;
-}
-EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d,
-                                       unsigned levels)
-{
-    uint64_t bytes = 0;
-    unsigned long long h = 0;
-    size_t w = d->Width, hh = d->Height, z = d->Depth;
-    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
-        bytes += extent(w, hh, z, d->Format, d->NumChannels);
-        w = w > 1 ? w / 2 : 1;
-        hh = hh > 1 ? hh / 2 : hh;
-        z = z > 1 ? z / 2 : z;
-    }
-    CUresult r = take(cur_dev(), bytes, rounded(bytes), &h);
-    *a = (CUmipmappedArray)(uintptr_t)h;
-    return r;
-}
-EXPORT CUresult cuArrayDestroy(CUarray a) { return give((uint64_t)(uintptr_t)a); }
-EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return give((uint64_t)(uintptr_t)a); }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return give(p); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
-{
-    (void)s;
-    return give(p);
-}
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
-
-EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
-{
-    int d = cur_dev();
-    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&dev.mu);
-    *free_bytes = dev.total - dev.used[d];
-    *total_bytes = dev.total;
-    pthread_mutex_unlock(&dev.mu);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags)
-{
-    (void)flags;
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuMemFreeHost(void *p)
-{
-    free(p);
-    return CUDA_SUCCESS;
-}
 
 /* ---- cuGetProcAddress: a table of our own (dlsym would be answered by the hook) ---- */
 
@@ -606,19 +801,23 @@ static const struct proc procs[] = {
     P(cuDeviceGetUuid_v2) P(cuDeviceTotalMem_v2) P(cuCtxCreate_v2) P(cuCtxCreate_v3)
     P(cuCtxCreate_v4) P(cuCtxDestroy_v2) P(cuCtxSetCurrent) P(cuCtxGetCurrent)
     P(cuCtxPushCurrent_v2) P(cuCtxPopCurrent_v2) P(cuCtxGetDevice) P(cuCtxSynchronize)
-    P(cuDevicePrimaryCtxRetain) P(cuDevicePrimaryCtxRelease_v2) P(cuStreamCreate)
-    P(cuStreamDestroy_v2) P(cuStreamSynchronize) P(cuGetProcAddress) P(cuGetProcAddress_v2)
+    P(cuDevicePrimaryCtxRetain) P(cuDevicePrimaryCtxRelease_v2) P(cuDevicePrimaryCtxReset_v2)
+    P(cuStreamCreate) P(cuStreamDestroy_v2) P(cuStreamSynchronize) P(cuGetProcAddress)
+    P(cuGetProcAddress_v2) P(cuStreamBeginCapture_v2) P(cuStreamEndCapture)
+    P(cuStreamIsCapturing) P(cuGraphInstantiateWithFlags)
     P(cuLaunchKernel) P(cuLaunchKernel_ptsz) P(cuLaunchKernelEx) P(cuLaunchKernelEx_ptsz)
     P(cuLaunchCooperativeKernel) P(cuLaunchCooperativeKernel_ptsz)
     P(cuLaunchCooperativeKernelMultiDevice) P(cuGraphLaunch) P(cuGraphLaunch_ptsz)
+    P(cuGraphUpload) P(cuGraphUpload_ptsz)
     NVS_SYNC_COPIES(P_COPY, ) NVS_SYNC_COPIES(P_COPY, _ptds) NVS_ASYNC_COPIES(P_COPY, )
-    NVS_ASYNC_COPIES(P_COPY, _ptsz)
+    NVS_ASYNC_COPIES(P_COPY, _ptsz) NVS_STREAM_OPS(P_COPY, ) NVS_STREAM_OPS(P_COPY, _ptsz)
     P(cuMemAlloc_v2) P(cuMemAllocPitch_v2) P(cuMemAllocManaged) P(cuMemAllocAsync)
     P(cuMemAllocAsync_ptsz) P(cuMemAllocFromPoolAsync) P(cuMemAllocFromPoolAsync_ptsz)
-    P(cuMemCreate) P(cuMemRelease) P(cuArrayCreate_v2) P(cuArray3DCreate_v2)
+    P(cuMemCreate) P(cuMemRelease) P(cuMemMap) P(cuMemUnmap) P(cuMemRetainAllocationHandle)
+    P(cuArrayCreate_v2) P(cuArray3DCreate_v2)
     P(cuMipmappedArrayCreate) P(cuArrayDestroy) P(cuMipmappedArrayDestroy) P(cuMemFree_v2)
     P(cuMemFreeAsync) P(cuMemFreeAsync_ptsz) P(cuMemGetInfo_v2) P(cuMemHostAlloc)
-    P(cuMemFreeHost)
+    P(cuMemFreeHost) P(cuMemPoolCreate) P(cuMemPoolDestroy)
 };
 
 static void *find_proc(const char *name)

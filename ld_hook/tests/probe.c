@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../cuda_api.h"
+#include "probe.h"
 
 struct api {
     __typeof__(&cuInit) init;
@@ -121,21 +122,25 @@ static int symbols(void)
 
 /* ---- the interpreter ---- */
 
-struct handle {
-    char kind;
-    uint64_t value;
-};
-static struct handle *handles;
-static size_t nhandles, caphandles;
+struct handle *handles;
+size_t nhandles;
+static size_t caphandles;
 
-static size_t keep(char kind, uint64_t value)
+size_t keep(char kind, uint64_t value, uint64_t aux)
 {
     if (nhandles == caphandles) {
         caphandles = caphandles ? caphandles * 2 : 1024;
         handles = realloc(handles, caphandles * sizeof *handles);
     }
-    handles[nhandles] = (struct handle){kind, value};
+    handles[nhandles] = (struct handle){kind, value, aux};
     return nhandles++;
+}
+
+int handle_of(unsigned long long id, char kind, uint64_t *value)
+{
+    if (id >= nhandles || handles[id].kind != kind) return 0;
+    *value = handles[id].value;
+    return 1;
 }
 
 static CUresult release(struct api *a, size_t id)
@@ -163,20 +168,22 @@ static CUresult alloc(struct api *a, char *args, size_t *id)
     CUresult r;
     if (strcmp(kind, "mem") == 0) {
         r = a->alloc(&p, x[0]);
-        if (!r) *id = keep('p', p);
+        if (!r) *id = keep('p', p, 0);
     } else if (strcmp(kind, "pitch") == 0) {
         size_t pitch;
         r = a->pitch(&p, &pitch, x[0], x[1], 4);
-        if (!r) *id = keep('p', p);
+        if (!r) *id = keep('p', p, 0);
     } else if (strcmp(kind, "managed") == 0) {
         r = a->managed(&p, x[0], CU_MEM_ATTACH_GLOBAL);
-        if (!r) *id = keep('p', p);
+        if (!r) *id = keep('p', p, 0);
     } else if (strcmp(kind, "async") == 0) {
         r = a->async(&p, x[0], NULL);
-        if (!r) *id = keep('q', p);
+        if (!r) *id = keep('q', p, 0);
     } else if (strcmp(kind, "pool") == 0) {
-        r = a->pool(&p, x[0], NULL, NULL);
-        if (!r) *id = keep('q', p);
+        CUmemoryPool pool = NULL;
+        r = cuDeviceGetMemPool(&pool, 0);
+        if (!r) r = a->pool(&p, x[0], pool, NULL);
+        if (!r) *id = keep('q', p, 0);
     } else if (strcmp(kind, "vmm") == 0) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
@@ -185,22 +192,22 @@ static CUresult alloc(struct api *a, char *args, size_t *id)
         prop.location.id = 0;
         CUmemGenericAllocationHandle h = 0;
         r = a->create(&h, x[0], &prop, 0);
-        if (!r) *id = keep('v', h);
+        if (!r) *id = keep('v', h, x[0]);
     } else if (strcmp(kind, "array") == 0) {
         CUDA_ARRAY_DESCRIPTOR d = {x[0], x[1], (unsigned)x[2], (unsigned)x[3]};
         CUarray arr;
         r = a->array(&arr, &d);
-        if (!r) *id = keep('a', (uint64_t)(uintptr_t)arr);
+        if (!r) *id = keep('a', (uint64_t)(uintptr_t)arr, 0);
     } else if (strcmp(kind, "array3d") == 0 || strcmp(kind, "mipmap") == 0) {
         CUDA_ARRAY3D_DESCRIPTOR d = {x[0], x[1], x[2], (unsigned)x[3], (unsigned)x[4], 0};
         if (kind[0] == 'a') {
             CUarray arr;
             r = a->array3d(&arr, &d);
-            if (!r) *id = keep('a', (uint64_t)(uintptr_t)arr);
+            if (!r) *id = keep('a', (uint64_t)(uintptr_t)arr, 0);
         } else {
             CUmipmappedArray arr;
             r = a->mipmap(&arr, &d, (unsigned)x[5]);
-            if (!r) *id = keep('m', (uint64_t)(uintptr_t)arr);
+            if (!r) *id = keep('m', (uint64_t)(uintptr_t)arr, 0);
         }
     } else if (strcmp(kind, "host") == 0) {
         void *h;
@@ -228,7 +235,7 @@ static CUresult start(struct api *a, int device)
     return r;
 }
 
-static void reply(CUresult r, const char *fmt, unsigned long long v)
+void reply(CUresult r, const char *fmt, unsigned long long v)
 {
     if (r != CUDA_SUCCESS)
         printf("err %d\n", r);
@@ -322,6 +329,8 @@ static int run(struct api *a)
                 printf("ok %llu %llu %llu\n", m2.free, m2.total, m2.used), fflush(stdout);
         } else if (strcmp(cmd, "quit") == 0) {
             return 0;
+        } else if (probe_case(cmd, line + strlen(cmd))) {
+            continue;
         } else {
             reply(CUDA_ERROR_INVALID_VALUE, "", 0);
         }

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../nvshare.h"
+#include "../config.h"
 
 int main(void)
 {

@@ -1,0 +1,130 @@
+/*
+ * Reading the environment (see config.h). Messages go through nvs_log, so they carry the pid and
+ * reach stderr even without NVSHARE_DEBUG.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+
+struct nvs_config nvs_cfg;
+
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int loaded;
+
+/* Digits only, within [min, max]. 0 on success; the caller reports a failure. */
+static int parse_whole(const char *text, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (text == NULL || *text == '\0') return -1;
+    for (const char *p = text; *p; p++)
+        if (!isdigit((unsigned char)*p)) return -1;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno == ERANGE || *end != '\0' || v < min || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A whole number from the environment; unset or empty leaves *out untouched. */
+static void whole_env(const char *name, uint64_t min, uint64_t max, uint64_t *out,
+                      const char *meaning, const char *instead)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0') return;
+    uint64_t parsed;
+    if (parse_whole(v, min, max, &parsed) == 0) {
+        *out = parsed;
+        return;
+    }
+    nvs_log("%s=%s is not %s from %llu to %llu; ignored, %s", name, v, meaning,
+            (unsigned long long)min, (unsigned long long)max, instead);
+}
+
+static void text_env(char *dst, size_t size, const char *name, const char *what)
+{
+    const char *v = getenv(name);
+    dst[0] = '\0';
+    if (v == NULL) return;
+    if (strlen(v) >= size) {
+        nvs_log("%s is %zu bytes long, more than a %s can be (%zu); not sent to the scheduler",
+                name, strlen(v), what, size - 1);
+        return;
+    }
+    memcpy(dst, v, strlen(v) + 1);
+}
+
+static void load_debug(void)
+{
+    const char *v = getenv("NVSHARE_DEBUG");
+    nvs_debug_on = v != NULL && strcmp(v, "1") == 0;
+    if (v != NULL && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+        nvs_log("NVSHARE_DEBUG=%s is neither 0 nor 1; debug logging stays off", v);
+}
+
+static void load_socket_path(void)
+{
+    const char *dir = getenv("NVSHARE_SOCKET_DIR");
+    if (dir == NULL || *dir == '\0') dir = "/var/run/nvshare";
+    int n = snprintf(nvs_cfg.socket_path, sizeof nvs_cfg.socket_path, "%s/scheduler.sock", dir);
+    nvs_cfg.socket_usable = n > 0 && (size_t)n < sizeof nvs_cfg.socket_path;
+    if (!nvs_cfg.socket_usable) {
+        nvs_cfg.socket_path[0] = '\0';
+        nvs_log("NVSHARE_SOCKET_DIR=%s makes the socket path %d bytes long, more than the %zu a "
+                "Unix socket allows; running without the scheduler (local limits only)",
+                dir, n, sizeof nvs_cfg.socket_path - 1);
+    }
+}
+
+static void load_memory_limit(void)
+{
+    const char *v = getenv("NVSHARE_GPU_MEMORY_LIMIT");
+    nvs_cfg.env_mem_limit = 0;
+    if (v == NULL || *v == '\0') return;
+    uint64_t bytes = 0;
+    if (nvs_parse_bytes(v, &bytes) != 0)
+        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is not a byte quantity (like 4Gi or 512Mi); "
+                "ignored, the scheduler's limit applies",
+                v);
+    else if (bytes == 0)
+        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is zero bytes; ignored, the scheduler's limit "
+                "applies (unset the variable for no limit of your own)",
+                v);
+    else
+        nvs_cfg.env_mem_limit = bytes;
+}
+
+void nvs_config_load(void)
+{
+    if (atomic_load_explicit(&loaded, memory_order_acquire)) return;
+    pthread_mutex_lock(&load_mu);
+    if (!atomic_load_explicit(&loaded, memory_order_relaxed)) {
+        load_debug();
+        load_socket_path();
+        load_memory_limit();
+        uint64_t core = 0, idle = 0, timeout = NVS_DEFAULT_DAEMON_TIMEOUT_MS;
+        whole_env("NVSHARE_GPU_CORE_LIMIT", 1, 100, &core, "a whole percentage",
+                  "the scheduler's core limit applies");
+        whole_env("NVSHARE_IDLE_RELEASE_MS", 1, 86400000, &idle, "a whole number of milliseconds",
+                  "the policy's idle release applies");
+        whole_env("NVSHARE_DAEMON_TIMEOUT_MS", 100, 600000, &timeout,
+                  "a whole number of milliseconds", "5000 applies");
+        nvs_cfg.env_core_limit = (uint32_t)core;
+        nvs_cfg.idle_release_ms = (uint32_t)idle;
+        nvs_cfg.daemon_timeout_ms = (uint32_t)timeout;
+        text_env(nvs_cfg.pod_namespace, sizeof nvs_cfg.pod_namespace, "NVSHARE_POD_NAMESPACE",
+                 "namespace");
+        text_env(nvs_cfg.pod_name, sizeof nvs_cfg.pod_name, "NVSHARE_POD_NAME", "pod name hint");
+        atomic_store_explicit(&loaded, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&load_mu);
+}
+
+void nvs_config_after_fork(void) { pthread_mutex_init(&load_mu, NULL); }

@@ -1,0 +1,441 @@
+/*
+ * The gate (see gate.h): the lock state machine per GPU, the registry of submitting threads, and
+ * one drainer thread per GPU that carries out releases, so the connection's reader only ever reads.
+ */
+#define _GNU_SOURCE
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "capture.h"
+#include "config.h"
+#include "conn.h"
+#include "contexts.h"
+#include "gate.h"
+#include "log.h"
+#include "thread.h"
+
+#define DEFAULT_IDLE_RELEASE_MS 1000u
+#define INFLIGHT_BOUND_MS 1000u /* a call still inside the driver after this is waiting, not queueing */
+#define MIN_CAPTURE_WAIT_MS 1000u
+
+NVS_TLS struct nvs_thread *nvs_tls_thread;
+struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
+
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    enum nvs_lock_state state;
+    int mode_on;  /* the daemon's limits ask for gating */
+    int refused;  /* the daemon refused to gate us: run ungated until the next registration */
+    uint32_t reason, tq_ms, idle_release_ms;
+    uint64_t release_ns, last_active_ns;
+    int drainer;  /* the drainer thread runs */
+};
+
+static struct gate gates[NVS_MAX_GPUS];
+static _Atomic(struct nvs_thread *) threads;
+static pthread_key_t thread_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static int barrier_cmd;
+static atomic_int undrained_reported;
+
+static struct gate *gate_of(const struct nvs_gpu *g) { return &gates[g->index]; }
+
+static int is_open(enum nvs_lock_state s)
+{
+    return s == NVS_LOCK_UNGATED || s == NVS_LOCK_HELD || s == NVS_LOCK_RELEASING;
+}
+
+/* With gt->mu held. */
+static void set_state(struct nvs_gpu *g, enum nvs_lock_state s)
+{
+    struct gate *gt = gate_of(g);
+    gt->state = s;
+    atomic_store_explicit(&nvs_gate_hot[g->index].pass, is_open(s), memory_order_relaxed);
+    pthread_cond_broadcast(&gt->cv);
+}
+
+/* ------------------------------------------------------------------ submitting threads */
+
+static void thread_gone(void *p)
+{
+    struct nvs_thread *t = p;
+    atomic_store_explicit(&t->inflight, 0, memory_order_release);
+    atomic_store_explicit(&t->in_use, 0, memory_order_release);
+}
+
+static void make_key(void) { pthread_key_create(&thread_key, thread_gone); }
+
+struct nvs_thread *nvs_thread_register(void)
+{
+    pthread_once(&key_once, make_key);
+    struct nvs_thread *t;
+    for (t = atomic_load(&threads); t != NULL; t = t->next) {
+        int free_slot = 0;
+        if (atomic_compare_exchange_strong(&t->in_use, &free_slot, 1)) break;
+    }
+    if (t == NULL) {
+        t = aligned_alloc(64, 64);
+        if (t == NULL) abort(); /* 64 bytes; nothing sensible is left to do */
+        memset(t, 0, 64);
+        atomic_store(&t->in_use, 1);
+        t->next = atomic_load(&threads);
+        while (!atomic_compare_exchange_weak(&threads, &t->next, t)) {
+        }
+    }
+    nvs_tls_thread = t;
+    pthread_setspecific(thread_key, t);
+    return t;
+}
+
+/* After the gate closed: no thread that saw it open may still be inside a driver call. */
+static void wait_inflight(const struct nvs_gpu *g)
+{
+    uint64_t deadline = nvs_now_ns() + INFLIGHT_BOUND_MS * 1000000ull;
+    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next) {
+        for (int spins = 0; atomic_load_explicit(&t->inflight, memory_order_acquire) & g->bit;
+             spins++) {
+            if (nvs_now_ns() > deadline) {
+                NVS_DEBUG("GPU %d: a submission is still inside the driver after %u ms; it is "
+                          "waiting, not queueing",
+                          g->index, INFLIGHT_BOUND_MS);
+                return;
+            }
+            if (spins < 64) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+}
+
+#ifndef MEMBARRIER_CMD_GLOBAL
+#define MEMBARRIER_CMD_GLOBAL 1
+#endif
+
+static void barrier_init(void)
+{
+    long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+        syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+        barrier_cmd = MEMBARRIER_CMD_PRIVATE_EXPEDITED;
+    else if (q > 0 && (q & MEMBARRIER_CMD_GLOBAL))
+        barrier_cmd = MEMBARRIER_CMD_GLOBAL;
+}
+
+/*
+ * The heavy half of the in-flight handshake: every running thread of the process executes a full
+ * barrier, so a mark stored before a thread read the gate is visible now, and a thread reading
+ * the gate from now on sees it closed. Without membarrier (old kernel, seccomp) the store buffers
+ * of the other CPUs drain within microseconds; a millisecond is given instead.
+ */
+static void heavy_barrier(void)
+{
+    static atomic_int fence; /* a seq_cst read-modify-write: our own full barrier */
+    atomic_fetch_add_explicit(&fence, 1, memory_order_seq_cst);
+    if (barrier_cmd != 0 && syscall(SYS_membarrier, barrier_cmd, 0, 0) == 0) return;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ the slow path */
+
+/* Waits until g's gate is open (or s records into a capture: no GPU work). 1 = pass for capture. */
+static int wait_open(struct nvs_gpu *g, CUstream s)
+{
+    struct gate *gt = gate_of(g);
+    nvs_conn_use(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_UNUSED) set_state(g, NVS_LOCK_UNGATED); /* no answer: fail soft */
+    int capture_pass = 0;
+    while (!is_open(gt->state)) {
+        int request = gt->state == NVS_LOCK_IDLE;
+        if (request) {
+            set_state(g, NVS_LOCK_REQUESTED);
+            if (nvs_conn_queue(g, NVS_MSG_LOCK_REQUEST, NULL, 0, NULL) != 0)
+                set_state(g, NVS_LOCK_UNGATED);
+        }
+        nvs_unlock(&gt->mu);
+        if (request) {
+            NVS_DEBUG("GPU %d: requesting the lock", g->index);
+            nvs_conn_flush(g);
+        }
+        capture_pass = nvs_capture_active(g) > 0 && nvs_stream_capturing(s);
+        nvs_lock(&gt->mu);
+        if (capture_pass) break;
+        if (!is_open(gt->state) && gt->state != NVS_LOCK_IDLE) {
+            struct timespec ts = nvs_deadline_ms(250);
+            pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
+        }
+    }
+    nvs_unlock(&gt->mu);
+    return capture_pass;
+}
+
+void nvs_gate_slow(struct nvs_gpu *g, struct nvs_thread *t, CUstream s)
+{
+    struct nvs_gate_hot *h = &nvs_gate_hot[g->index];
+    for (;;) {
+        atomic_store_explicit(&t->inflight, 0, memory_order_relaxed);
+        int capture_pass = wait_open(g, s);
+        atomic_store_explicit(&t->inflight, g->bit, memory_order_relaxed);
+        if (capture_pass || atomic_load_explicit(&h->pass, memory_order_relaxed)) break;
+    }
+    atomic_store_explicit(&h->touched, 1, memory_order_relaxed);
+}
+
+struct nvs_thread *nvs_gate_enter_many(uint64_t mask)
+{
+    struct nvs_thread *t = nvs_tls_thread;
+    if (t == NULL) t = nvs_thread_register();
+    for (;;) {
+        atomic_store_explicit(&t->inflight, mask, memory_order_relaxed);
+        int closed = -1;
+        for (int i = 0; i < NVS_MAX_GPUS && closed < 0; i++)
+            if ((mask >> i & 1) && !atomic_load_explicit(&nvs_gate_hot[i].pass, memory_order_relaxed))
+                closed = i;
+        if (closed < 0) break;
+        atomic_store_explicit(&t->inflight, 0, memory_order_relaxed);
+        wait_open(&nvs_gpu_table[closed], NULL);
+    }
+    for (int i = 0; i < NVS_MAX_GPUS; i++)
+        if (mask >> i & 1) atomic_store_explicit(&nvs_gate_hot[i].touched, 1, memory_order_relaxed);
+    return t;
+}
+
+/* ------------------------------------------------------------------ releases */
+
+static void report_undrained(const struct nvs_gpu *g, uint32_t waited_ms)
+{
+    NVS_DEBUG("GPU %d: a stream capture still runs %u ms after the drop; handing the lock over "
+              "without synchronising",
+              g->index, waited_ms);
+    if (!atomic_exchange(&undrained_reported, 1))
+        nvs_log("GPU %d: a stream capture outlived the time quantum (%u ms); the lock was handed "
+                "over without waiting for this process's queued GPU work, so that the capture is "
+                "not broken (reported to the scheduler as an undrained release; said once)",
+                g->index, waited_ms);
+}
+
+/* Returns 0 once g is DRAINING (gate closed), or -1 when the release was called off. */
+static int close_for_release(struct nvs_gpu *g, uint64_t deadline_ns)
+{
+    struct gate *gt = gate_of(g);
+    for (;;) {
+        int left = nvs_capture_wait_idle(g, deadline_ns);
+        nvs_lock(&gt->mu);
+        if (gt->state != NVS_LOCK_RELEASING) {
+            nvs_unlock(&gt->mu);
+            return -1;
+        }
+        if (left == 0 || nvs_now_ns() >= deadline_ns) {
+            set_state(g, NVS_LOCK_DRAINING);
+            nvs_unlock(&gt->mu);
+            return 0;
+        }
+        nvs_unlock(&gt->mu);
+    }
+}
+
+static void release(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    uint32_t reason = gt->reason;
+    uint32_t bound_ms = gt->tq_ms > MIN_CAPTURE_WAIT_MS ? gt->tq_ms : MIN_CAPTURE_WAIT_MS;
+    uint64_t deadline = gt->release_ns + bound_ms * 1000000ull;
+    nvs_unlock(&gt->mu);
+    if (close_for_release(g, deadline) != 0) return;
+    heavy_barrier();
+    wait_inflight(g);
+    if (nvs_capture_fence(g) == 0) {
+        nvs_ctx_sync_gpu(g);
+        nvs_capture_unfence(g);
+    } else {
+        report_undrained(g, bound_ms);
+        reason = NVS_RELEASE_UNDRAINED;
+    }
+    nvs_lock(&gt->mu);
+    int sent = 0;
+    if (gt->state == NVS_LOCK_DRAINING) {
+        struct nvs_lock_released body = {.reason = reason, .reserved = 0};
+        sent = nvs_conn_queue(g, NVS_MSG_LOCK_RELEASED, &body, sizeof body, NULL) == 0;
+        set_state(g, sent ? NVS_LOCK_IDLE : NVS_LOCK_UNGATED);
+    }
+    nvs_unlock(&gt->mu);
+    if (sent) {
+        nvs_conn_flush(g);
+        NVS_DEBUG("GPU %d: lock released (%s)", g->index,
+                  reason == NVS_RELEASE_IDLE ? "idle" : reason == NVS_RELEASE_UNDRAINED ? "undrained" : "dropped");
+    }
+}
+
+static void *drainer_main(void *arg)
+{
+    struct nvs_gpu *g = arg;
+    struct gate *gt = gate_of(g);
+    nvs_capture_relax_thread();
+    for (;;) {
+        nvs_lock(&gt->mu);
+        while (gt->state != NVS_LOCK_RELEASING) pthread_cond_wait(&gt->cv, &gt->mu);
+        nvs_unlock(&gt->mu);
+        release(g);
+    }
+    return NULL;
+}
+
+/* With gt->mu held: a release is wanted. */
+static void begin_release(struct nvs_gpu *g, uint32_t reason)
+{
+    struct gate *gt = gate_of(g);
+    gt->reason = reason;
+    gt->release_ns = nvs_now_ns();
+    set_state(g, NVS_LOCK_RELEASING);
+}
+
+/* ------------------------------------------------------------------ events */
+
+void nvs_gate_start(void)
+{
+    pthread_once(&key_once, make_key);
+    barrier_init();
+    for (int i = 0; i < NVS_MAX_GPUS; i++) {
+        struct gate *gt = &gates[i];
+        pthread_mutex_init(&gt->mu, NULL);
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&gt->cv, &attr);
+        pthread_condattr_destroy(&attr);
+        gt->state = NVS_LOCK_UNUSED;
+        gt->drainer = 0;
+        atomic_store(&nvs_gate_hot[i].pass, 0);
+        atomic_store(&nvs_gate_hot[i].touched, 0);
+    }
+}
+
+static void apply_mode(struct nvs_gpu *g, const struct nvs_limits *lim)
+{
+    struct gate *gt = gate_of(g);
+    gt->mode_on = lim->mode != NVS_MODE_OFF;
+    if (!gt->mode_on && gt->state != NVS_LOCK_UNGATED) {
+        set_state(g, NVS_LOCK_UNGATED); /* the daemon no longer counts us as a holder */
+    } else if (gt->mode_on && !gt->refused &&
+               (gt->state == NVS_LOCK_UNGATED || gt->state == NVS_LOCK_UNUSED)) {
+        set_state(g, NVS_LOCK_IDLE);
+    }
+}
+
+void nvs_gate_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    gt->refused = 0;
+    set_state(g, NVS_LOCK_UNGATED); /* a new connection holds nothing */
+    apply_mode(g, lim);
+    int start = !gt->drainer;
+    gt->drainer = 1;
+    nvs_unlock(&gt->mu);
+    if (start && nvs_thread_start("nvshare-drain", drainer_main, g) != 0) {
+        nvs_log("GPU %d: cannot start the drainer thread; this GPU runs without sharing", g->index);
+        nvs_lock(&gt->mu);
+        gt->refused = 1;
+        set_state(g, NVS_LOCK_UNGATED);
+        nvs_unlock(&gt->mu);
+    }
+}
+
+void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    apply_mode(g, lim);
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_REQUESTED) {
+        gt->tq_ms = grant->tq_ms;
+        gt->idle_release_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms
+                              : grant->idle_release_ms ? grant->idle_release_ms
+                                                       : DEFAULT_IDLE_RELEASE_MS;
+        gt->last_active_ns = nvs_now_ns();
+        atomic_store_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed);
+        set_state(g, NVS_LOCK_HELD);
+        NVS_DEBUG("GPU %d: lock granted", g->index);
+    }
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_drop(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_HELD) {
+        begin_release(g, NVS_RELEASE_DROPPED);
+        NVS_DEBUG("GPU %d: lock drop requested", g->index);
+    }
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_refused(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_REQUESTED) {
+        gt->refused = 1; /* the scheduler cannot gate us: run ungated rather than hang */
+        set_state(g, NVS_LOCK_UNGATED);
+    }
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_down(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    set_state(g, NVS_LOCK_UNGATED);
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_tick(struct nvs_gpu *g, uint64_t now)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_HELD) {
+        if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed))
+            gt->last_active_ns = now;
+        else if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
+                 nvs_capture_active(g) == 0)
+            begin_release(g, NVS_RELEASE_IDLE);
+    }
+    nvs_unlock(&gt->mu);
+}
+
+enum nvs_lock_state nvs_gate_state(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    enum nvs_lock_state s = gt->state;
+    nvs_unlock(&gt->mu);
+    return s;
+}
+
+/* In the child of fork(): only the forking thread exists; nothing is held or in flight. */
+void nvs_gate_after_fork(void)
+{
+    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next) {
+        atomic_store(&t->inflight, 0);
+        if (t != nvs_tls_thread) atomic_store(&t->in_use, 0);
+    }
+    nvs_gate_start();
+}

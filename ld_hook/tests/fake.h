@@ -1,0 +1,76 @@
+/*
+ * What the two halves of the fake libcuda.so.1 share: the device table, contexts, streams and
+ * the capture rules (fake_cuda.c) and memory (fake_memory.c).
+ */
+#ifndef NVSHARE_FAKE_H
+#define NVSHARE_FAKE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "../cuda_api.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define FAKE_MAX_DEVS 8
+#define FAKE_MAX_CTX 256
+#define FAKE_GRANULE (2ull << 20)
+
+struct fake_ctx {
+    int dev, alive;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int worker_started;
+    unsigned long pending; /* queued or running kernels */
+};
+
+struct fake_graph {
+    uint64_t magic;
+    int dev;
+    unsigned nodes;
+    uint64_t mem; /* bytes of the memory nodes captured into it */
+};
+
+struct fake_stream {
+    uint64_t magic;
+    struct fake_ctx *ctx;
+    int capturing, mode, invalidated;
+    struct fake_graph *graph;
+};
+
+struct fake_device_table {
+    pthread_mutex_t mu;
+    int initialised, count;
+    uint64_t total, used[FAKE_MAX_DEVS];
+    unsigned char uuid[FAKE_MAX_DEVS][16];
+    long launch_us, submit_delay_us;
+    int trace_fd;
+    uint64_t fail_size;
+    struct fake_ctx *ctxs[FAKE_MAX_CTX];
+    int nctx;
+    struct fake_ctx *primary[FAKE_MAX_DEVS];
+    int primary_refs[FAKE_MAX_DEVS];
+    int global_captures;
+    uint64_t graph_used[FAKE_MAX_DEVS], graph_reserved[FAKE_MAX_DEVS];
+};
+
+extern struct fake_device_table dev;
+
+int fake_ready(void);
+struct fake_ctx *fake_current(void);
+struct fake_ctx *fake_stream_ctx(CUstream s);
+struct fake_stream *fake_stream(CUstream s); /* NULL for the default streams */
+int fake_valid_ctx(struct fake_ctx *c);
+uint64_t fake_rounded(uint64_t n);
+/* A call that would synchronise `c` (or only stream `only`): refused, and the captures broken,
+ * where CUDA refuses it. */
+CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only);
+
+/* memory (fake_memory.c) */
+CUresult fake_take(struct fake_ctx *c, int d, uint64_t requested, uint64_t charge,
+                   unsigned long long *handle);
+CUresult fake_give(uint64_t handle);
+void fake_free_ctx_memory(struct fake_ctx *c);
+void fake_release_pools(int d); /* at a synchronisation: pools shrink to their release threshold */
+void fake_memory_init(void);
+
+#endif
