@@ -271,7 +271,9 @@ class Daemon:
             if samples:
                 self.server.dispatch(
                     ev.GpuFreeMemory(
-                        {s.uuid: s.memory_free for s in samples}, time=self.server.now()
+                        {s.uuid: s.memory_free for s in samples},
+                        time=self.server.now(),
+                        processes={s.uuid: s.processes for s in samples},
                     )
                 )
             await asyncio.sleep(NVML_SAMPLE_INTERVAL_S)

@@ -99,7 +99,7 @@ class ApplianceCollector(Collector):
         releases = CounterMetricFamily(
             "nvshare_scheduler_releases", "Lock releases by reason", labels=["reason"]
         )
-        for reason in ("dropped", "idle", "exit"):
+        for reason in ("dropped", "idle", "exit", "undrained"):
             releases.add_metric([reason], counters.get(f"releases_{reason}", 0))
         yield releases
 

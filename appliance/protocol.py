@@ -49,6 +49,10 @@ class MsgType(enum.IntEnum):
     QUERY = 30
     QUERY_REPLY = 31
     JSON_PART = 40
+    HEARTBEAT = 50
+    HEARTBEAT_ACK = 51
+    MEM_OBSERVED = 52
+    LEDGER_PEERS = 53
 
 
 class WireMode(enum.IntEnum):
@@ -66,6 +70,7 @@ class ReleaseReason(enum.IntEnum):
     DROPPED = 0
     IDLE = 1
     EXIT = 2
+    UNDRAINED = 3  # a stream capture outlived the quantum: handed over without synchronising
 
 
 class Status(enum.IntEnum):
@@ -218,6 +223,8 @@ def _empty(name: str, msg_type: MsgType) -> Any:
 LockRequest = _empty("LockRequest", MsgType.LOCK_REQUEST)
 LockDrop = _empty("LockDrop", MsgType.LOCK_DROP)
 StatusRequest = _empty("StatusRequest", MsgType.STATUS_REQUEST)
+Heartbeat = _empty("Heartbeat", MsgType.HEARTBEAT)
+HeartbeatAck = _empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +346,32 @@ class MemReturn(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
+class MemObserved(_Plain):
+    """What NVML shows the client's process holding; the hook counts what its ledger misses."""
+
+    TYPE: ClassVar[MsgType] = MsgType.MEM_OBSERVED
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
+    nvml_used: int  # bytes, per-process usage from NVML
+    allowance: int  # bytes of it left uncounted (the CUDA context)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerPeers:
+    """How many processes share the receiver's memory ledger (pod, GPU), itself included."""
+
+    TYPE: ClassVar[MsgType] = MsgType.LEDGER_PEERS
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    clients: int
+
+    def pack(self) -> bytes:
+        return self.FORMAT.pack(self.clients, 0)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> LedgerPeers:
+        return cls(cls.FORMAT.unpack(body)[0])
+
+
+@dataclass(frozen=True, slots=True)
 class LimitSet:
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
@@ -408,6 +441,10 @@ _FIXED: dict[MsgType, Any] = {
         MemReturn,
         LimitUpdate,
         LimitSet,
+        Heartbeat,
+        HeartbeatAck,
+        MemObserved,
+        LedgerPeers,
     )
 }
 _JSON_TYPES = {MsgType.STATUS_REPLY, MsgType.QUERY, MsgType.QUERY_REPLY}
@@ -426,6 +463,8 @@ BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_mem_grant": MemGrant.FORMAT,
     "nvs_mem_return": MemReturn.FORMAT,
     "nvs_limit_set": LimitSet.FORMAT,
+    "nvs_mem_observed": MemObserved.FORMAT,
+    "nvs_ledger_peers": LedgerPeers.FORMAT,
 }
 
 

@@ -302,6 +302,10 @@ class SchedulerServer:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RETURN)) is not None:
             self.dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
 
+    def _on_Heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:  # noqa: N802
+        # Liveness only: the hook treats a daemon that stops answering as gone.
+        conn.send(p.HeartbeatAck(), seq)
+
     # nvsharectl
 
     def _reply(self, conn: Connection, seq: int, ref: p.MsgType, replies: list[ev.Reply]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.core.identity import ClientIdentity
@@ -104,10 +104,12 @@ class AdminLimitSet:
 
 @dataclass(frozen=True, slots=True)
 class GpuFreeMemory:
-    """A real-time sample of a GPU's free memory (NVML), including non-hooked processes."""
+    """A real-time sample of a GPU's free memory (NVML), including non-hooked processes, and
+    what each process holds on it (pids as the daemon sees them: it runs with the host's)."""
 
     samples: Mapping[str, int]  # uuid -> free bytes
     time: float
+    processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> bytes
 
 
 @dataclass(frozen=True, slots=True)

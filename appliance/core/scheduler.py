@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,10 @@ log = logging.getLogger("nvshare.scheduler")
 
 MAX_TIME_QUANTUM_S = MAX_DURATION_S
 UNBOUNDED = 1 << 62
+# What NVML shows a process holding for its CUDA context (module images, stacks, the runtime's
+# own buffers) and the hook does not charge; measured on H100/H200 (bench/results/gpu.md).
+CONTEXT_ALLOWANCE_BYTES = 768 << 20
+OBSERVED_STEP_BYTES = 2 << 20  # smaller NVML changes are not sent to the hook
 EPSILON_S = 1e-6  # float slack on quota arithmetic
 _WIRE_MODE = {Mode.OFF: p.WireMode.OFF, Mode.ON: p.WireMode.ON, Mode.AUTO: p.WireMode.AUTO}
 
@@ -78,6 +82,9 @@ class Client:
     quota: QuotaAccount | None = None
     requeue: bool = False  # asked for the lock again while draining
     pod_source: str = ""  # "cgroup", "claimed" or ""
+    peers_told: int = 1  # processes on its ledger, as the hook last heard it
+    nvml_used: int | None = None  # what NVML last showed its process holding
+    nvml_told: int | None = None
 
     @property
     def footprint(self) -> int:
@@ -239,6 +246,7 @@ class Scheduler:
         self._refresh_limits(c, now)
         self._note_claim(c)
         self.counters["registrations"] += 1
+        peers = self._peer_updates()
         log.info(
             "client %d registered: pid %d uid %d gpu %s pod %s limits %s",
             c.id,
@@ -248,7 +256,7 @@ class Scheduler:
             self._pod_label(c),
             describe(c.limits),
         )
-        return [ev.Send(c.id, p.Registered(c.id, c.wire), e.seq)]
+        return [ev.Send(c.id, p.Registered(c.id, c.wire), e.seq), *peers]
 
     def _refresh_limits(self, c: Client, now: float) -> bool:
         """Recompute a client's limits; True when what the hook must know changed."""
@@ -298,7 +306,7 @@ class Scheduler:
             " while holding the lock" if was_holder else "",
             format_bytes(c.reserved),
         )
-        return self._schedule(gpu, now)
+        return self._schedule(gpu, now) + self._peer_updates()
 
     # ------------------------------------------------------------------ the lock
 
@@ -573,7 +581,38 @@ class Scheduler:
         for uuid, free in e.samples.items():
             self._free[uuid] = _FreeSample(free, e.time)
             self._stale_logged.discard(uuid)
-        return []
+        return self._observed(e.processes)
+
+    def _observed(self, processes: Mapping[str, Mapping[int, int]]) -> list[ev.Send]:
+        """Tell each hook what NVML shows its process holding, so that memory which never
+        passed an allocation call (module globals, heaps, stacks) counts against its limit."""
+        out: list[ev.Send] = []
+        for c in self.clients.values():
+            used = processes.get(c.gpu, {}).get(c.ident.pid)
+            if used is None:
+                continue
+            c.nvml_used = used
+            limit = c.limits.memory_bytes
+            if limit is not None and used > limit + CONTEXT_ALLOWANCE_BYTES:
+                self.counters["nvml_over_limit"] += 1
+            if c.nvml_told is None or abs(used - c.nvml_told) >= OBSERVED_STEP_BYTES:
+                c.nvml_told = used
+                out.append(ev.Send(c.id, p.MemObserved(used, CONTEXT_ALLOWANCE_BYTES)))
+        return out
+
+    def _peer_updates(self) -> list[ev.Send]:
+        """Tell each hook how many processes share its ledger, when that changed: while the
+        daemon is unreachable a hook may grow only to an equal share of a shared limit."""
+        pids: dict[tuple[str, str], set[int]] = {}
+        for c in self.clients.values():
+            pids.setdefault((self.subject(c), c.gpu), set()).add(c.ident.pid)
+        out: list[ev.Send] = []
+        for c in self.clients.values():
+            n = len(pids[(self.subject(c), c.gpu)])
+            if n != c.peers_told:
+                c.peers_told = n
+                out.append(ev.Send(c.id, p.LedgerPeers(n)))
+        return out
 
     # ---------------------------------------------------------- limit changes
 
@@ -595,7 +634,7 @@ class Scheduler:
                 c.phase = Phase.IDLE
         for gpu in self.gpus.values():
             out += self._schedule(gpu, now)
-        return out
+        return out + self._peer_updates()
 
     def _on_policy(self, e: ev.PolicyChanged, now: float) -> list[ev.Send]:
         old = self.policy
@@ -783,6 +822,7 @@ class Scheduler:
             "gated": c.wire.mode is not p.WireMode.OFF,
             "memory_used": c.used,
             "memory_reserved": c.reserved,
+            "memory_observed": c.nvml_used,
             "held_for_s": round(now - c.granted_at, 3) if c.phase is Phase.HOLDING else None,
             "waiting_for_s": round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
             "limits_from": dict(c.limits.sources),

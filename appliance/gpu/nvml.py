@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class GpuSample:
     utilization_percent: int | None  # None where NVML does not report it (MIG, some boards)
     healthy: bool
     time: float
+    processes: Mapping[int, int] = field(default_factory=dict)  # pid -> bytes it holds here
 
 
 def _default_library() -> Any:
@@ -165,6 +166,7 @@ class Nvml:
                     utilization_percent=self._utilization(handle, uuid),
                     healthy=uuid not in self._xid_unhealthy,
                     time=now,
+                    processes=self._processes(handle, uuid),
                 )
             )
         return samples
@@ -221,6 +223,19 @@ class Nvml:
             if getattr(exc, "value", None) != self._lib.NVML_ERROR_NOT_SUPPORTED:
                 self._log_once(f"utilization of GPU {uuid}", exc, "utilization unknown")
             return None
+
+    def _processes(self, handle: Any, uuid: str) -> dict[int, int]:
+        """What each compute process holds on this GPU; left out where NVML cannot say."""
+        try:
+            running = self._lib.nvmlDeviceGetComputeRunningProcesses(handle)
+        except self._lib.NVMLError as exc:
+            self._log_once(f"processes of GPU {uuid}", exc, "per-process memory unknown")
+            return {}
+        return {
+            int(proc.pid): int(proc.usedGpuMemory)
+            for proc in running
+            if getattr(proc, "usedGpuMemory", None) is not None
+        }
 
     def _register_xid_events(self) -> None:
         """Ask NVML to queue critical XID errors; a board that cannot is checked by queries only."""

@@ -135,3 +135,32 @@ def test_reported_usage_counts_even_where_no_reservation_covers_it() -> None:
     assert grant(h, b, 300 * MiB) == 300 * MiB
     # a's next allocation asks for its whole usage plus the new bytes: counted once, not twice
     assert grant(h, a, 710 * MiB, used=700 * MiB) == 710 * MiB
+
+
+def test_each_hook_hears_how_many_processes_share_its_ledger() -> None:
+    h = harness()
+    a = h.register(pid=10, pod_uid="u1")
+    b = h.register(pid=11, pod_uid="u1")  # a second process of the pod
+    told = of(h.sent, p.LedgerPeers)
+    assert {(s.client_id, s.message.clients) for s in told} == {(a, 2), (b, 2)}
+    alone = h.register(pid=12, pod_uid="u2")
+    assert not of(h.sent, p.LedgerPeers, alone)  # 1 is what a hook assumes: nothing to say
+    out = h.feed(ev.ClientGone(a))
+    assert [(s.client_id, s.message.clients) for s in of(out, p.LedgerPeers)] == [(b, 1)]
+
+
+def test_nvml_usage_reaches_the_hook_of_that_process_only_when_it_moved() -> None:
+    from appliance.core.scheduler import CONTEXT_ALLOWANCE_BYTES
+
+    h = harness(defaults=Limits(memory_bytes=1 * GiB, core_percent=100))
+    a = h.register(pid=10)
+    b = h.register(pid=11)
+    sample = ev.GpuFreeMemory({GPU: 10 * GiB}, time=h.now, processes={GPU: {10: 3 * GiB}})
+    [told] = of(h.feed(sample), p.MemObserved)
+    assert told.client_id == a
+    assert told.message == p.MemObserved(3 * GiB, CONTEXT_ALLOWANCE_BYTES)
+    assert h.sched.client_view(h.sched.clients[a], h.now)["memory_observed"] == 3 * GiB
+    assert h.sched.counters["nvml_over_limit"] == 1  # 3 GiB > 1 GiB + the context allowance
+    moved_a_little = {GPU: {10: 3 * GiB + (1 << 20)}, "GPU-other": {11: 5 * GiB}}
+    assert not of(h.feed(ev.GpuFreeMemory({}, time=h.now, processes=moved_a_little)), p.MemObserved)
+    assert h.sched.clients[b].nvml_used is None  # b's pid on another GPU is not b's usage

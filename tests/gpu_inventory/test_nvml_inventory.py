@@ -81,6 +81,11 @@ class ScriptedNvml:
         self._check("mig", handle)
         return [1 if self.gpus[handle].get("mig") else 0, 0]
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        self._check("processes", handle)
+        held = self.gpus[handle].get("processes", {})
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in held.items()]
+
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
 
@@ -128,6 +133,16 @@ def test_sample_reports_memory_and_utilization_with_the_injected_clock() -> None
     first = nvml.sample()[0]
     assert (first.uuid, first.memory_used, first.memory_free) == ("GPU-aaaa", GiB, 140 * GiB)
     assert first.utilization_percent == 7 and first.healthy and first.time == 1234.5
+
+
+def test_sample_reports_what_each_process_holds_where_nvml_can_say() -> None:
+    gpus = two_gpus()
+    gpus[0]["processes"] = {4242: 3 * GiB, 4343: None}  # None: NVML_VALUE_NOT_AVAILABLE
+    library = ScriptedNvml(gpus)
+    library.fail[("processes", 1)] = library.NVML_ERROR_NOT_SUPPORTED
+    first, second = Nvml(library=library).sample()
+    assert first.processes == {4242: 3 * GiB}
+    assert second.processes == {} and second.healthy  # unknown, not an unhealthy GPU
 
 
 def test_sample_keeps_going_when_one_gpu_fails_and_logs_each_error_once(

@@ -31,6 +31,10 @@ def test_round_trip_every_fixed_message() -> None:
         p.MemReturn(3, 4),
         p.LimitUpdate(limits),
         p.LimitSet(pid=3, flags=p.LIMIT_SET_HAS_MEM, mem_limit=1 << 30),
+        p.Heartbeat(),
+        p.HeartbeatAck(),
+        p.MemObserved(5 << 30, 512 << 20),
+        p.LedgerPeers(3),
         p.Result(p.Status.PERMISSION, 7, "only root may change the time quantum"),
         p.JsonBody(p.MsgType.QUERY, {"query": "policy"}),
     ]

@@ -55,6 +55,8 @@ FIELDS = {
         "pod_namespace",
         "pod_name",
     ],
+    "nvs_mem_observed": ["nvml_used", "allowance"],
+    "nvs_ledger_peers": ["clients", "reserved"],
 }
 
 
