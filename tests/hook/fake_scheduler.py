@@ -20,6 +20,7 @@ MAGIC = 0x4853564E
 REGISTER, REGISTERED, LOCK_REQUEST, LOCK_GRANT, LOCK_DROP, LOCK_RELEASED = 1, 2, 3, 4, 5, 6
 ERROR = 11
 MEM_RESERVE, MEM_GRANT, MEM_RETURN, LIMIT_UPDATE = 20, 21, 22, 23
+HEARTBEAT, HEARTBEAT_ACK, MEM_OBSERVED, LEDGER_PEERS = 50, 51, 52, 53
 MODE_OFF, MODE_ON = 0, 1
 BACKING_DEVICE, BACKING_MANAGED = 0, 1
 LIMITS = struct.Struct("<QIIII")
@@ -219,6 +220,9 @@ class FakeScheduler:
                 c.reserved += granted
                 self._record(c, type_, (want, used, granted))
                 c.send(MEM_GRANT, seq, struct.pack("<QQ", granted, c.reserved))
+            elif type_ == HEARTBEAT:
+                self._record(c, type_)
+                c.send(HEARTBEAT_ACK, seq)
             elif type_ == MEM_RETURN:
                 give, used = struct.unpack("<QQ", body)
                 c.reserved -= give

@@ -25,12 +25,13 @@ def test_reservations_come_in_chunks_and_surplus_goes_back(
         reserves = [f for _, t, f in sched.events if t == fs.MEM_RESERVE]
         assert reserves[-1] == (512 * MiB, 16 * MiB, 512 * MiB)
         p.ok(f"free {big}")
-        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) == 1)
+        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) >= 1)
         returns = [f for _, t, f in sched.events if t == fs.MEM_RETURN]
-        assert returns == [(512 * MiB, 16 * MiB)]  # unused reservation > 256 MiB goes back
+        assert returns[0] == (512 * MiB, 16 * MiB)  # a surplus over 256 MiB goes back at once
         for i in ids:
             p.ok(f"free {i}")
-        assert sched.count(fs.MEM_RETURN) == 1  # small surpluses are kept
+        # the small rest goes back too, once the process has not allocated for a second
+        assert sched.wait_for(lambda: sched.total_reserved() == 0)
         assert_clean(*p.finish())
     finally:
         sched.stop()
