@@ -13,10 +13,16 @@ SOCKET_DIR ?= $(if $(NVSHARE_SOCKET_DIR),$(NVSHARE_SOCKET_DIR),/var/run/nvshare)
 # command -> Debian package that provides it
 APT_NEEDS := gcc:gcc make:make kubectl:kubernetes-client systemd-analyze:systemd
 
-.PHONY: run test deps venv hook lint clean install uninstall
+.PHONY: run demo test deps venv hook lint clean install uninstall
 
-run: venv hook
-	NVSHARE_SOCKET_DIR=$(SOCKET_DIR) $(BIN)/nvshare-scheduler --policy-dir $(POLICY_DIR)
+# exec: the daemon takes the recipe shell's place, so the signal that stops `make run` (make
+# passes SIGTERM on to its recipe) stops the daemon, and no daemon is left behind.
+run: deps venv hook
+	exec env NVSHARE_SOCKET_DIR=$(SOCKET_DIR) $(BIN)/nvshare-scheduler --policy-dir $(POLICY_DIR)
+
+# Two programs under the hook share one fake GPU through a scheduler: no GPU, no root needed.
+demo: deps venv hook
+	$(BIN)/python scripts/demo.py
 
 test: deps venv hook lint
 	$(BIN)/pytest -q

@@ -216,10 +216,10 @@ def _set_mode(mode: str, gpu: str) -> p.SetMode:
 @click.option("--gpu", default="", help="Only this GPU (UUID); default every GPU.")
 @click.pass_context
 def mode(ctx: click.Context, mode: str, gpu: str) -> None:
-    """Set the scheduling mode: on (serialise), off (free-running), auto, or policy.
+    """Set the scheduling mode of every GPU, or of one.
 
-    `policy` drops what nvsharectl set (on that GPU, or on all) so that the policy's mode
-    applies again.
+    on serialises, off lets everyone run, auto runs together while memory fits. `policy`
+    drops what nvsharectl set (on that GPU, or on all): the policy's mode applies again.
     """
     _answer(_request(ctx, _set_mode(mode, gpu)))
 
@@ -241,7 +241,10 @@ def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
 
 @nvsharectl.group()
 def limit() -> None:
-    """Change, clear or list live limit overrides (root or the admin group to change)."""
+    """Change, clear or list live limit overrides.
+
+    Changing them needs root or the daemon's --admin-group; listing them does not.
+    """
 
 
 @limit.command("set")
@@ -287,7 +290,7 @@ def limit_set(
 def limit_clear(
     ctx: click.Context, pid: int | None, pod: str | None, clear_mem: bool, clear_core: bool
 ) -> None:
-    """Remove limits set with `limit set`: the policy (or annotation) value applies again."""
+    """Remove an override: the policy or annotation value applies again."""
     target_pid, ns, name = _target(pid, pod)
     flags = (p.LIMIT_SET_CLEAR_MEM if clear_mem else 0) | (
         p.LIMIT_SET_CLEAR_CORE if clear_core else 0
@@ -299,7 +302,7 @@ def limit_clear(
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's answer as JSON.")
 @click.pass_context
 def limit_list(ctx: click.Context, as_json: bool) -> None:
-    """List the overrides set with nvsharectl (limits, time quantum, modes)."""
+    """List what nvsharectl set: limits, time quantum, modes."""
     doc = _query(ctx, "overrides")
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
@@ -322,13 +325,13 @@ def limit_list(ctx: click.Context, as_json: bool) -> None:
 
 @nvsharectl.group()
 def policy() -> None:
-    """Validate policy files offline, or inspect the running daemon's policy."""
+    """Validate policy files, or show the running daemon's policy."""
 
 
 @policy.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 def policy_validate(paths: tuple[Path, ...]) -> None:
-    """Check policy files, directories or ConfigMap manifests (offline)."""
+    """Check policy files, directories or ConfigMaps offline."""
     from appliance.policy.load import validate_paths
 
     errors = validate_paths(list(paths))
@@ -351,7 +354,7 @@ def _query(ctx: click.Context, name: str, **args: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def policy_show(ctx: click.Context, as_json: bool) -> None:
-    """The running daemon's effective policy, and which file set each value."""
+    """The running daemon's policy, and what set each value."""
     doc = _query(ctx, "policy")
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))

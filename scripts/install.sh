@@ -64,9 +64,9 @@ if [ -z "$ROOT" ] && [ "$DRY_RUN" = 0 ] && [ "$(id -u)" != 0 ]; then
 fi
 
 say() { echo "install.sh: $*"; }
-# Run a command, or only show it under --dry-run.
+# Run a command, or only show it under --dry-run (words joined by spaces whatever IFS is).
 act() {
-  if [ "$DRY_RUN" = 1 ]; then echo "would run: $*"; else "$@"; fi
+  if [ "$DRY_RUN" = 1 ]; then printf 'would run:'; printf ' %s' "$@"; printf '\n'; else "$@"; fi
 }
 systemd_live() { [ -z "$ROOT" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
 record() {  # record "KIND PATH [EXTRA]" once in the manifest
@@ -74,17 +74,19 @@ record() {  # record "KIND PATH [EXTRA]" once in the manifest
   grep -qxF -- "$*" "$ROOT$MANIFEST" 2>/dev/null || echo "$*" >> "$ROOT$MANIFEST"
 }
 make_dirs() {  # mkdir -p, recording each directory that did not exist yet, parents first
-  local path="" part
-  local IFS=/
-  for part in $1; do
+  local path="" part parts
+  IFS=/ read -ra parts <<< "$1"
+  for part in "${parts[@]}"; do
     [ -z "$part" ] && continue
     path="$path/$part"
-    if [ ! -d "$ROOT$path" ]; then
+    if [ ! -d "$ROOT$path" ] && [ -z "${DRY_DIRS[$path]:-}" ]; then
       act mkdir -m 0755 "$ROOT$path"
       PENDING_DIRS+=("$path")
+      if [ "$DRY_RUN" = 1 ]; then DRY_DIRS[$path]=1; fi
     fi
   done
 }
+declare -A DRY_DIRS=()  # under --dry-run: directories already shown as made
 PENDING_DIRS=()
 flush_dirs() { local d; for d in "${PENDING_DIRS[@]}"; do record dir "$d"; done; PENDING_DIRS=(); }
 
@@ -152,6 +154,7 @@ install_files() {
   fi
 
   if systemd_live; then act systemctl daemon-reload; fi
+  if [ "$DRY_RUN" = 1 ]; then say "dry run: nothing was installed"; return 0; fi
   say "installed under ${ROOT:-/}; start it with: systemctl enable --now nvshare-scheduler"
 }
 
@@ -202,6 +205,7 @@ uninstall() {
     if [ "$DRY_RUN" = 1 ]; then echo "would remove $ROOT$path if empty"; continue; fi
     rmdir "$ROOT$path" 2>/dev/null || say "keeping $path: not empty"
   done <<< "$dirs"
+  if [ "$DRY_RUN" = 1 ]; then say "dry run: nothing was removed"; return 0; fi
   say "removed from ${ROOT:-/}"
 }
 

@@ -200,7 +200,7 @@ def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDae
         )
         wait_for(a, 2 * GiB, OOM if value == "1Gi" else "ok", timeout=1.0)
 
-    annotate(api, "a lot")  # invalid: the previous limit (4Gi) stays
+    annotate(api, "1ki")  # invalid (it used to escape as a KeyError): the previous 4Gi stays
     deadline = time.monotonic() + 5
     while not (
         events := [
@@ -209,7 +209,8 @@ def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDae
     ):
         assert time.monotonic() < deadline, "no Event on the pod"
         time.sleep(0.05)
-    assert KEY in events[0]["message"] and "kept" in events[0]["message"]
+    assert KEY in events[0]["message"] and "kept previous override 4Gi" in events[0]["message"]
+    assert "did you mean Ki?" in events[0]["message"]
     assert a.try_alloc(2 * GiB) == "ok"
 
     annotate(api, None)  # removed: the policy value (no limit) applies again

@@ -112,6 +112,11 @@ def test_dry_run_changes_nothing(staging: Path, hook: Path) -> None:
     result = install(staging, "--dry-run", "--preload", "--hook", str(hook))
     assert f"would append to {staging}/etc/ld.so.preload: {LIB}" in result.stdout
     assert "would run: python3 -m venv" in result.stdout
+    made = [line for line in result.stdout.splitlines() if "mkdir" in line]
+    assert f"would run: mkdir -m 0755 {staging}/opt/nvshare" in made  # words, not "mkdir/-m/"
+    assert len(made) == len(set(made))  # each directory once
+    assert result.stdout.rstrip().endswith("install.sh: dry run: nothing was installed")
+    assert "installed under" not in result.stdout
     assert tree(staging) == before
 
 
