@@ -522,3 +522,41 @@ def webhook(
         die(f"cannot serve on port {port}: {exc.strerror or exc}")
     logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
     serve_webhook(server)
+
+
+@scheduler_main.command("extender")
+@click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
+)
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_POLICY_DIR",
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Policy directory: realtimeCheck, annotation caps, rules [env NVSHARE_POLICY_DIR].",
+)
+@click.option(
+    "--enable-realtime-check",
+    "switch",
+    type=click.BOOL,
+    envvar="HAMI_ENABLE_REALTIME_CHECK",
+    default=None,
+    metavar="true|false",
+    help="false turns the real-time check off; true turns it on (strict where the policy's "
+    "realtimeCheck.mode is disabled) [env HAMI_ENABLE_REALTIME_CHECK]; default: the policy.",
+)
+def extender(
+    port: int, host: str, kube_api: str | None, policy_dir: Path, switch: bool | None
+) -> None:
+    """Serve the kube-scheduler extender that filters nodes on their GPUs' real free memory."""
+    from appliance.kube.extender import run_extender
+
+    sys.exit(
+        run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)
+    )

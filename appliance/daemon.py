@@ -37,6 +37,7 @@ from appliance.socket_claim import SocketUnavailable
 if TYPE_CHECKING:
     from appliance.kube.deviceplugin import DevicePlugin
     from appliance.kube.events import EventRecorder
+    from appliance.kube.node_status import NodeStatusPublisher
 
 log = logging.getLogger("nvshare.daemon")
 
@@ -102,6 +103,7 @@ class Daemon:
         self._api: Any = None  # the Kubernetes ApiClient, with --node-name
         self.events: EventRecorder | None = None
         self.device_plugin: DevicePlugin | None = None
+        self.node_status: NodeStatusPublisher | None = None
 
     # ------------------------------------------------------------------ glue
 
@@ -128,6 +130,8 @@ class Daemon:
         self.server.dispatch(ev.PolicyChanged(policy))
         if self.device_plugin is not None:
             self.device_plugin.set_replicas(policy.device_plugin.replicas_per_gpu)
+        if self.node_status is not None:
+            self.node_status.set_settings(policy.realtime_check.node_status)
         # Annotation caps may have changed: judge every known pod's annotations again.
         for pod in list(self.core.pods.values()):
             before = self._overrides.get(pod.uid)
@@ -231,6 +235,22 @@ class Daemon:
         watcher.start()
         self._threads.append(watcher)
         log.info("watching pods of node %s", self.config.node_name)
+        if self.nvml.available:
+            self._start_node_status(api)
+
+    def _start_node_status(self, api: Any) -> None:
+        from appliance.kube.node_status import NodeStatusPublisher
+
+        assert self.core is not None and self.config.node_name
+        self.node_status = NodeStatusPublisher(
+            api_client=api,
+            node_name=self.config.node_name,
+            inventory=self.nvml.inventory(),
+            settings=self.core.policy.realtime_check.node_status,
+            registry=self.registry,
+        )
+        self.node_status.start()
+        self._threads.append(self.node_status)
 
     def _start_device_plugin(self) -> None:
         from appliance.kube.deviceplugin import DevicePlugin
@@ -276,6 +296,8 @@ class Daemon:
                         processes={s.uuid: s.processes for s in samples},
                     )
                 )
+                if self.node_status is not None:
+                    self.node_status.offer(samples)
             await asyncio.sleep(NVML_SAMPLE_INTERVAL_S)
 
     async def _watchdog(self, interval: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from appliance.policy.model import AnnotationPolicy
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
@@ -53,6 +54,19 @@ class PodInfo:
     @property
     def ref(self) -> PodRef:
         return PodRef(uid=self.uid, namespace=self.namespace, name=self.name)
+
+
+def pod_info(obj: Mapping[str, Any]) -> PodInfo:
+    """A PodInfo from a pod as the API serves it (JSON, camelCase)."""
+    meta = obj.get("metadata") or {}
+    return PodInfo(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=str((obj.get("spec") or {}).get("nodeName") or ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+    )
 
 
 @dataclass(frozen=True, slots=True)

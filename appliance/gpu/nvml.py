@@ -48,6 +48,7 @@ class GpuSample:
     healthy: bool
     time: float
     processes: Mapping[int, int] = field(default_factory=dict)  # pid -> bytes it holds here
+    compute_processes: int | None = None  # how many, hooked or not; None: NVML cannot say
 
 
 def _default_library() -> Any:
@@ -157,6 +158,7 @@ class Nvml:
                     )
                 )
                 continue
+            held, count = self._processes(handle, uuid)
             samples.append(
                 GpuSample(
                     uuid=uuid,
@@ -166,7 +168,8 @@ class Nvml:
                     utilization_percent=self._utilization(handle, uuid),
                     healthy=uuid not in self._xid_unhealthy,
                     time=now,
-                    processes=self._processes(handle, uuid),
+                    processes=held,
+                    compute_processes=count,
                 )
             )
         return samples
@@ -224,18 +227,23 @@ class Nvml:
                 self._log_once(f"utilization of GPU {uuid}", exc, "utilization unknown")
             return None
 
-    def _processes(self, handle: Any, uuid: str) -> dict[int, int]:
-        """What each compute process holds on this GPU; left out where NVML cannot say."""
+    def _processes(self, handle: Any, uuid: str) -> tuple[dict[int, int], int | None]:
+        """What each compute process holds on this GPU, and how many there are.
+
+        A process whose memory NVML does not report is counted but not in the map; where NVML
+        cannot list them at all, the map is empty and the count None (unknown, not zero).
+        """
         try:
             running = self._lib.nvmlDeviceGetComputeRunningProcesses(handle)
         except self._lib.NVMLError as exc:
             self._log_once(f"processes of GPU {uuid}", exc, "per-process memory unknown")
-            return {}
-        return {
+            return {}, None
+        held = {
             int(proc.pid): int(proc.usedGpuMemory)
             for proc in running
             if getattr(proc, "usedGpuMemory", None) is not None
         }
+        return held, len(running)
 
     def _register_xid_events(self) -> None:
         """Ask NVML to queue critical XID errors; a board that cannot is checked by queries only."""

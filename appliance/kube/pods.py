@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from kubernetes import client, config
 
-from appliance.core.pods import PodInfo, PodRef
+from appliance.core.pods import PodInfo, PodRef, pod_info
 from appliance.kube.informer import Informer
 
 
@@ -50,19 +49,6 @@ def api_client_from_env(api_url: str | None = None) -> client.ApiClient:
             f"({lines[0][:200]}); give --kube-api URL (env NVSHARE_KUBE_API) or KUBECONFIG"
         ) from None
     return client.ApiClient(cfg)
-
-
-def pod_info(obj: Mapping[str, Any]) -> PodInfo:
-    """A PodInfo from a pod as the API serves it (JSON, camelCase)."""
-    meta = obj.get("metadata") or {}
-    return PodInfo(
-        uid=str(meta.get("uid", "")),
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        node=str((obj.get("spec") or {}).get("nodeName") or ""),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-    )
 
 
 class PodWatcher:

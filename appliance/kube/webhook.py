@@ -22,11 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from appliance.policy.quantity import QuantityError, parse_count
+from appliance.kube.informer import NodesAndBoundPods
+from appliance.kube.resources import pod_request
+from appliance.kube.resources import resource_count as _count
+from appliance.kube.serving import CacheBackedServer, ProbedHandler
 
 log = logging.getLogger(__name__)
 
@@ -64,34 +66,6 @@ def profile_of(name: str) -> str:
 def resource_of(profile: str) -> str:
     """`3g.40gb` (as policy chains spell it) or a full resource name -> the resource name."""
     return profile if profile.startswith(MIG_RESOURCE_PREFIX) else MIG_RESOURCE_PREFIX + profile
-
-
-def _count(value: Any) -> int:
-    """A device count as Kubernetes writes it ("1", "2"); one that is not a count is 0 devices,
-    logged, so a malformed pod is admitted unchanged rather than rewritten on a guess."""
-    try:
-        return parse_count(value)
-    except QuantityError as e:
-        log.warning("ignoring a MIG resource amount: %s", e)
-        return 0
-
-
-def _container_amount(container: Mapping[str, Any], resource: str) -> int:
-    # Extended resources must have request == limit; a pod may spell either one alone.
-    resources = container.get("resources") or {}
-    for section in ("limits", "requests"):
-        values = resources.get(section) or {}
-        if resource in values:
-            return _count(values[resource])
-    return 0
-
-
-def pod_request(pod: Mapping[str, Any], resource: str) -> int:
-    """How much of `resource` a pod holds: the larger of its containers' sum and any init."""
-    spec = pod.get("spec") or {}
-    containers = sum(_container_amount(c, resource) for c in spec.get("containers") or [])
-    inits = [_container_amount(c, resource) for c in spec.get("initContainers") or []]
-    return max([containers, *inits])
 
 
 def requested_mig_resources(pod: Mapping[str, Any]) -> list[str]:
@@ -283,69 +257,33 @@ def node_mig_allocatable(node: Mapping[str, Any]) -> tuple[tuple[str, int], ...]
     )
 
 
-def _node_name(node: Mapping[str, Any]) -> str:
-    return str((node.get("metadata") or {}).get("name", ""))
-
-
 class NotSynced(RuntimeError):
     """The caches have not finished their first list; admission cannot judge yet."""
 
 
-class MigInventory:
+class MigInventory(NodesAndBoundPods[tuple[tuple[str, int], ...], MigPod]):
     """Free MIG devices per node, from two informers, so admission decides from memory.
 
-    Nodes: every node's allocatable MIG resources. Pods: only bound, unfinished pods
-    (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`, selected by the API
-    server), and of those only the ones holding MIG devices are kept. Both are listed in pages
-    (bounded memory in a large cluster), then watched. A resource counts as available when one
+    Nodes: every node's allocatable MIG resources. Pods: only bound, unfinished pods, and of
+    those only the ones holding MIG devices are kept. A resource counts as available when one
     node has `count` free (a pod cannot straddle nodes). Node selectors, affinities and taints
     are not considered: a fallback may still pend, as the original request would have.
     """
 
-    POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-
     def __init__(self, *, api_client: Any, page_size: int = 500, **informer_options: Any) -> None:
-        from kubernetes import client
-
-        from appliance.kube.informer import Informer
-
-        core = client.CoreV1Api(api_client)
         self._lock = threading.Lock()
         self._allocatable: dict[str, dict[str, int]] = {}
         self._used: dict[str, dict[str, int]] = {}  # node -> resource -> held by pods
         self._held: dict[str, MigPod] = {}  # pod uid -> what it holds
-        self.nodes: Informer[tuple[tuple[str, int], ...]] = Informer(
-            name="webhook node cache",
-            list_call=core.list_node,
-            convert=node_mig_allocatable,
-            key=_node_name,
-            on_set=self._node_set,
-            on_delete=lambda name, _: self._node_set(name, ()),
-            page_size=page_size,
-            **informer_options,
-        )
-        self.pods: Informer[MigPod] = Informer(
-            name="webhook MIG pod cache",
-            list_call=core.list_pod_for_all_namespaces,
-            convert=mig_pod,
-            on_set=self._pod_set,
-            on_delete=self._pod_gone,
-            field_selector=self.POD_SELECTOR,
-            page_size=page_size,
-            **informer_options,
+        super().__init__(
+            api_client=api_client, name="webhook", page_size=page_size, **informer_options
         )
 
-    def start(self) -> None:
-        self.nodes.start()
-        self.pods.start()
+    def convert_node(self, node: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+        return node_mig_allocatable(node)
 
-    def stop(self) -> None:
-        self.nodes.stop()
-        self.pods.stop()
-
-    @property
-    def synced(self) -> bool:
-        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+    def convert_pod(self, pod: Mapping[str, Any]) -> MigPod | None:
+        return mig_pod(pod)
 
     def __call__(self, resource: str, count: int) -> bool:
         if not self.synced:
@@ -363,14 +301,17 @@ class MigInventory:
                 for node, allocatable in self._allocatable.items()
             }
 
-    def _node_set(self, name: str, allocatable: tuple[tuple[str, int], ...]) -> None:
+    def node_set(self, name: str, allocatable: tuple[tuple[str, int], ...]) -> None:
         with self._lock:
             if allocatable:
                 self._allocatable[name] = dict(allocatable)
             else:
                 self._allocatable.pop(name, None)
 
-    def _pod_set(self, uid: str, pod: MigPod) -> None:
+    def node_gone(self, name: str, allocatable: tuple[tuple[str, int], ...]) -> None:
+        self.node_set(name, ())
+
+    def pod_set(self, uid: str, pod: MigPod) -> None:
         with self._lock:
             old = self._held.get(uid)
             if old is not None:
@@ -378,7 +319,7 @@ class MigInventory:
             self._held[uid] = pod
             self._hold(pod, +1)
 
-    def _pod_gone(self, uid: str, pod: MigPod) -> None:
+    def pod_gone(self, uid: str, pod: MigPod) -> None:
         with self._lock:
             if self._held.pop(uid, None) is not None:
                 self._hold(pod, -1)
@@ -443,29 +384,14 @@ class CertificateFiles:
             return self._context
 
 
-class _ReviewHandler(BaseHTTPRequestHandler):
+class _ReviewHandler(ProbedHandler):
     server: WebhookServer
-    # Keep-alive: the API server reuses its connection for the next review instead of paying
-    # a TLS handshake for each pod. An idle connection is closed after `timeout` seconds.
-    protocol_version = "HTTP/1.1"
-    timeout = 120
-    # Headers and body go out in two writes; with Nagle's algorithm the second waits for the
-    # client's delayed ACK (about 40 ms on Linux) on every review of a kept-alive connection.
-    disable_nagle_algorithm = True
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("webhook %s: " + format, self.client_address[0], *args)
+    log_as = "webhook"
+    log = log
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        elif self.path == "/readyz":
-            ready = self.server.ready()
-            self._send(
-                200 if ready else 503, b"ok\n" if ready else b"caches not synced\n", "text/plain"
-            )
-        else:
-            self._send(404, b"not found\n", "text/plain")
+        if not self.answer_probe():
+            self.send(404, b"not found\n")
 
     def do_POST(self) -> None:  # noqa: N802
         try:
@@ -482,25 +408,16 @@ class _ReviewHandler(BaseHTTPRequestHandler):
             self._bad_request(str(exc))
             return
         answer = self.server.webhook.review(body)
-        self._send(200, json.dumps(answer).encode(), "application/json")
+        self.send(200, json.dumps(answer).encode(), "application/json")
 
     def _bad_request(self, why: str) -> None:
         log.warning("webhook: bad request from %s: %s", self.client_address[0], why)
         self.close_connection = True  # an unread body must not be taken for the next request
-        self._send(400, f"expected an AdmissionReview: {why}\n".encode(), "text/plain")
-
-    def _send(self, code: int, payload: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.send(400, f"expected an AdmissionReview: {why}\n".encode())
 
 
-class WebhookServer(ThreadingHTTPServer):
+class WebhookServer(CacheBackedServer):
     """HTTPS server answering AdmissionReviews on any POST path, /healthz and /readyz on GET."""
-
-    daemon_threads = True
 
     def __init__(
         self,
@@ -514,15 +431,8 @@ class WebhookServer(ThreadingHTTPServer):
         sources: Sequence[Any] = (),
     ) -> None:
         self.certificate = CertificateFiles(Path(cert_file), Path(key_file))
-        super().__init__((host, port), _ReviewHandler)
+        super().__init__((host, port), _ReviewHandler, ready=ready, sources=sources)
         self.webhook = webhook
-        self.ready = ready
-        self._sources = list(sources)  # started elsewhere, stopped with the server
-
-    def server_close(self) -> None:
-        super().server_close()
-        for source in self._sources:
-            source.stop()
 
     def get_request(self) -> tuple[Any, Any]:
         # Each connection gets the current certificate. The handshake runs in the request's
@@ -532,10 +442,6 @@ class WebhookServer(ThreadingHTTPServer):
             sock, server_side=True, do_handshake_on_connect=False
         )
         return tls, address
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
 
 
 class PolicyChains:

@@ -290,6 +290,11 @@ _MIN_SECONDS = {
     "/scheduler/computeWindow": (0.0, False, "the compute window must be longer than 0"),
     "/scheduler/quotaSampleInterval": (0.0, False, "the sample interval must be longer than 0"),
     "/realtimeCheck/maxSampleAge": (0.0, False, "the sample age must be longer than 0"),
+    "/realtimeCheck/nodeStatus/refreshInterval": (
+        1.0,
+        True,
+        "the refresh interval must be at least 1s (each refresh is a write to the Node)",
+    ),
 }
 
 
@@ -373,6 +378,15 @@ def _merged_problems(doc: dict[str, Any], origin: _Merge) -> list[tuple[str, str
                 "/scheduler/quotaSampleInterval",
                 f"{_short(sch['quotaSampleInterval'])} is longer than "
                 f"/scheduler/computeWindow ({sch['computeWindow']!r})",
+            )
+        )
+    status = doc["realtimeCheck"]["nodeStatus"]
+    if parse_seconds(status["refreshInterval"]) < parse_seconds(status["minInterval"]):
+        problems.append(
+            (
+                "/realtimeCheck/nodeStatus/refreshInterval",
+                f"{_short(status['refreshInterval'])} is shorter than "
+                f"/realtimeCheck/nodeStatus/minInterval ({status['minInterval']!r})",
             )
         )
     limits = doc["annotations"]["coreLimitRange"]
@@ -560,6 +574,12 @@ def _to_policy(doc: dict[str, Any], merge: _Merge, snapshot: PolicySnapshot) -> 
             safety_margin_bytes=parse_size(rt["safetyMargin"]),
             enabled_by_default=rt["enabledByDefault"],
             max_sample_age_s=parse_seconds(rt["maxSampleAge"]),
+            node_status=model.NodeStatusSettings(
+                publish=rt["nodeStatus"]["publish"],
+                min_interval_s=parse_seconds(rt["nodeStatus"]["minInterval"]),
+                refresh_interval_s=parse_seconds(rt["nodeStatus"]["refreshInterval"]),
+                memory_change_bytes=parse_size(rt["nodeStatus"]["memoryChange"]),
+            ),
         ),
         defaults=model.Limits(
             memory_bytes=_opt_bytes(doc["defaults"]["memoryLimit"]),

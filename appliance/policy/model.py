@@ -60,11 +60,22 @@ class MemorySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeStatusSettings:
+    """How the node daemon publishes its GPUs' real status for the scheduler extender."""
+
+    publish: bool = True
+    min_interval_s: float = 5.0
+    refresh_interval_s: float = 60.0
+    memory_change_bytes: int = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
 class RealtimeCheck:
     mode: RealtimeCheckMode = RealtimeCheckMode.DISABLED
     safety_margin_bytes: int = 100 << 20
     enabled_by_default: bool = True
     max_sample_age_s: float = 5.0
+    node_status: NodeStatusSettings = NodeStatusSettings()
 
 
 @dataclass(frozen=True, slots=True)

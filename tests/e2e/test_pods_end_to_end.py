@@ -101,29 +101,14 @@ def cluster() -> Iterator[tuple[FakeApiServer, RunningDaemon]]:
     # The daemon reads the API as the DaemonSet's service account, through a kubeconfig as
     # a real client would, under the RBAC of the rendered deploy/ manifests.
     api.load_rbac(list(manifests.rendered()))
-    kubeconfig = tmp / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [
-                    {
-                        "name": "node",
-                        "user": {"token": api.token_for("nvshare-system", "nvshare-node")},
-                    }
-                ],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "node"}}],
-                "current-context": "fake",
-            }
-        )
+    kubeconfig = api.write_kubeconfig(
+        tmp / "kubeconfig", namespace="nvshare-system", service_account="nvshare-node"
     )
     d = start_daemon(
         tmp,
         "scheduler: {mode: 'off'}\n",
         args=["--node-name", "node-1"],
-        extra_env={"KUBECONFIG": str(kubeconfig)},
+        extra_env={"KUBECONFIG": kubeconfig},
     )
     try:
         yield api, d

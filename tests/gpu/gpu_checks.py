@@ -40,13 +40,19 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
 
 
 class Daemon:
-    def __init__(self, policy: str, *, args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        *,
+        args: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="nvshare-gpu-"))
         (self.tmp / "policy").mkdir()
         (self.tmp / "policy" / "policy.yaml").write_text(policy + "\nmetrics: {enabled: false}\n")
         self.sock_dir = self.tmp / "run"
         self.log = self.tmp / "daemon.log"
-        env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.sock_dir)}
+        env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.sock_dir), **(extra_env or {})}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -640,6 +646,179 @@ def kube_annotations() -> None:
     RESULTS["kube"] = summary
 
 
+HOLDER = """
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+held = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda")  # cudaMalloc
+torch.cuda.synchronize()
+print(held.numel(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def realtime_extender() -> None:
+    """A process outside the hook fills the GPU; the node publishes; the extender filters."""
+    sys.path.insert(0, str(ROOT / "tests" / "kube"))
+    import http.client
+    import socket
+
+    import manifests  # type: ignore[import-not-found]
+    from fakeapi import FakeApiServer  # type: ignore[import-not-found]
+
+    from appliance.placement.status import ANNOTATION, decode
+
+    api = FakeApiServer().start()
+    api.load_rbac(list(manifests.rendered()))  # each component under its deploy/ role
+    node = "gpu-node"
+    api.add_node(node)
+    tmp = Path(tempfile.mkdtemp(prefix="nvshare-rt-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def kubeconfig(account: str) -> str:
+        return str(
+            api.write_kubeconfig(
+                tmp / f"{account}.kubeconfig", namespace="nvshare-system", service_account=account
+            )
+        )
+
+    d = Daemon(
+        "scheduler: {mode: 'off'}\n"
+        "realtimeCheck: {nodeStatus: {minInterval: 1s, refreshInterval: 30s}}",
+        args=["--node-name", node],
+        extra_env={"KUBECONFIG": kubeconfig("nvshare-node")},
+    )
+    (tmp / "extender-policy").mkdir()
+    (tmp / "extender-policy" / "policy.yaml").write_text("realtimeCheck: {mode: strict}\n")
+    ext_log = tmp / "extender.log"
+    extender = subprocess.Popen(
+        [sys.executable, "-m", "appliance", "extender", f"--port={port}", "--host=127.0.0.1"]
+        + [f"--policy-dir={tmp / 'extender-policy'}"],
+        env={**os.environ, "KUBECONFIG": kubeconfig("nvshare-extender")},
+        cwd=ROOT,
+        stdout=ext_log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def published() -> Any:
+        text = (api.get("nodes", node)["metadata"].get("annotations") or {}).get(ANNOTATION)
+        return None if text is None else decode(text)
+
+    def verdict(need: str) -> dict[str, Any]:
+        pod = {
+            "metadata": {"name": "train", "namespace": "team", "uid": "u1"},
+            "spec": {
+                "containers": [{"name": "m", "resources": {"limits": {"nvshare.com/gpu": "1"}}}]
+            },
+        }
+        pod["metadata"]["annotations"] = {"nvshare.com/gpu-memory-limit": need}
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": [node]})
+        conn.request("POST", "/filter", body, {"Content-Type": "application/json"})
+        return dict(json.loads(conn.getresponse().read()))
+
+    def wait(pred: Callable[[], bool], limit: float = 30.0) -> float:
+        t0 = time.monotonic()
+        while not pred():
+            if time.monotonic() - t0 > limit:
+                return float("inf")
+            time.sleep(0.02)
+        return time.monotonic() - t0
+
+    def ready() -> bool:
+        try:
+            conn.request("GET", "/readyz")
+            return conn.getresponse().read() == b"ok\n"
+        except OSError:
+            conn.close()
+            return False
+
+    summary: dict[str, Any] = {}
+    holder: subprocess.Popen[str] | None = None
+    try:
+        wait(lambda: published() is not None and ready())
+        idle = published()
+        assert idle is not None, "the node never published"
+        summary["idle"] = {
+            "used_mib": idle.gpus[0].memory_used >> 20,
+            "total_mib": idle.gpus[0].memory_total >> 20,
+        }
+        check("realtime: idle node accepted for 8Gi", verdict("8Gi")["NodeNames"] == [node], "")
+        patches_before = sum(1 for m, *_ in api.requests if m == "PATCH")
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # outside the hook
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(4 * GiB)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdin is not None
+        held = int(holder.stdout.readline())
+        t_held = time.monotonic()
+        seen = wait(
+            lambda: (
+                (st := published()) is not None
+                and st.gpus[0].memory_used >= idle.gpus[0].memory_used + held * 0.9
+            )
+        )
+        refused = wait(lambda: verdict("8Gi")["NodeNames"] == [])
+        during = verdict("8Gi")
+        small = verdict("1Gi")
+        busy = (api.get("nodes", node)["metadata"].get("annotations") or {}).get(ANNOTATION)
+        summary["held_mib"] = held >> 20
+        summary["publish_latency_s"] = round(seen, 3)
+        summary["refused_after_publish_s"] = round(refused, 3)
+        summary["busy_status"] = json.loads(busy) if busy else None
+        summary["failed_reason"] = during["FailedNodes"].get(node)
+        check(
+            "realtime: the node publishes a process outside the hook within seconds",
+            seen < 5.0,
+            f"{held >> 20} MiB held by a plain cudaMalloc; on the Node after {seen:.2f} s",
+        )
+        check(
+            "realtime: strict extender refuses the node for 8Gi, accepts 1Gi",
+            during["NodeNames"] == [] and small["NodeNames"] == [node],
+            f"8Gi refused {refused:.2f} s after publishing: {during['FailedNodes'].get(node)}",
+        )
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(30)
+        t_exit = time.monotonic()
+        freed = wait(
+            lambda: (
+                (st := published()) is not None
+                and st.gpus[0].memory_used < idle.gpus[0].memory_used + GiB
+            )
+        )
+        accepted = wait(lambda: verdict("8Gi")["NodeNames"] == [node])
+        summary["freed_publish_s"] = round(freed, 3)
+        summary["accepted_after_exit_s"] = round(time.monotonic() - t_exit, 3)
+        check(
+            "realtime: accepted again once the process exits",
+            freed < 5.0 and accepted < 5.0,
+            f"freed on the Node {freed:.2f} s after exit; accepted {accepted:.2f} s later",
+        )
+        duration = time.monotonic() - t_held
+        writes = sum(1 for m, *_ in api.requests if m == "PATCH") - patches_before
+        summary["writes"] = {"count": writes, "seconds": round(duration, 1)}
+        log = ext_log.read_text()
+        summary["extender_log_failed_line"] = next(
+            (x for x in log.splitlines() if "Real-time check failed" in x), None
+        )
+        check("realtime: extender ran without a traceback", "Traceback" not in log, "")
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+        extender.terminate()
+        extender.wait(10)
+        conn.close()
+        d.stop()
+        api.stop()
+    RESULTS["realtime"] = summary
+
+
 def main() -> int:
     steps = int(os.environ.get("NVSHARE_GPU_WORK_STEPS", "5500"))
     only = sys.argv[1:] or [
@@ -654,6 +833,7 @@ def main() -> int:
         "failsoft",
         "alloc",
         "kube",
+        "realtime",
         "makespan",
     ]
     table: dict[str, Callable[[], None]] = {
@@ -668,6 +848,7 @@ def main() -> int:
         "failsoft": fail_soft,
         "alloc": alloc_bench,
         "kube": kube_annotations,
+        "realtime": realtime_extender,
         "makespan": lambda: makespan(steps),
     }
     for name in only:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +16,7 @@ import pytest
 from appliance.gpu.nvml import GpuInfo, Nvml
 
 GiB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeNVMLError(Exception):
@@ -103,7 +109,14 @@ class ScriptedNvml:
 
 def two_gpus() -> list[dict[str, Any]]:
     return [
-        {"uuid": "GPU-aaaa", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB, "util": 7},
+        {
+            "uuid": "GPU-aaaa",
+            "name": "NVIDIA H200",
+            "total": 141 * GiB,
+            "used": GiB,
+            "util": 7,
+            "processes": {101: GiB // 2, 102: GiB // 2},
+        },
         {
             "uuid": "GPU-bbbb",
             "name": "NVIDIA A100",
@@ -133,6 +146,7 @@ def test_sample_reports_memory_and_utilization_with_the_injected_clock() -> None
     first = nvml.sample()[0]
     assert (first.uuid, first.memory_used, first.memory_free) == ("GPU-aaaa", GiB, 140 * GiB)
     assert first.utilization_percent == 7 and first.healthy and first.time == 1234.5
+    assert first.compute_processes == 2
 
 
 def test_sample_reports_what_each_process_holds_where_nvml_can_say() -> None:
@@ -142,7 +156,9 @@ def test_sample_reports_what_each_process_holds_where_nvml_can_say() -> None:
     library.fail[("processes", 1)] = library.NVML_ERROR_NOT_SUPPORTED
     first, second = Nvml(library=library).sample()
     assert first.processes == {4242: 3 * GiB}
+    assert first.compute_processes == 2  # counted even where its memory is not reported
     assert second.processes == {} and second.healthy  # unknown, not an unhealthy GPU
+    assert second.compute_processes is None  # unknown, not zero
 
 
 def test_sample_keeps_going_when_one_gpu_fails_and_logs_each_error_once(
@@ -213,3 +229,46 @@ def test_close_shuts_nvml_down_once() -> None:
     nvml.close()
     nvml.close()
     assert library.shutdowns == 1 and not nvml.available
+
+
+FAKE_NVML_CHECK = """
+import json, sys
+from appliance.gpu.nvml import Nvml
+nvml = Nvml()
+gpus = nvml.inventory()
+print(json.dumps({"available": nvml.available,
+                  "inventory": [[g.index, g.uuid, g.name, g.memory_total] for g in gpus],
+                  "samples": [[s.uuid, s.memory_used, s.memory_free, s.utilization_percent,
+                               s.compute_processes, s.healthy] for s in nvml.sample()],
+                  "healthy": [nvml.healthy(g.uuid) for g in gpus]}))
+"""
+
+
+def test_the_real_pynvml_reads_the_fake_nvml_library(tmp_path: Path) -> None:
+    """What the node daemon sees on a CPU-only machine with ld_hook's fake libnvidia-ml.so.1.
+
+    pynvml opens "libnvidia-ml.so.1" by name, so the library is chosen by LD_LIBRARY_PATH in a
+    fresh process; the fake's devices take their use from a state file a test can rewrite.
+    """
+    subprocess.run(["make", "-s", "-C", str(ROOT / "ld_hook")], check=True)
+    state = tmp_path / "nvml-state"
+    state.write_text("# index used processes utilization\n1 3221225472 2 64\n")
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(ROOT / "ld_hook" / "build" / "fake"),
+        "NVSHARE_FAKE_GPU_COUNT": "2",
+        "NVSHARE_FAKE_GPU_MEM": str(16 * GiB),
+        "NVSHARE_FAKE_NVML_STATE": str(state),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", FAKE_NVML_CHECK], env=env, capture_output=True, text=True, check=True
+    )
+    seen = json.loads(done.stdout)
+    assert seen["available"]
+    assert [g[0] for g in seen["inventory"]] == [0, 1]
+    assert all(g[2] == "NVIDIA Fake GPU" and g[3] == 16 * GiB for g in seen["inventory"])
+    idle, busy = seen["samples"]
+    assert idle[1:] == [0, 16 * GiB, 0, 0, True]
+    assert busy[1:] == [3 * GiB, 13 * GiB, 64, 2, True]
+    assert seen["healthy"] == [True, True]
+    assert "NVML error" not in done.stderr  # every call the daemon makes is implemented

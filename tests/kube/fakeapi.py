@@ -1016,6 +1016,25 @@ class FakeApiServer:
         self._tokens[token] = f"system:serviceaccount:{namespace}:{service_account}"
         return token
 
+    def write_kubeconfig(self, path: Any, *, namespace: str, service_account: str) -> str:
+        """A kubeconfig at `path` for a new token of that service account; returns the path.
+
+        What a process started by a test (the daemon, the extender, kubectl) reads as a pod's
+        credentials, under the RBAC given to `load_rbac`.
+        """
+        token = self.token_for(namespace, service_account)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": service_account, "user": {"token": token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": service_account}}],
+            "current-context": "fake",
+        }
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(config, out)
+        return str(path)
+
     def load_rbac(self, objects: list[Obj]) -> None:
         """Roles and bindings among `objects` (say, the rendered deploy/) take effect."""
         self.rbac.load(objects)

@@ -29,7 +29,25 @@ ALLOWED_GRANTS = {
     ("", "events", "patch"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
+    ("", "nodes", "patch"),  # the node daemon publishes its GPU status on its Node
 }
+# The Extender of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1, types.go:
+# `type Extender struct`, its json tags) and ExtenderManagedResource's.
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+MANAGED_RESOURCE_FIELDS = {"name", "ignoredByScheduler"}
 
 
 def one(kind: str, name: str) -> dict[str, Any]:
@@ -92,7 +110,7 @@ def test_the_policy_configmap_is_mounted_as_a_directory_and_nothing_uses_subpath
                 if mount["name"] in volumes:
                     assert mount["mountPath"] == "/etc/nvshare/policy.d"
                     mounted += 1
-    assert mounted == 2  # the node daemon and the webhook
+    assert mounted == 3  # the node daemon, the webhook and the extender
 
 
 def test_rbac_grants_nothing_beyond_what_the_components_use() -> None:
@@ -111,7 +129,15 @@ def test_rbac_grants_nothing_beyond_what_the_components_use() -> None:
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert {("pods", "watch"), ("events", "create")} <= node
+    assert {("pods", "watch"), ("events", "create"), ("nodes", "patch")} <= node
+    for reader in ("nvshare-webhook", "nvshare-extender"):
+        grants = {
+            (r, v)
+            for rule in one("ClusterRole", reader)["rules"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+        assert grants == {(r, v) for r in ("pods", "nodes") for v in ("list", "watch")}, reader
     roles = {r["metadata"]["name"] for r in objects("ClusterRole")}
     for binding in objects("ClusterRoleBinding"):
         assert binding["roleRef"]["name"] in roles  # never a built-in role such as admin
@@ -184,3 +210,46 @@ def test_the_webhook_cannot_block_pods_and_points_at_its_service() -> None:
     deployment = one("Deployment", "nvshare-webhook")["spec"]["template"]["spec"]
     assert port["targetPort"] in {p["name"] for c in deployment["containers"] for p in c["ports"]}
     assert deployment["securityContext"]["runAsNonRoot"] is True
+
+
+def scheduler_configuration() -> dict[str, Any]:
+    data = one("ConfigMap", "nvshare-scheduler-config")["data"]
+    config = yaml.safe_load(data["scheduler-config.yaml"])
+    assert isinstance(config, dict)
+    return config
+
+
+def test_the_scheduler_configuration_names_the_extender_as_kube_scheduler_reads_it() -> None:
+    config = scheduler_configuration()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (ext,) = config["extenders"]
+    assert set(ext) <= EXTENDER_FIELDS, set(ext) - EXTENDER_FIELDS
+    assert (ext["filterVerb"], ext["prioritizeVerb"]) == ("filter", "prioritize")
+    assert ext["ignorable"] is True and ext["nodeCacheCapable"] is True
+    assert "bindVerb" not in ext and "preemptVerb" not in ext
+    managed = {m["name"]: m for m in ext["managedResources"]}
+    assert all(set(m) <= MANAGED_RESOURCE_FIELDS for m in managed.values())
+    assert managed["nvshare.com/gpu"].get("ignoredByScheduler", False) is False
+    assert managed["nvidia.com/gpumem"]["ignoredByScheduler"] is True  # no node advertises it
+    assert 1 <= ext["weight"] and ext["httpTimeout"].endswith("s")
+
+
+def test_the_extender_url_reaches_its_service_and_container() -> None:
+    (ext,) = scheduler_configuration()["extenders"]
+    m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc:(\d+)", ext["urlPrefix"])
+    assert m, ext["urlPrefix"]
+    service = one("Service", m.group(1))
+    assert m.group(2) == NAMESPACE
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == int(m.group(3))]
+    deployment = one("Deployment", "nvshare-extender")["spec"]["template"]["spec"]
+    (container,) = deployment["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["targetPort"] in named
+    assert f"--port={named[port['targetPort']]}" in container["command"]
+    assert container["command"][:2] == ["nvshare-scheduler", "extender"]
+    assert deployment["serviceAccountName"] == "nvshare-extender"
+    assert deployment["securityContext"]["runAsNonRoot"] is True
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    labels = one("Deployment", "nvshare-extender")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()

@@ -1,0 +1,193 @@
+"""Publishes what NVML sees on this node as the annotation `nvshare.com/gpu-status` on its Node.
+
+The daemon samples NVML every second and offers each sample here; a thread of its own decides
+(`placement.status.publish_reason`: the first sample, a meaningful change, or a refresh when
+the last write gets old, never closer together than `minInterval`) and writes with one JSON
+merge patch of that single annotation, so a slow or failing API server never delays the
+scheduler and the Node's other fields are never touched. RBAC: `patch` on nodes, nothing more.
+
+A write that fails is logged once per distinct error (the next attempt waits `minInterval`),
+counted in `nvshare_node_status_publish_failures_total`, and said again when writes recover.
+The annotation is left in place when the daemon stops: a restart must not make the extender
+fall back for every pod, and a daemon that never comes back goes stale by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from appliance.gpu.nvml import GpuInfo, GpuSample
+from appliance.placement.status import (
+    ANNOTATION,
+    GpuStatus,
+    NodeGpuStatus,
+    PublishState,
+    encode,
+    publish_reason,
+)
+from appliance.policy.model import NodeStatusSettings
+
+log = logging.getLogger("nvshare.node_status")
+
+
+def node_gpu_status(
+    node: str,
+    samples: Sequence[GpuSample],
+    inventory: Mapping[str, GpuInfo],
+    settings: NodeStatusSettings,
+) -> NodeGpuStatus:
+    """The document for one NVML sample of every GPU."""
+    gpus: list[GpuStatus] = []
+    for s in samples:
+        info = inventory.get(s.uuid)
+        gpus.append(
+            GpuStatus(
+                uuid=s.uuid,
+                index=info.index if info else len(gpus),
+                model=info.name if info else "",
+                memory_total=s.memory_total,
+                memory_used=s.memory_used,
+                memory_free=s.memory_free,
+                utilization_percent=s.utilization_percent,
+                compute_processes=s.compute_processes,
+                healthy=s.healthy,
+            )
+        )
+    return NodeGpuStatus(
+        node=node,
+        sampled_at=min((s.time for s in samples), default=0.0),
+        refresh_s=settings.refresh_interval_s,
+        gpus=tuple(gpus),
+    )
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, client.ApiException):
+        hint = ""
+        if exc.status == 403:
+            hint = " (the node daemon's ClusterRole needs `patch` on nodes)"
+        elif exc.status == 404:
+            hint = " (is --node-name this node's name?)"
+        return f"HTTP {exc.status} {exc.reason}{hint}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class NodeStatusPublisher:
+    """Writes the GPU status of `node_name` from its own thread; `offer` never blocks."""
+
+    def __init__(
+        self,
+        *,
+        api_client: client.ApiClient,
+        node_name: str,
+        inventory: Sequence[GpuInfo],
+        settings: NodeStatusSettings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self._inventory = {g.uuid: g for g in inventory}
+        self._settings = settings
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._pending: Sequence[GpuSample] | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.state = PublishState()
+        self._failing: str | None = None  # the last error said, until a write succeeds
+        self._publishes = Counter(
+            "nvshare_node_status_publishes",
+            "Writes of this node's GPU status to its Node, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self._failures = Counter(
+            "nvshare_node_status_publish_failures",
+            "Writes of this node's GPU status that the API server refused or did not answer",
+            registry=registry,
+        )
+        self._last = Gauge(
+            "nvshare_node_status_last_publish_timestamp_seconds",
+            "Wall time of the sample in the last successful write",
+            registry=registry,
+        )
+
+    def set_settings(self, settings: NodeStatusSettings) -> None:
+        with self._cond:
+            self._settings = settings
+
+    def offer(self, samples: Sequence[GpuSample]) -> None:
+        """The newest NVML sample; an older one not yet looked at is dropped."""
+        if not samples:
+            return
+        with self._cond:
+            self._pending = samples
+            self._cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="node-status", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                samples, self._pending = self._pending, None
+                settings = self._settings
+            assert samples is not None
+            self.consider(samples, settings)
+
+    def consider(self, samples: Sequence[GpuSample], settings: NodeStatusSettings) -> None:
+        """Decide on one sample and write it if it is time; on the caller's thread."""
+        if not settings.publish:
+            return
+        status = node_gpu_status(self.node_name, samples, self._inventory, settings)
+        now = self._clock()
+        reason = publish_reason(self.state, status, now=now, settings=settings)
+        if reason is None:
+            return
+        self.state = PublishState(self.state.written, self.state.written_at, attempted_at=now)
+        body = {"metadata": {"annotations": {ANNOTATION: encode(status)}}}
+        try:
+            self._api.patch_node(
+                self.node_name,
+                body,
+                _content_type="application/merge-patch+json",
+                _request_timeout=(5.0, 10.0),
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure: count, say once, retry later
+            self._failures.inc()
+            said = _describe(exc)
+            if said != self._failing:
+                log.warning(
+                    "cannot publish GPU status on node %s: %s; retrying every %gs at most",
+                    self.node_name,
+                    said,
+                    settings.min_interval_s,
+                )
+                self._failing = said
+            return
+        if self._failing is not None:
+            log.info("GPU status on node %s published again", self.node_name)
+            self._failing = None
+        self.state = PublishState(written=status, written_at=now, attempted_at=now)
+        self._publishes.labels(reason=reason.kind.value).inc()
+        self._last.set(status.sampled_at)
+        log.debug("published GPU status of %s (%s)", self.node_name, reason.detail)
