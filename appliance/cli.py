@@ -18,9 +18,8 @@ import click
 
 from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
-from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
-from appliance.server import socket_dir_from_env
 
 DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
 PACKAGE = "nvshare-appliance"
@@ -129,7 +128,7 @@ def nvsharectl(
     ctx: click.Context, set_tq: int | str | None, anti_thrash: str | None, socket_dir: Path | None
 ) -> None:
     """Control and inspect the nvshare scheduler."""
-    ctx.obj = {"socket_dir": socket_dir or socket_dir_from_env()}
+    ctx.obj = {"socket_dir": socket_dir or p.socket_dir_from_env()}
     if set_tq == FOLLOW_POLICY:
         _answer(_request(ctx, p.SetTq(0, flags=p.SET_FOLLOW_POLICY)))
     elif isinstance(set_tq, int):
@@ -207,8 +206,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 def _set_mode(mode: str, gpu: str) -> p.SetMode:
     if mode == FOLLOW_POLICY:
         return p.SetMode(p.WireMode.ON, gpu, flags=p.SET_FOLLOW_POLICY)
-    wire = {"on": p.WireMode.ON, "off": p.WireMode.OFF, "auto": p.WireMode.AUTO}[mode]
-    return p.SetMode(wire, gpu)
+    return p.SetMode(p.wire_mode(Mode(mode)), gpu)
 
 
 @nvsharectl.command()
@@ -458,7 +456,7 @@ def scheduler_main(
 
     config = DaemonConfig(
         policy_dir=policy_dir,
-        socket_dir=socket_dir or socket_dir_from_env(),
+        socket_dir=socket_dir or p.socket_dir_from_env(),
         admin_group=admin_group,
         node_name=node_name,
         kube_api=kube_api,

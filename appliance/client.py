@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from appliance import protocol as p
-from appliance.server import SOCKET_NAME
 
 
 class DaemonUnavailable(Exception):
@@ -17,7 +16,7 @@ class DaemonUnavailable(Exception):
 
 class ControlClient:
     def __init__(self, socket_dir: Path, *, timeout: float = 10.0) -> None:
-        self.path = socket_dir / SOCKET_NAME
+        self.path = socket_dir / p.SOCKET_NAME
         self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
@@ -69,7 +68,3 @@ class ControlClient:
             got, body = self.receive()
             if got == seq:
                 return body
-
-    def query(self, name: str, **args: Any) -> Any:
-        reply = self.request(p.JsonBody(p.MsgType.QUERY, {"query": name, **args}))
-        return reply

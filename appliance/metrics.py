@@ -16,6 +16,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from appliance.policy.model import Mode
+from appliance.protocol import wire_mode
+
 Snapshot = Callable[[], dict[str, Any]]
 
 
@@ -43,10 +46,9 @@ class ApplianceCollector(Collector):
         queue = GaugeMetricFamily(
             "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=gpu_labels
         )
-        codes = {"off": 0, "on": 1, "auto": 2}
         for g in doc.get("gpus", []):
             label = [g["uuid"]]
-            mode.add_metric(label, codes[g["mode"]])
+            mode.add_metric(label, wire_mode(Mode(g["mode"])))
             tq.add_metric(label, g["time_quantum_s"])
             mem.add_metric(label, g["memory_total"])
             holders.add_metric(label, len(g["holders"]))

@@ -13,9 +13,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
+
+from appliance.policy.model import Mode
 
 MAGIC = 0x4853564E
 VERSION = 1
@@ -26,6 +31,17 @@ NAME_LEN = 64
 MESSAGE_LEN = 248
 
 HEADER = struct.Struct("<IHHIIQ")
+
+# Where the daemon listens and every client (hooks, nvsharectl, the device plugin's mounts)
+# looks. Containers mount the directory, never the socket file.
+SOCKET_NAME = "scheduler.sock"
+DEFAULT_SOCKET_DIR = Path("/var/run/nvshare")
+
+
+def socket_dir_from_env(environ: Mapping[str, str] | None = None) -> Path:
+    """`NVSHARE_SOCKET_DIR`, else the default: the same rule as the hook's."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("NVSHARE_SOCKET_DIR") or DEFAULT_SOCKET_DIR)
 
 
 class MsgType(enum.IntEnum):
@@ -59,6 +75,19 @@ class WireMode(enum.IntEnum):
     OFF = 0
     ON = 1
     AUTO = 2
+
+
+_WIRE_MODES = {Mode.OFF: WireMode.OFF, Mode.ON: WireMode.ON, Mode.AUTO: WireMode.AUTO}
+_MODES = {wire: mode for mode, wire in _WIRE_MODES.items()}
+
+
+def wire_mode(mode: Mode) -> WireMode:
+    """The one mapping from a scheduling mode to its number on the wire (and in metrics)."""
+    return _WIRE_MODES[mode]
+
+
+def mode_of(wire: WireMode) -> Mode:
+    return _MODES[wire]
 
 
 class WireBacking(enum.IntEnum):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import pwd
 import socket
 from collections.abc import Callable
@@ -29,16 +28,12 @@ from appliance import protocol as p
 from appliance.core import events as ev
 from appliance.core.scheduler import Scheduler
 from appliance.identity import identify, is_admin, peer_credentials
-from appliance.policy.model import Limits, Mode
-from appliance.socket_claim import SOCKET_NAME, SocketClaim, claim_socket
+from appliance.policy.model import Limits
+from appliance.socket_claim import SocketClaim, claim_socket
 
 log = logging.getLogger("nvshare.server")
 
-__all__ = ["SOCKET_NAME", "QueryError", "SchedulerServer", "socket_dir_from_env"]
-
-DEFAULT_SOCKET_DIR = Path("/var/run/nvshare")
 MAX_WRITE_BUFFER = 1 << 20
-_MODES = {p.WireMode.OFF: Mode.OFF, p.WireMode.ON: Mode.ON, p.WireMode.AUTO: Mode.AUTO}
 
 QueryHandler = Callable[[dict[str, Any]], Any]
 _STATUS = {
@@ -50,11 +45,6 @@ _STATUS = {
 
 class QueryError(Exception):
     """A query's arguments are wrong; the message goes back to the client as INVALID."""
-
-
-def socket_dir_from_env(environ: dict[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    return Path(env.get("NVSHARE_SOCKET_DIR") or DEFAULT_SOCKET_DIR)
 
 
 @dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
@@ -96,7 +86,6 @@ class SchedulerServer:
         admin_group: str | None = None,
         queries: dict[str, QueryHandler] | None = None,
         status_extra: Callable[[], dict[str, Any]] | None = None,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
         self.socket_dir = socket_dir
@@ -104,7 +93,6 @@ class SchedulerServer:
         self.admin_group = admin_group
         self.queries = queries or {}
         self.status_extra = status_extra or dict
-        self.on_change = on_change or (lambda: None)
         self._clients: dict[int, Connection] = {}
         self._connections: set[Connection] = set()
         self._claim: SocketClaim | None = None
@@ -113,10 +101,24 @@ class SchedulerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # What each message a peer may send is turned into: greppable, no names built at run time.
+        self._handlers: dict[type, Callable[[Connection, Any, int], None]] = {
+            p.Register: self._on_register,
+            p.LockRequest: self._on_lock_request,
+            p.LockReleased: self._on_lock_released,
+            p.MemReserve: self._on_mem_reserve,
+            p.MemReturn: self._on_mem_return,
+            p.Heartbeat: self._on_heartbeat,
+            p.SetTq: self._on_set_tq,
+            p.SetMode: self._on_set_mode,
+            p.LimitSet: self._on_limit_set,
+            p.StatusRequest: self._on_status_request,
+            p.JsonBody: self._on_query,
+        }
 
     @property
     def path(self) -> Path:
-        return self.socket_dir / SOCKET_NAME
+        return self.socket_dir / p.SOCKET_NAME
 
     def now(self) -> float:
         assert self._loop is not None
@@ -159,7 +161,6 @@ class SchedulerServer:
             elif (conn := self._clients.get(action.client_id)) is not None:
                 conn.send(action.message, action.seq)
         self._arm_timer()
-        self.on_change()
         return replies
 
     def _arm_timer(self) -> None:
@@ -227,7 +228,7 @@ class SchedulerServer:
         except p.ProtocolError as exc:
             conn.send(p.Result(exc.status, exc.ref_type, str(exc)), frame.seq)
             return
-        handler = getattr(self, f"_on_{type(msg).__name__}", None)
+        handler = self._handlers.get(type(msg))
         if handler is None:
             conn.send(
                 p.Result(
@@ -259,7 +260,7 @@ class SchedulerServer:
 
     # hooks
 
-    def _on_Register(self, conn: Connection, msg: p.Register, seq: int) -> None:  # noqa: N802
+    def _on_register(self, conn: Connection, msg: p.Register, seq: int) -> None:
         if conn.client_id is not None:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
             return
@@ -286,23 +287,23 @@ class SchedulerServer:
             )
         )
 
-    def _on_LockRequest(self, conn: Connection, msg: Any, seq: int) -> None:  # noqa: N802
+    def _on_lock_request(self, conn: Connection, msg: Any, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.LOCK_REQUEST)) is not None:
             self.dispatch(ev.LockRequested(cid, seq))
 
-    def _on_LockReleased(self, conn: Connection, msg: p.LockReleased, seq: int) -> None:  # noqa: N802
+    def _on_lock_released(self, conn: Connection, msg: p.LockReleased, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.LOCK_RELEASED)) is not None:
             self.dispatch(ev.LockReleased(cid, msg.reason))
 
-    def _on_MemReserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:  # noqa: N802
+    def _on_mem_reserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RESERVE)) is not None:
             self.dispatch(ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used))
 
-    def _on_MemReturn(self, conn: Connection, msg: p.MemReturn, seq: int) -> None:  # noqa: N802
+    def _on_mem_return(self, conn: Connection, msg: p.MemReturn, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RETURN)) is not None:
             self.dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
 
-    def _on_Heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:  # noqa: N802
+    def _on_heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:
         # Liveness only: the hook treats a daemon that stops answering as gone.
         conn.send(p.HeartbeatAck(), seq)
 
@@ -312,21 +313,21 @@ class SchedulerServer:
         (reply,) = replies
         conn.send(p.Result(_STATUS[reply.outcome], ref, reply.message), seq)
 
-    def _on_SetTq(self, conn: Connection, msg: p.SetTq, seq: int) -> None:  # noqa: N802
+    def _on_set_tq(self, conn: Connection, msg: p.SetTq, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.SET_TQ, "set the time quantum"):
             return
         follow = bool(msg.flags & p.SET_FOLLOW_POLICY)
         event = ev.TimeQuantumSet(None if follow else float(msg.seconds), by=conn.peer)
         self._reply(conn, seq, p.MsgType.SET_TQ, self.dispatch(event))
 
-    def _on_SetMode(self, conn: Connection, msg: p.SetMode, seq: int) -> None:  # noqa: N802
+    def _on_set_mode(self, conn: Connection, msg: p.SetMode, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.SET_MODE, "change the scheduling mode"):
             return
-        mode = None if msg.flags & p.SET_FOLLOW_POLICY else _MODES[msg.mode]
+        mode = None if msg.flags & p.SET_FOLLOW_POLICY else p.mode_of(msg.mode)
         event = ev.ModeSet(mode, msg.gpu_uuid, by=conn.peer)
         self._reply(conn, seq, p.MsgType.SET_MODE, self.dispatch(event))
 
-    def _on_LimitSet(self, conn: Connection, msg: p.LimitSet, seq: int) -> None:  # noqa: N802
+    def _on_limit_set(self, conn: Connection, msg: p.LimitSet, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.LIMIT_SET, "change limits"):
             return
         if msg.pid:
@@ -350,12 +351,12 @@ class SchedulerServer:
         )
         self._reply(conn, seq, p.MsgType.LIMIT_SET, self.dispatch(event))
 
-    def _on_StatusRequest(self, conn: Connection, msg: Any, seq: int) -> None:  # noqa: N802
+    def _on_status_request(self, conn: Connection, msg: Any, seq: int) -> None:
         doc = self.core.status(self.now())
         doc.update(self.status_extra())
         self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, doc), seq)
 
-    def _on_JsonBody(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:  # noqa: N802
+    def _on_query(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:
         if msg.msg_type is not p.MsgType.QUERY or not isinstance(msg.doc, dict):
             conn.send(p.Result(p.Status.INVALID, msg.msg_type, "expected a QUERY object"), seq)
             return

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.identity import peer_credentials
+from appliance.protocol import SOCKET_NAME
 
-SOCKET_NAME = "scheduler.sock"
 LOCK_NAME = SOCKET_NAME + ".lock"
 _BACKLOG = 128
 

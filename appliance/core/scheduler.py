@@ -52,7 +52,6 @@ UNBOUNDED = 1 << 62
 CONTEXT_ALLOWANCE_BYTES = 768 << 20
 OBSERVED_STEP_BYTES = 2 << 20  # smaller NVML changes are not sent to the hook
 EPSILON_S = 1e-6  # float slack on quota arithmetic
-_WIRE_MODE = {Mode.OFF: p.WireMode.OFF, Mode.ON: p.WireMode.ON, Mode.AUTO: p.WireMode.AUTO}
 
 
 class Phase(enum.Enum):
@@ -69,7 +68,6 @@ class Client:
     gpu: str
     env_memory: int
     env_core: int
-    registered_at: float
     limits: EffectiveLimits
     wire: p.WireLimits
     phase: Phase = Phase.IDLE
@@ -208,7 +206,7 @@ class Scheduler:
         if c.limits.exempt or (mode is Mode.OFF and not quota):
             wire_mode = p.WireMode.OFF
         else:
-            wire_mode = p.WireMode.ON if mode is Mode.OFF else _WIRE_MODE[mode]
+            wire_mode = p.WireMode.ON if mode is Mode.OFF else p.wire_mode(mode)
         mem = self.policy.memory
         return p.WireLimits(
             mem_limit=c.limits.memory_bytes or 0,
@@ -237,7 +235,6 @@ class Scheduler:
             gpu=e.gpu_uuid,
             env_memory=e.env_memory_bytes,
             env_core=e.env_core_percent,
-            registered_at=now,
             limits=EffectiveLimits(None, 100, False),
             wire=placeholder,
         )
