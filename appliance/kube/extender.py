@@ -95,7 +95,7 @@ def parse_args(body: Any) -> ExtenderArgs:
 
 
 def filter_result(
-    args: ExtenderArgs, kept: Sequence[str], failed: Mapping[str, str], error: str = ""
+    args: ExtenderArgs, kept: Sequence[str], failed: Mapping[str, str]
 ) -> dict[str, Any]:
     """An ExtenderFilterResult in the form the request came in (names, or Node objects)."""
     nodes: dict[str, Any] | None = None
@@ -109,7 +109,7 @@ def filter_result(
         "NodeNames": names,
         "FailedNodes": dict(failed),
         "FailedAndUnresolvableNodes": {},
-        "Error": error,
+        "Error": "",  # a message here fails the pod's scheduling cycle: never ours to cause
     }
 
 

@@ -345,3 +345,15 @@ def test_the_command_says_what_is_wrong_instead_of_starting(tmp_path: Path) -> N
     )
     assert bad_switch.returncode == 2 and "--enable-realtime-check" in bad_switch.stderr
     assert "Traceback" not in bad_policy.stderr + bad_switch.stderr
+
+
+def test_the_extenders_account_reads_nodes_and_pods_and_writes_nothing(cluster: Cluster) -> None:
+    core = client.CoreV1Api(cluster.make("nvshare-extender"))
+    assert {n.metadata.name for n in core.list_node().items} == {"full", "roomy"}
+    core.list_pod_for_all_namespaces()
+    with pytest.raises(client.ApiException) as refused:
+        core.patch_node("full", {"metadata": {"annotations": {ANNOTATION: "{}"}}})
+    assert refused.value.status == 403
+    with pytest.raises(client.ApiException) as no_get:
+        core.read_node("full")  # list and watch only, as its role says
+    assert no_get.value.status == 403
