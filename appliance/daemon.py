@@ -1,8 +1,9 @@
 """The composition root: wires sources (policy dir, pod watch, NVML) and sinks (socket server,
 metrics, Kubernetes Events, systemd) around the scheduler core. No scheduling logic lives here.
 
-Threads (the policy watcher, the pod watcher, the device plugin) hand their events to the
-asyncio loop with `call_soon_threadsafe`; only the loop touches the core.
+Sources on threads (the policy watcher, the pod watcher, the NVML sampler) hand their events
+to the engine (`appliance.engine`), which feeds the core on the asyncio loop and routes its
+actions to the sinks; only the loop touches the core.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from appliance.core import events as ev
 from appliance.core.limits import GpuFacts
 from appliance.core.pods import PodInfo, PodOverrides, PodRef, resolve_overrides
 from appliance.core.scheduler import Scheduler
+from appliance.engine import Engine
 from appliance.gpu.nvml import Nvml
+from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled
 from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
@@ -41,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nvshare.daemon")
 
-NVML_SAMPLE_INTERVAL_S = 1.0
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
@@ -93,6 +95,7 @@ class Daemon:
             on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
         self.core: Scheduler | None = None
+        self.engine: Engine | None = None
         self.server: SchedulerServer | None = None
         self.registry = CollectorRegistry()
         self._overrides: dict[str, PodOverrides] = {}
@@ -122,12 +125,12 @@ class Daemon:
 
     def _on_policy(self, policy: Policy) -> None:
         """From the watcher's thread; the first policy (at start) arrives before the loop runs."""
-        if self.loop is not None and self.server is not None:
+        if self.engine is not None:
             self._in_loop(f"policy {policy.content_hash[:12]}", self._apply_policy, policy)
 
     def _apply_policy(self, policy: Policy) -> None:
-        assert self.core is not None and self.server is not None
-        self.server.dispatch(ev.PolicyChanged(policy))
+        assert self.core is not None and self.engine is not None
+        self.engine.dispatch(ev.PolicyChanged(policy))
         if self.device_plugin is not None:
             self.device_plugin.set_replicas(policy.device_plugin.replicas_per_gpu)
         if self.node_status is not None:
@@ -136,9 +139,14 @@ class Daemon:
         for pod in list(self.core.pods.values()):
             before = self._overrides.get(pod.uid)
             if (after := self._judge(pod)) != before:
-                self.server.dispatch(ev.PodUpdated(pod, after))
+                self.engine.dispatch(ev.PodUpdated(pod, after))
 
-    def status_extra(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
+        """The status document: the core's view, the policy watcher's and NVML's."""
+        assert self.core is not None and self.engine is not None
+        return {**self.core.status(self.engine.now()), **self._status_extra()}
+
+    def _status_extra(self) -> dict[str, Any]:
         w = self.watcher
         good = w.last_good
         env = {k: v for k, v in (good.sources.items() if good else []) if v.startswith("env ")}
@@ -195,8 +203,8 @@ class Daemon:
         self._in_loop(f"pod {pod.namespace}/{pod.name}", self._apply_pod, pod)
 
     def _apply_pod(self, pod: PodInfo) -> None:
-        assert self.server is not None
-        self.server.dispatch(ev.PodUpdated(pod, self._judge(pod)))
+        assert self.engine is not None
+        self.engine.dispatch(ev.PodUpdated(pod, self._judge(pod)))
 
     def _judge(self, pod: PodInfo) -> PodOverrides:
         """A pod's overrides under the current policy; refused annotations are reported."""
@@ -215,9 +223,9 @@ class Daemon:
         return overrides
 
     def _on_pod_deleted(self, ref: PodRef) -> None:
-        assert self.server is not None
+        assert self.engine is not None
         self._overrides.pop(ref.uid, None)
-        self._in_loop(f"pod {ref} deleted", self.server.dispatch, ev.PodRemoved(ref))
+        self.engine.submit(ev.PodRemoved(ref))
 
     def _start_kube(self) -> None:
         from appliance.kube.events import EventRecorder
@@ -259,11 +267,8 @@ class Daemon:
         core = self.core
         settings = core.policy.device_plugin
 
-        def load() -> dict[str, int]:
-            counts: dict[str, int] = {}
-            for c in list(core.clients.values()):
-                counts[c.gpu] = counts.get(c.gpu, 0) + 1
-            return counts
+        assert self.engine is not None
+        engine = self.engine
 
         plugin = DevicePlugin(
             gpus=self.nvml.inventory,
@@ -272,7 +277,7 @@ class Daemon:
             resource_name=settings.resource_name,
             hook_host_path=self.config.hook_host_path,
             socket_host_dir=str(self.config.socket_dir),
-            load=load,
+            load=lambda: engine.read(core.load),
             gpu_index=lambda uuid: next(
                 (g.index for g in self.nvml.inventory() if g.uuid == uuid), None
             ),
@@ -284,21 +289,15 @@ class Daemon:
 
     # ------------------------------------------------------------------- run
 
-    async def _sample_nvml(self) -> None:
-        assert self.server is not None
-        while True:
-            samples = await asyncio.to_thread(self.nvml.sample)
-            if samples:
-                self.server.dispatch(
-                    ev.GpuFreeMemory(
-                        {s.uuid: s.memory_free for s in samples},
-                        time=self.server.now(),
-                        processes={s.uuid: s.processes for s in samples},
-                    )
-                )
-                if self.node_status is not None:
-                    self.node_status.offer(samples)
-            await asyncio.sleep(NVML_SAMPLE_INTERVAL_S)
+    def _start_nvml_sampler(self) -> None:
+        assert self.engine is not None
+        engine = self.engine
+        consumers: list[Consumer] = [lambda samples: engine.submit(gpu_sampled(samples))]
+        if self.node_status is not None:
+            consumers.append(self.node_status.offer)
+        sampler = NvmlSampler(self.nvml, consumers)
+        sampler.start()
+        self._threads.append(sampler)
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -330,17 +329,19 @@ class Daemon:
         self.core = Scheduler(
             policy, inventory=inventory, watching_pods=self.config.node_name is not None
         )
+        self.engine = Engine(self.core, loop=self.loop)
         self.server = SchedulerServer(
-            self.core,
             socket_dir=self.config.socket_dir,
-            admin_group=self.config.admin_group,
+            dispatch=self.engine.dispatch,
+            status=self.status,
             queries={
                 "policy": self.query_policy,
                 "explain": self.query_explain,
                 "overrides": self.query_overrides,
             },
-            status_extra=self.status_extra,
+            admin_group=self.config.admin_group,
         )
+        self.engine.connect(self.server.send, *SchedulerServer.ACTIONS)
         try:
             await self.server.start()
         except SocketUnavailable as exc:
@@ -390,8 +391,6 @@ class Daemon:
 
     async def _serve(self, policy: Policy) -> int:
         assert self.loop is not None and self._stopping is not None and self.server is not None
-        if self.nvml.available:
-            self._tasks.append(asyncio.create_task(self._sample_nvml()))
         if self.config.metrics and policy.metrics.enabled:
             self._start_metrics(policy)
         try:
@@ -399,6 +398,8 @@ class Daemon:
                 self._start_kube()
             if self.config.device_plugin:
                 self._start_device_plugin()
+            if self.nvml.available:
+                self._start_nvml_sampler()
         except Exception as exc:  # noqa: BLE001 - one line, then stop cleanly
             log.error("stopping: %s", exc)
             return 1
@@ -419,13 +420,9 @@ class Daemon:
         return 0
 
     def _start_metrics(self, policy: Policy) -> None:
-        core, server = self.core, self.server
-        assert core is not None and server is not None
-        self.registry.register(
-            ApplianceCollector(
-                lambda: self.loop_call(lambda: {**core.status(server.now()), **self.status_extra()})
-            )
-        )
+        engine = self.engine
+        assert engine is not None
+        self.registry.register(ApplianceCollector(lambda: engine.read(self.status)))
         try:
             serve_metrics(
                 address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready
@@ -450,18 +447,10 @@ class Daemon:
         if self.events is not None:
             self.events.close()
         self.watcher.stop()
+        if self.engine is not None:
+            self.engine.close()
         if self.server is not None:
             await self.server.stop()
-
-    def loop_call(self, fn: Any) -> Any:
-        """Run `fn` on the event loop from another thread (metrics scrapes) and wait for it."""
-        assert self.loop is not None
-        fut = asyncio.run_coroutine_threadsafe(_call(fn), self.loop)
-        return fut.result(timeout=5)
-
-
-async def _call(fn: Any) -> Any:
-    return fn()
 
 
 def run_daemon(config: DaemonConfig) -> int:

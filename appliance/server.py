@@ -1,13 +1,14 @@
-"""The asyncio Unix-socket server: hooks and nvsharectl in, scheduler actions out.
+"""The asyncio Unix-socket server: frames from hooks and nvsharectl in, the core's actions out.
 
-One task per connection reads frames and turns them into core events; the core's actions are
-written without awaiting the peer, so a slow or stuck reader never stalls anyone else: its
-transport buffer is bounded and the connection is dropped when it overflows. Garbage (a bad
-magic, an oversized frame) closes that one connection after an ERROR frame; an unknown type or
-version, a malformed body or a query with bad arguments is answered with an ERROR frame and the
-connection stays up. Every request gets an answer, even one that meets a bug here (logged with
-its traceback, answered with an ERROR). Replies larger than a frame (status with thousands of
-clients) are streamed as JSON_PART frames.
+It only translates: one task per connection reads frames and turns them into core events for
+`dispatch` (the engine); the engine routes the core's actions for peers back to `send`. It knows
+nothing of pods, policy or NVML. Actions are written without awaiting the peer, so a slow or
+stuck reader never stalls anyone else: its transport buffer is bounded and the connection is
+dropped when it overflows. Garbage (a bad magic, an oversized frame) closes that one connection
+after an ERROR frame; an unknown type or version, a malformed body or a query with bad arguments
+is answered with an ERROR frame and the connection stays up. Every request gets an answer, even
+one that meets a bug here (logged with its traceback, answered with an ERROR). Replies larger
+than a frame (status with thousands of clients) are streamed as JSON_PART frames.
 
 The socket is claimed through `appliance.socket_claim`: one daemon per socket directory.
 """
@@ -19,14 +20,13 @@ import itertools
 import logging
 import pwd
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from appliance import protocol as p
 from appliance.core import events as ev
-from appliance.core.scheduler import Scheduler
 from appliance.identity import identify, is_admin, peer_credentials
 from appliance.policy.model import Limits
 from appliance.socket_claim import SocketClaim, claim_socket
@@ -53,7 +53,9 @@ class Connection:
     pid: int
     uid: int
     gid: int
-    client_id: int | None = None
+    number: int  # for replies to control requests
+    client_id: int | None = None  # once registered as a hook
+    asked: dict[int, int] = field(default_factory=dict)  # seq -> type of a pending request
     closed: bool = False
     peer: str = field(default="")
     flush: bool = False  # a large reply was written: let it drain before reading on
@@ -77,29 +79,30 @@ class Connection:
 
 
 class SchedulerServer:
+    """Frames in, events out (to `dispatch`); actions in (`send`), frames out."""
+
     def __init__(
         self,
-        core: Scheduler,
         *,
         socket_dir: Path,
+        dispatch: Callable[[ev.Event], None],
+        status: Callable[[], dict[str, Any]],
+        queries: Mapping[str, QueryHandler],
         proc_root: Path = Path("/proc"),
         admin_group: str | None = None,
-        queries: dict[str, QueryHandler] | None = None,
-        status_extra: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        self.core = core
         self.socket_dir = socket_dir
         self.proc_root = proc_root
         self.admin_group = admin_group
-        self.queries = queries or {}
-        self.status_extra = status_extra or dict
-        self._clients: dict[int, Connection] = {}
-        self._connections: set[Connection] = set()
+        self._dispatch = dispatch
+        self._status = status
+        self.queries = queries
+        self._clients: dict[int, Connection] = {}  # registered hooks, by client id
+        self._connections: dict[int, Connection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
         self._ids = itertools.count(1)
+        self._numbers = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # What each message a peer may send is turned into: greppable, no names built at run time.
         self._handlers: dict[type, Callable[[Connection, Any, int], None]] = {
@@ -116,17 +119,15 @@ class SchedulerServer:
             p.JsonBody: self._on_query,
         }
 
+    # The actions this server turns into frames (`send`).
+    ACTIONS: tuple[type, ...] = (ev.Send, ev.Reply)
+
     @property
     def path(self) -> Path:
         return self.socket_dir / p.SOCKET_NAME
 
-    def now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
-
     async def start(self) -> None:
         """Claim the socket and serve; raises `SocketUnavailable` saying why it cannot."""
-        self._loop = asyncio.get_running_loop()
         self._claim = claim_socket(self.socket_dir)
         try:
             self._server = await asyncio.start_unix_server(self._serve, sock=self._claim.sock)
@@ -136,11 +137,9 @@ class SchedulerServer:
         log.info("listening on %s", self.path)
 
     async def stop(self) -> None:
-        if self._timer:
-            self._timer.cancel()
         if self._server:
             self._server.close()
-            for conn in list(self._connections):  # registered or not: nobody is waited for
+            for conn in list(self._connections.values()):  # registered or not: nobody waits
                 conn.close()
             if self._tasks:  # let every connection task see its EOF and finish
                 await asyncio.wait(self._tasks, timeout=5)
@@ -149,27 +148,16 @@ class SchedulerServer:
             self._claim.release()  # only if the socket at the path is still ours
             self._claim = None
 
-    # ------------------------------------------------------------------ core glue
-
-    def dispatch(self, event: ev.Event) -> list[ev.Reply]:
-        """Feed one event to the core, send what it sends, and return its replies to a control
-        request (event-loop thread only)."""
-        replies = []
-        for action in self.core.handle(event, self.now()):
-            if isinstance(action, ev.Reply):
-                replies.append(action)
-            elif (conn := self._clients.get(action.client_id)) is not None:
-                conn.send(action.message, action.seq)
-        self._arm_timer()
-        return replies
-
-    def _arm_timer(self) -> None:
-        if self._timer:
-            self._timer.cancel()
-            self._timer = None
-        deadline = self.core.next_deadline()
-        if deadline is not None and self._loop is not None:
-            self._timer = self._loop.call_at(deadline, self.dispatch, ev.Tick())
+    def send(self, action: ev.Send | ev.Reply) -> None:
+        """An action of the core, to the peer it names; one that is gone is skipped."""
+        if isinstance(action, ev.Reply):
+            conn = self._connections.get(action.to.connection)
+            if conn is not None:
+                ref = conn.asked.pop(action.to.seq, 0)
+                status = _STATUS[action.outcome]
+                conn.send(p.Result(status, ref, action.message), action.to.seq)
+        elif (conn := self._clients.get(action.client_id)) is not None:
+            conn.send(action.message, action.seq)
 
     # ----------------------------------------------------------------- connections
 
@@ -180,8 +168,15 @@ class SchedulerServer:
             task.add_done_callback(self._tasks.discard)
         sock: socket.socket = writer.get_extra_info("socket")
         pid, uid, gid = peer_credentials(sock)
-        conn = Connection(writer=writer, pid=pid, uid=uid, gid=gid, peer=_who(pid, uid))
-        self._connections.add(conn)
+        conn = Connection(
+            writer=writer,
+            pid=pid,
+            uid=uid,
+            gid=gid,
+            number=next(self._numbers),
+            peer=_who(pid, uid),
+        )
+        self._connections[conn.number] = conn
         decoder = p.FrameDecoder()
         try:
             while not conn.closed:
@@ -206,10 +201,10 @@ class SchedulerServer:
             log.debug("%s: connection error: %s", conn.peer, exc)
         finally:
             conn.close()
-            self._connections.discard(conn)
+            self._connections.pop(conn.number, None)
             if conn.client_id is not None:
                 self._clients.pop(conn.client_id, None)
-                self.dispatch(ev.ClientGone(conn.client_id))
+                self._dispatch(ev.ClientGone(conn.client_id))
 
     def _on_frame(self, conn: Connection, frame: p.Frame) -> None:
         """Handle one frame; whatever happens, the peer gets an answer and the loop goes on."""
@@ -275,7 +270,7 @@ class SchedulerServer:
         conn.client_id = next(self._ids)
         conn.peer = f"client {conn.client_id} (pid {conn.pid}, uid {conn.uid})"
         self._clients[conn.client_id] = conn
-        self.dispatch(
+        self._dispatch(
             ev.ClientRegistered(
                 client_id=conn.client_id,
                 seq=seq,
@@ -289,19 +284,19 @@ class SchedulerServer:
 
     def _on_lock_request(self, conn: Connection, msg: Any, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.LOCK_REQUEST)) is not None:
-            self.dispatch(ev.LockRequested(cid, seq))
+            self._dispatch(ev.LockRequested(cid, seq))
 
     def _on_lock_released(self, conn: Connection, msg: p.LockReleased, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.LOCK_RELEASED)) is not None:
-            self.dispatch(ev.LockReleased(cid, msg.reason))
+            self._dispatch(ev.LockReleased(cid, msg.reason))
 
     def _on_mem_reserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RESERVE)) is not None:
-            self.dispatch(ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used))
+            self._dispatch(ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used))
 
     def _on_mem_return(self, conn: Connection, msg: p.MemReturn, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RETURN)) is not None:
-            self.dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
+            self._dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
 
     def _on_heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:
         # Liveness only: the hook treats a daemon that stops answering as gone.
@@ -309,23 +304,25 @@ class SchedulerServer:
 
     # nvsharectl
 
-    def _reply(self, conn: Connection, seq: int, ref: p.MsgType, replies: list[ev.Reply]) -> None:
-        (reply,) = replies
-        conn.send(p.Result(_STATUS[reply.outcome], ref, reply.message), seq)
+    def _control(self, conn: Connection, seq: int, ref: p.MsgType) -> ev.Requester:
+        """Where the core's reply to this request goes."""
+        conn.asked[seq] = ref
+        return ev.Requester(conn.number, seq)
 
     def _on_set_tq(self, conn: Connection, msg: p.SetTq, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.SET_TQ, "set the time quantum"):
             return
         follow = bool(msg.flags & p.SET_FOLLOW_POLICY)
-        event = ev.TimeQuantumSet(None if follow else float(msg.seconds), by=conn.peer)
-        self._reply(conn, seq, p.MsgType.SET_TQ, self.dispatch(event))
+        seconds = None if follow else float(msg.seconds)
+        to = self._control(conn, seq, p.MsgType.SET_TQ)
+        self._dispatch(ev.TimeQuantumSet(seconds, by=conn.peer, reply_to=to))
 
     def _on_set_mode(self, conn: Connection, msg: p.SetMode, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.SET_MODE, "change the scheduling mode"):
             return
         mode = None if msg.flags & p.SET_FOLLOW_POLICY else p.mode_of(msg.mode)
-        event = ev.ModeSet(mode, msg.gpu_uuid, by=conn.peer)
-        self._reply(conn, seq, p.MsgType.SET_MODE, self.dispatch(event))
+        to = self._control(conn, seq, p.MsgType.SET_MODE)
+        self._dispatch(ev.ModeSet(mode, msg.gpu_uuid, by=conn.peer, reply_to=to))
 
     def _on_limit_set(self, conn: Connection, msg: p.LimitSet, seq: int) -> None:
         if not self._need_admin(conn, seq, p.MsgType.LIMIT_SET, "change limits"):
@@ -348,13 +345,12 @@ class SchedulerServer:
             clear_memory=bool(msg.flags & p.LIMIT_SET_CLEAR_MEM),
             clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
             by=conn.peer,
+            reply_to=self._control(conn, seq, p.MsgType.LIMIT_SET),
         )
-        self._reply(conn, seq, p.MsgType.LIMIT_SET, self.dispatch(event))
+        self._dispatch(event)
 
     def _on_status_request(self, conn: Connection, msg: Any, seq: int) -> None:
-        doc = self.core.status(self.now())
-        doc.update(self.status_extra())
-        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, doc), seq)
+        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, self._status()), seq)
 
     def _on_query(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:
         if msg.msg_type is not p.MsgType.QUERY or not isinstance(msg.doc, dict):

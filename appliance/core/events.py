@@ -16,6 +16,15 @@ from appliance.protocol import ReleaseReason
 
 
 @dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asked a control request, as the socket server numbers it; the core only echoes it
+    back on its `Reply`."""
+
+    connection: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ClientRegistered:
     client_id: int
     seq: int
@@ -80,6 +89,7 @@ class TimeQuantumSet:
 
     seconds: float | None
     by: str = "nvsharectl"
+    reply_to: Requester = Requester()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,7 @@ class ModeSet:
     mode: Mode | None
     gpu_uuid: str = ""  # empty: every GPU
     by: str = "nvsharectl"
+    reply_to: Requester = Requester()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +111,16 @@ class AdminLimitSet:
     clear_memory: bool = False
     clear_core: bool = False
     by: str = "nvsharectl"
+    reply_to: Requester = Requester()
 
 
 @dataclass(frozen=True, slots=True)
 class GpuFreeMemory:
     """A real-time sample of a GPU's free memory (NVML), including non-hooked processes, and
-    what each process holds on it (pids as the daemon sees them: it runs with the host's)."""
+    what each process holds on it (pids as the daemon sees them: it runs with the host's). It is
+    as old as the time it is handled at."""
 
     samples: Mapping[str, int]  # uuid -> free bytes
-    time: float
     processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> bytes
 
 
@@ -155,6 +167,7 @@ class Reply:
     """The answer to a control request (TimeQuantumSet, ModeSet, AdminLimitSet), for whoever
     asked: what changed, or why nothing did."""
 
+    to: Requester
     outcome: Outcome
     message: str
 

@@ -162,6 +162,10 @@ class Scheduler:
     def gpu_memory(self, uuid: str) -> int:
         return gpu_settings(self.policy, self._facts(uuid))[2]
 
+    def load(self) -> dict[str, int]:
+        """Connected clients per GPU, for the device plugin's placement."""
+        return dict(Counter(c.gpu for c in self.clients.values()))
+
     # ------------------------------------------------------------ registration
 
     def _facts(self, uuid: str) -> GpuFacts:
@@ -576,7 +580,7 @@ class Scheduler:
 
     def _on_free_memory(self, e: ev.GpuFreeMemory, now: float) -> list[ev.Send]:
         for uuid, free in e.samples.items():
-            self._free[uuid] = _FreeSample(free, e.time)
+            self._free[uuid] = _FreeSample(free, now)
             self._stale_logged.discard(uuid)
         return self._observed(e.processes)
 
@@ -670,7 +674,11 @@ class Scheduler:
         policy_tq = self.policy.scheduler.time_quantum_s
         if e.seconds is None:
             if self.tq_override is None:
-                return [ev.Reply(ev.Outcome.DONE, "the time quantum already follows the policy")]
+                return [
+                    ev.Reply(
+                        e.reply_to, ev.Outcome.DONE, "the time quantum already follows the policy"
+                    )
+                ]
             log.info(
                 "%s handed the time quantum back to the policy (%g s -> %g s)",
                 e.by,
@@ -679,57 +687,57 @@ class Scheduler:
             )
             self.tq_override = None
             message = f"the time quantum follows the policy again ({policy_tq:g} s)"
-            return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
+            return [ev.Reply(e.reply_to, ev.Outcome.DONE, message), *self._refresh_all(now)]
         if not MIN_TIME_QUANTUM_S <= e.seconds <= MAX_TIME_QUANTUM_S:
             message = (
                 f"a time quantum of {e.seconds:g} s is outside {MIN_TIME_QUANTUM_S:g}-"
                 f"{MAX_TIME_QUANTUM_S:g} s; nothing changed"
             )
-            return [ev.Reply(ev.Outcome.INVALID, message)]
+            return [ev.Reply(e.reply_to, ev.Outcome.INVALID, message)]
         before = self.tq_override
         self.tq_override = e.seconds
         was = f"{before:g} s from nvsharectl" if before else f"{policy_tq:g} s from the policy"
         log.info("%s set the time quantum to %g s (was %s)", e.by, e.seconds, was)
         message = f"time quantum set to {e.seconds:g} s on every GPU (was {was})"
-        return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
+        return [ev.Reply(e.reply_to, ev.Outcome.DONE, message), *self._refresh_all(now)]
 
     def _on_set_mode(self, e: ev.ModeSet, now: float) -> list[ev.Action]:
         where = e.gpu_uuid or "every GPU"
         if e.gpu_uuid and e.gpu_uuid not in self.gpus and e.gpu_uuid not in self.inventory:
             known = ", ".join(sorted(set(self.gpus) | set(self.inventory))) or "none yet"
             message = f"no GPU {e.gpu_uuid} is known here (known: {known}); nothing changed"
-            return [ev.Reply(ev.Outcome.NOT_FOUND, message[:240])]
+            return [ev.Reply(e.reply_to, ev.Outcome.NOT_FOUND, message[:240])]
         if e.mode is None:
             keys = [e.gpu_uuid] if e.gpu_uuid else list(self.mode_override)
             if not any(k in self.mode_override for k in keys):
                 message = f"the mode on {where} already follows the policy"
-                return [ev.Reply(ev.Outcome.DONE, message)]
+                return [ev.Reply(e.reply_to, ev.Outcome.DONE, message)]
             for key in keys:
                 self.mode_override.pop(key, None)
             log.info("%s handed the mode on %s back to the policy", e.by, where)
             message = f"the mode on {where} follows the policy again"
-            return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
+            return [ev.Reply(e.reply_to, ev.Outcome.DONE, message), *self._refresh_all(now)]
         if e.gpu_uuid:
             self.mode_override[e.gpu_uuid] = e.mode
         else:
             self.mode_override = {"": e.mode}
         log.info("%s set mode %s on %s", e.by, e.mode.value, where)
         message = f"anti-thrashing mode {e.mode.value} on {where}"
-        return [ev.Reply(ev.Outcome.DONE, message), *self._refresh_all(now)]
+        return [ev.Reply(e.reply_to, ev.Outcome.DONE, message), *self._refresh_all(now)]
 
     def _on_admin_limit(self, e: ev.AdminLimitSet, now: float) -> list[ev.Action]:
         kind, name = e.target
         label = f"{kind} {name}"
         invalid = _limit_problem(e.limits)
         if invalid:
-            return [ev.Reply(ev.Outcome.INVALID, f"{invalid}; nothing changed")]
+            return [ev.Reply(e.reply_to, ev.Outcome.INVALID, f"{invalid}; nothing changed")]
         matched = [c for c in self.clients.values() if self._targets(c, e.target)]
         if kind == "pid" and not matched:
             message = (
                 f"no connected client has pid {name}; nothing changed (a pid override is kept "
                 "only while that process is connected)"
             )
-            return [ev.Reply(ev.Outcome.NOT_FOUND, message)]
+            return [ev.Reply(e.reply_to, ev.Outcome.NOT_FOUND, message)]
         current = self.admin.get(e.target, Limits())
         memory = None if e.clear_memory else (e.limits.memory_bytes or current.memory_bytes)
         core = None if e.clear_core else (e.limits.core_percent or current.core_percent)
@@ -737,10 +745,10 @@ class Scheduler:
         if after == current:
             if e.clear_memory or e.clear_core:
                 message = f"{label} has no such override to clear; nothing changed"
-                return [ev.Reply(ev.Outcome.NOT_FOUND, message)]
+                return [ev.Reply(e.reply_to, ev.Outcome.NOT_FOUND, message)]
             memory_shown, core_shown = _shown(after)
             message = f"{label} already has memory {memory_shown}, core {core_shown}; no change"
-            return [ev.Reply(ev.Outcome.DONE, message)]
+            return [ev.Reply(e.reply_to, ev.Outcome.DONE, message)]
         if after == Limits():
             self.admin.pop(e.target, None)
         else:
@@ -749,7 +757,7 @@ class Scheduler:
         log.info("%s changed the limits of %s: %s", e.by, label, change)
         out: list[ev.Action] = list(self._refresh_all(now))
         message = f"{label}: {change}; {_reach(matched, kind)}{self._env_note(matched)}"
-        return [ev.Reply(ev.Outcome.DONE, message), *out]
+        return [ev.Reply(e.reply_to, ev.Outcome.DONE, message), *out]
 
     def _targets(self, c: Client, target: tuple[str, str]) -> bool:
         kind, name = target

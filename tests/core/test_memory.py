@@ -93,7 +93,7 @@ def test_realtime_check_strict_refuses_and_warning_grants() -> None:
     rt = RealtimeCheck(mode=RealtimeCheckMode.STRICT, safety_margin_bytes=100 * MiB)
     h = harness(realtime_check=rt)
     a = h.register()
-    h.feed(ev.GpuFreeMemory({GPU: 500 * MiB}, time=h.now))
+    h.feed(ev.GpuFreeMemory({GPU: 500 * MiB}))
     assert grant(h, a, 450 * MiB) == 0  # 450 > 500 - 100 margin
     assert grant(h, a, 300 * MiB) >= 300 * MiB
     assert h.sched.counters["realtime_refusals"] == 1
@@ -115,7 +115,7 @@ def test_realtime_check_skips_stale_samples_and_honours_pod_opt_out() -> None:
     pod = PodInfo(uid="a", namespace="ns", name="p", node="n")
     h.feed(ev.PodUpdated(pod, PodOverrides(realtime_check=False)))
     a, b = h.register(pod_uid="a"), h.register()
-    h.feed(ev.GpuFreeMemory({GPU: 10 * MiB}, time=h.now))
+    h.feed(ev.GpuFreeMemory({GPU: 10 * MiB}))
     assert grant(h, a, 200 * MiB) == 200 * MiB  # the pod opted out
     assert grant(h, b, 200 * MiB) == 0
     h.now += 10  # the sample is now too old to trust: granted, and counted
@@ -155,12 +155,12 @@ def test_nvml_usage_reaches_the_hook_of_that_process_only_when_it_moved() -> Non
     h = harness(defaults=Limits(memory_bytes=1 * GiB, core_percent=100))
     a = h.register(pid=10)
     b = h.register(pid=11)
-    sample = ev.GpuFreeMemory({GPU: 10 * GiB}, time=h.now, processes={GPU: {10: 3 * GiB}})
+    sample = ev.GpuFreeMemory({GPU: 10 * GiB}, processes={GPU: {10: 3 * GiB}})
     [told] = of(h.feed(sample), p.MemObserved)
     assert told.client_id == a
     assert told.message == p.MemObserved(3 * GiB, CONTEXT_ALLOWANCE_BYTES)
     assert h.sched.client_view(h.sched.clients[a], h.now)["memory_observed"] == 3 * GiB
     assert h.sched.counters["nvml_over_limit"] == 1  # 3 GiB > 1 GiB + the context allowance
     moved_a_little = {GPU: {10: 3 * GiB + (1 << 20)}, "GPU-other": {11: 5 * GiB}}
-    assert not of(h.feed(ev.GpuFreeMemory({}, time=h.now, processes=moved_a_little)), p.MemObserved)
+    assert not of(h.feed(ev.GpuFreeMemory({}, processes=moved_a_little)), p.MemObserved)
     assert h.sched.clients[b].nvml_used is None  # b's pid on another GPU is not b's usage

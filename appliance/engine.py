@@ -1,0 +1,92 @@
+"""The engine: where events meet the core and actions leave it, all on the event loop.
+
+The core is sans-I/O: it needs the time with every event and a wake-up call at the deadline it
+asks for. The engine gives it both from the asyncio loop's clock, and routes every action the
+core returns to the sink connected for that action's type (the socket server, the Kubernetes
+Event recorder, the device plugin). Nothing else calls the core.
+
+Three ways in, one per kind of caller:
+- `dispatch(event)`: on the loop (the socket server's frames, the timer);
+- `submit(event)`: from any thread (policy, pod and NVML sources); a failure is logged with its
+  cause and the loop and the source carry on;
+- `read(fn)`: from any thread, for a reader that must see a consistent state (a metrics scrape,
+  the device plugin's placement): `fn` runs on the loop and its result is handed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from appliance.core import events as ev
+from appliance.core.scheduler import Scheduler
+
+log = logging.getLogger("nvshare.engine")
+
+T = TypeVar("T")
+Sink = Callable[[Any], None]
+
+
+class Engine:
+    def __init__(self, core: Scheduler, *, loop: asyncio.AbstractEventLoop) -> None:
+        self._core = core
+        self._loop = loop
+        self._sinks: dict[type, Sink] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connect(self, sink: Sink, *kinds: type) -> None:
+        """Send every action of these types to `sink` (called on the loop, never blocking)."""
+        for kind in kinds:
+            if kind in self._sinks:
+                raise ValueError(f"{kind.__name__} already goes to {self._sinks[kind]!r}")
+            self._sinks[kind] = sink
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def dispatch(self, event: ev.Event) -> None:
+        """Feed one event to the core and route what it returns (event-loop thread only)."""
+        actions = self._core.handle(event, self.now())
+        for action in actions:
+            sink = self._sinks.get(type(action))
+            if sink is None:
+                log.debug("nothing is connected for %s; dropped", type(action).__name__)
+                continue
+            try:
+                sink(action)
+            except Exception:  # one broken sink must not starve the others, nor the core
+                log.exception("sink %r failed on %s; carrying on", sink, action)
+        self._arm_timer()
+
+    def submit(self, event: ev.Event) -> None:
+        """`dispatch` from another thread: queued on the loop, returns at once."""
+
+        def guarded() -> None:
+            try:
+                self.dispatch(event)
+            except Exception:
+                log.exception("handling %s failed; carrying on", type(event).__name__)
+
+        self._loop.call_soon_threadsafe(guarded)
+
+    def read(self, fn: Callable[[], T], *, timeout_s: float = 5.0) -> T:
+        """Run `fn` on the loop and return its result (another thread only)."""
+        future = asyncio.run_coroutine_threadsafe(_call(fn), self._loop)
+        return future.result(timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm_timer(self) -> None:
+        self.close()
+        deadline = self._core.next_deadline()
+        if deadline is not None:
+            self._timer = self._loop.call_at(deadline, self.dispatch, ev.Tick())
+
+
+async def _call(fn: Callable[[], T]) -> T:
+    return fn()

@@ -1,0 +1,66 @@
+"""The NVML source: every second, what each GPU has free and what each process holds there.
+
+NVML calls can block for a while on a busy or failing GPU, so sampling runs on a thread of its
+own and hands each sample to its consumers (the core, through the engine, and the node status
+publisher); none of them waits for NVML.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from appliance.core import events as ev
+from appliance.gpu.nvml import GpuSample, Nvml
+
+log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_S = 1.0
+
+Consumer = Callable[[Sequence[GpuSample]], None]
+
+
+def gpu_sampled(samples: Sequence[GpuSample]) -> ev.GpuFreeMemory:
+    """The core's event for one sample of every GPU."""
+    return ev.GpuFreeMemory(
+        {s.uuid: s.memory_free for s in samples},
+        processes={s.uuid: s.processes for s in samples},
+    )
+
+
+class NvmlSampler:
+    """Samples `nvml` every `interval_s` on a thread and offers each sample to `consumers`."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        consumers: Sequence[Consumer],
+        *,
+        interval_s: float = SAMPLE_INTERVAL_S,
+    ) -> None:
+        self._nvml = nvml
+        self._consumers = list(consumers)
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            samples = self._nvml.sample()  # never raises: errors are logged once inside
+            if samples:
+                for consumer in self._consumers:
+                    try:
+                        consumer(samples)
+                    except Exception:  # a broken consumer must not end sampling
+                        log.exception("an NVML sample consumer failed; sampling goes on")
+            self._stopping.wait(self._interval_s)
