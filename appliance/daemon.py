@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from appliance import sdnotify
+from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.limits import GpuFacts
-from appliance.core.pods import PodInfo, PodOverrides, PodRef, resolve_overrides
-from appliance.core.scheduler import Scheduler
+from appliance.core.gpus import GpuFacts
+from appliance.core.node import NodeCore
 from appliance.engine import Engine
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled
@@ -94,11 +94,10 @@ class Daemon:
             on_policy=self._on_policy,
             on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
-        self.core: Scheduler | None = None
+        self.core: NodeCore | None = None
         self.engine: Engine | None = None
         self.server: SchedulerServer | None = None
         self.registry = CollectorRegistry()
-        self._overrides: dict[str, PodOverrides] = {}
         self._stopping: asyncio.Event | None = None
         self._ready = False
         self._threads: list[Any] = []  # started sources and sinks with a stop()
@@ -110,36 +109,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ glue
 
-    def _in_loop(self, what: str, fn: Any, *args: Any) -> None:
-        """Run `fn(*args)` on the event loop, from a source's thread. A failure is logged with
-        its cause and the loop, and the source, carry on."""
-        assert self.loop is not None
-
-        def guarded() -> None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("handling %s failed; carrying on", what)
-
-        self.loop.call_soon_threadsafe(guarded)
-
     def _on_policy(self, policy: Policy) -> None:
-        """From the watcher's thread; the first policy (at start) arrives before the loop runs."""
+        """From the watcher's thread; the first policy (at start) arrives before the engine
+        exists, and the core is built with it."""
         if self.engine is not None:
-            self._in_loop(f"policy {policy.content_hash[:12]}", self._apply_policy, policy)
-
-    def _apply_policy(self, policy: Policy) -> None:
-        assert self.core is not None and self.engine is not None
-        self.engine.dispatch(ev.PolicyChanged(policy))
-        if self.device_plugin is not None:
-            self.device_plugin.set_replicas(policy.device_plugin.replicas_per_gpu)
+            self.engine.submit(ev.PolicyChanged(policy))
         if self.node_status is not None:
             self.node_status.set_settings(policy.realtime_check.node_status)
-        # Annotation caps may have changed: judge every known pod's annotations again.
-        for pod in list(self.core.pods.values()):
-            before = self._overrides.get(pod.uid)
-            if (after := self._judge(pod)) != before:
-                self.engine.dispatch(ev.PodUpdated(pod, after))
 
     def status(self) -> dict[str, Any]:
         """The status document: the core's view, the policy watcher's and NVML's."""
@@ -191,62 +167,31 @@ class Daemon:
 
     def query_overrides(self, doc: dict[str, Any]) -> dict[str, Any]:
         assert self.core is not None
-        return {
-            "limits": self.core.overrides(),
-            "time_quantum_s": self.core.tq_override,
-            "modes": {uuid or "*": m.value for uuid, m in self.core.mode_override.items()},
-        }
+        return self.core.overrides()
 
-    # ------------------------------------------------------------------- pods
+    # ------------------------------------------------------------ sources and sinks
 
-    def _on_pod(self, pod: PodInfo) -> None:
-        self._in_loop(f"pod {pod.namespace}/{pod.name}", self._apply_pod, pod)
-
-    def _apply_pod(self, pod: PodInfo) -> None:
-        assert self.engine is not None
-        self.engine.dispatch(ev.PodUpdated(pod, self._judge(pod)))
-
-    def _judge(self, pod: PodInfo) -> PodOverrides:
-        """A pod's overrides under the current policy; refused annotations are reported."""
-        assert self.core is not None
-        overrides, problems = resolve_overrides(
-            pod.annotations,
-            pod=pod.ref,
-            policy=self.core.policy.annotations,
-            previous=self._overrides.get(pod.uid),
-        )
-        self._overrides[pod.uid] = overrides
-        for problem in problems:
-            log.warning("%s", problem)
-            if self.events is not None:
-                self.events.warn(problem.pod, "InvalidNvshareAnnotation", str(problem))
-        return overrides
-
-    def _on_pod_deleted(self, ref: PodRef) -> None:
-        assert self.engine is not None
-        self._overrides.pop(ref.uid, None)
-        self.engine.submit(ev.PodRemoved(ref))
-
-    def _start_kube(self) -> None:
+    def _start_kube(self, policy: Policy) -> None:
         from appliance.kube.events import EventRecorder
         from appliance.kube.pods import PodWatcher  # only with --node-name
 
-        assert self.config.node_name and self._api is not None
-        api = self._api
-        self.events = EventRecorder(api, node_name=self.config.node_name)
+        assert self.config.node_name and self._api is not None and self.engine is not None
+        api, engine = self._api, self.engine
+        self.events = recorder = EventRecorder(api, node_name=self.config.node_name)
+        engine.connect(lambda w: recorder.warn(w.pod, w.reason, w.message), act.PodWarning)
         watcher = PodWatcher(
             api_client=api,
             node_name=self.config.node_name,
-            on_pod=self._on_pod,
-            on_pod_deleted=self._on_pod_deleted,
+            on_pod=lambda pod: engine.submit(ev.PodSeen(pod)),
+            on_pod_deleted=lambda ref: engine.submit(ev.PodRemoved(ref)),
         )
         watcher.start()
         self._threads.append(watcher)
         log.info("watching pods of node %s", self.config.node_name)
         if self.nvml.available:
-            self._start_node_status(api)
+            self._start_node_status(api, policy)
 
-    def _start_node_status(self, api: Any) -> None:
+    def _start_node_status(self, api: Any, policy: Policy) -> None:
         from appliance.kube.node_status import NodeStatusPublisher
 
         assert self.core is not None and self.config.node_name
@@ -254,18 +199,18 @@ class Daemon:
             api_client=api,
             node_name=self.config.node_name,
             inventory=self.nvml.inventory(),
-            settings=self.core.policy.realtime_check.node_status,
+            settings=policy.realtime_check.node_status,
             registry=self.registry,
         )
         self.node_status.start()
         self._threads.append(self.node_status)
 
-    def _start_device_plugin(self) -> None:
+    def _start_device_plugin(self, policy: Policy) -> None:
         from appliance.kube.deviceplugin import DevicePlugin
 
         assert self.core is not None
         core = self.core
-        settings = core.policy.device_plugin
+        settings = policy.device_plugin
 
         assert self.engine is not None
         engine = self.engine
@@ -286,6 +231,7 @@ class Daemon:
         plugin.start()
         self._threads.append(plugin)
         self.device_plugin = plugin
+        engine.connect(lambda a: plugin.set_replicas(a.replicas_per_gpu), act.ReplicasChanged)
 
     # ------------------------------------------------------------------- run
 
@@ -326,7 +272,7 @@ class Daemon:
             g.uuid: GpuFacts(uuid=g.uuid, index=g.index, model=g.name, total_memory=g.memory_total)
             for g in (self.nvml.inventory() if self.nvml.available else [])
         }
-        self.core = Scheduler(
+        self.core = NodeCore(
             policy, inventory=inventory, watching_pods=self.config.node_name is not None
         )
         self.engine = Engine(self.core, loop=self.loop)
@@ -395,9 +341,9 @@ class Daemon:
             self._start_metrics(policy)
         try:
             if self.config.node_name:
-                self._start_kube()
+                self._start_kube(policy)
             if self.config.device_plugin:
-                self._start_device_plugin()
+                self._start_device_plugin(policy)
             if self.nvml.available:
                 self._start_nvml_sampler()
         except Exception as exc:  # noqa: BLE001 - one line, then stop cleanly

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from appliance.core import events as ev
-from appliance.core.scheduler import Scheduler
+from appliance.core.node import NodeCore
 
 log = logging.getLogger("nvshare.engine")
 
@@ -30,7 +30,7 @@ Sink = Callable[[Any], None]
 
 
 class Engine:
-    def __init__(self, core: Scheduler, *, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: NodeCore, *, loop: asyncio.AbstractEventLoop) -> None:
         self._core = core
         self._loop = loop
         self._sinks: dict[type, Sink] = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from appliance.policy.model import Mode
+from appliance.policy.model import Backing, Mode
 
 MAGIC = 0x4853564E
 VERSION = 1
@@ -93,6 +93,10 @@ def mode_of(wire: WireMode) -> Mode:
 class WireBacking(enum.IntEnum):
     DEVICE = 0
     MANAGED = 1
+
+
+def wire_backing(backing: Backing) -> WireBacking:
+    return WireBacking.MANAGED if backing is Backing.MANAGED else WireBacking.DEVICE
 
 
 class ReleaseReason(enum.IntEnum):

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from appliance import protocol as p
+from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.limits import HookLimits
 from appliance.identity import identify, is_admin, peer_credentials
 from appliance.policy.model import Limits
 from appliance.socket_claim import SocketClaim, claim_socket
@@ -37,9 +39,44 @@ MAX_WRITE_BUFFER = 1 << 20
 
 QueryHandler = Callable[[dict[str, Any]], Any]
 _STATUS = {
-    ev.Outcome.DONE: p.Status.OK,
-    ev.Outcome.INVALID: p.Status.INVALID,
-    ev.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
+    act.Outcome.DONE: p.Status.OK,
+    act.Outcome.INVALID: p.Status.INVALID,
+    act.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
+}
+_RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
+
+
+def wire_limits(limits: HookLimits) -> p.WireLimits:
+    return p.WireLimits(
+        mem_limit=limits.memory_bytes or 0,
+        core_limit=limits.core_percent,
+        mode=p.wire_mode(limits.mode),
+        backing=p.wire_backing(limits.backing),
+        flags=p.LIMIT_SINGLE_OVERSUB if limits.single_process_oversubscription else 0,
+    )
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+# Each action for a hook as (client id, message, seq): the whole of what the core says to hooks.
+_TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
+    act.Registered: lambda a: (
+        a.client_id,
+        p.Registered(a.client_id, wire_limits(a.limits)),
+        a.seq,
+    ),
+    act.Grant: lambda a: (
+        a.client_id,
+        p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
+        a.seq,
+    ),
+    act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
+    act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
+    act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
+    act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),
+    act.PeersChanged: lambda a: (a.client_id, p.LedgerPeers(a.processes), 0),
 }
 
 
@@ -120,7 +157,7 @@ class SchedulerServer:
         }
 
     # The actions this server turns into frames (`send`).
-    ACTIONS: tuple[type, ...] = (ev.Send, ev.Reply)
+    ACTIONS: tuple[type, ...] = (*_TO_HOOKS, act.Reply)
 
     @property
     def path(self) -> Path:
@@ -148,16 +185,18 @@ class SchedulerServer:
             self._claim.release()  # only if the socket at the path is still ours
             self._claim = None
 
-    def send(self, action: ev.Send | ev.Reply) -> None:
+    def send(self, action: act.Action) -> None:
         """An action of the core, to the peer it names; one that is gone is skipped."""
-        if isinstance(action, ev.Reply):
+        if isinstance(action, act.Reply):
             conn = self._connections.get(action.to.connection)
             if conn is not None:
                 ref = conn.asked.pop(action.to.seq, 0)
                 status = _STATUS[action.outcome]
                 conn.send(p.Result(status, ref, action.message), action.to.seq)
-        elif (conn := self._clients.get(action.client_id)) is not None:
-            conn.send(action.message, action.seq)
+            return
+        client_id, message, seq = _TO_HOOKS[type(action)](action)
+        if (conn := self._clients.get(client_id)) is not None:
+            conn.send(message, seq)
 
     # ----------------------------------------------------------------- connections
 
@@ -288,7 +327,7 @@ class SchedulerServer:
 
     def _on_lock_released(self, conn: Connection, msg: p.LockReleased, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.LOCK_RELEASED)) is not None:
-            self._dispatch(ev.LockReleased(cid, msg.reason))
+            self._dispatch(ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]))
 
     def _on_mem_reserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:
         if (cid := self._need_client(conn, seq, p.MsgType.MEM_RESERVE)) is not None:
@@ -328,13 +367,11 @@ class SchedulerServer:
         if not self._need_admin(conn, seq, p.MsgType.LIMIT_SET, "change limits"):
             return
         if msg.pid:
-            target = ("pid", str(msg.pid))
+            target: ev.LimitTarget | None = ev.LimitTarget.pid(msg.pid)
         elif msg.pod_name and msg.pod_namespace:
-            target = ("pod", f"{msg.pod_namespace}/{msg.pod_name}")
+            target = ev.LimitTarget.pod(msg.pod_namespace, msg.pod_name)
         else:
-            problem = "name a --pid, or a --pod as NAMESPACE/NAME; nothing changed"
-            conn.send(p.Result(p.Status.INVALID, p.MsgType.LIMIT_SET, problem), seq)
-            return
+            target = None  # the core says what is missing
         limits = Limits(
             memory_bytes=msg.mem_limit if msg.flags & p.LIMIT_SET_HAS_MEM else None,
             core_percent=msg.core_limit if msg.flags & p.LIMIT_SET_HAS_CORE else None,

@@ -1,27 +1,22 @@
-"""Events the scheduler core accepts and actions it returns (sans-I/O, like h11)."""
+"""What the core is told: typed, frozen inputs (sans-I/O, like h11's events).
+
+Sources make them: the socket server from hooks' and nvsharectl's frames, the pod watch, the
+policy watcher, the NVML sampler; the engine's timer makes `Tick`. The core's answers are in
+`actions`.
+"""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
+from appliance.core.annotations import PodInfo, PodRef
 from appliance.core.identity import ClientIdentity
-from appliance.core.pods import PodInfo, PodOverrides, PodRef
 from appliance.policy.model import Limits, Mode, Policy
-from appliance.protocol import ReleaseReason
 
-# ------------------------------------------------------------------ events
-
-
-@dataclass(frozen=True, slots=True)
-class Requester:
-    """Who asked a control request, as the socket server numbers it; the core only echoes it
-    back on its `Reply`."""
-
-    connection: int = 0
-    seq: int = 0
+# ------------------------------------------------------------------ hooks
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +41,13 @@ class LockRequested:
     seq: int
 
 
+class ReleaseReason(enum.Enum):
+    DROPPED = "dropped"  # it was told to drop
+    IDLE = "idle"  # nothing submitted for the idle-release time
+    EXIT = "exit"
+    UNDRAINED = "undrained"  # a stream capture outlived the quantum: handed over unsynchronised
+
+
 @dataclass(frozen=True, slots=True)
 class LockReleased:
     client_id: int
@@ -67,20 +69,74 @@ class MemoryReturned:
     used: int
 
 
+# ---------------------------------------------------------- policy, pods, GPUs
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyChanged:
     policy: Policy
 
 
 @dataclass(frozen=True, slots=True)
-class PodUpdated:
+class PodSeen:
+    """A pod of this node appeared or changed (labels, annotations)."""
+
     pod: PodInfo
-    overrides: PodOverrides
 
 
 @dataclass(frozen=True, slots=True)
 class PodRemoved:
     pod: PodRef
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFreeMemory:
+    """A real-time sample of a GPU's free memory (NVML), including non-hooked processes, and
+    what each process holds on it (pids as the daemon sees them: it runs with the host's). It is
+    as old as the time it is handled at."""
+
+    samples: Mapping[str, int]  # uuid -> free bytes
+    processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The deadline the core asked for (`NodeCore.next_deadline`) has passed."""
+
+
+# ------------------------------------------------------------------ nvsharectl
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asked a control request, as the socket server numbers it; the core only echoes it
+    back on its `Reply`."""
+
+    connection: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LimitTarget:
+    """Whom an nvsharectl limit override is for: a process (while it is connected) or a pod."""
+
+    kind: Literal["pid", "pod"]
+    name: str  # the pid, or NAMESPACE/NAME
+
+    @classmethod
+    def pid(cls, pid: int) -> LimitTarget:
+        return cls("pid", str(pid))
+
+    @classmethod
+    def pod(cls, namespace: str, name: str) -> LimitTarget:
+        return cls("pod", f"{namespace}/{name}")
+
+    @classmethod
+    def pod_of(cls, pod: PodInfo) -> LimitTarget:
+        return cls.pod(pod.namespace, pod.name)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,29 +160,14 @@ class ModeSet:
 
 @dataclass(frozen=True, slots=True)
 class AdminLimitSet:
-    """`nvsharectl limit set/clear`: target is ("pid", pid) or ("pod", "ns/name")."""
+    """`nvsharectl limit set/clear`; a request that names no target (None) is refused."""
 
-    target: tuple[str, str]
+    target: LimitTarget | None
     limits: Limits
     clear_memory: bool = False
     clear_core: bool = False
     by: str = "nvsharectl"
     reply_to: Requester = Requester()
-
-
-@dataclass(frozen=True, slots=True)
-class GpuFreeMemory:
-    """A real-time sample of a GPU's free memory (NVML), including non-hooked processes, and
-    what each process holds on it (pids as the daemon sees them: it runs with the host's). It is
-    as old as the time it is handled at."""
-
-    samples: Mapping[str, int]  # uuid -> free bytes
-    processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """The deadline the core asked for (`Scheduler.next_deadline`) has passed."""
 
 
 Event = (
@@ -137,39 +178,11 @@ Event = (
     | MemoryReserveRequested
     | MemoryReturned
     | PolicyChanged
-    | PodUpdated
+    | PodSeen
     | PodRemoved
+    | GpuFreeMemory
+    | Tick
     | TimeQuantumSet
     | ModeSet
     | AdminLimitSet
-    | GpuFreeMemory
-    | Tick
 )
-
-# ----------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    client_id: int
-    message: Any  # a body from appliance.protocol
-    seq: int = 0
-
-
-class Outcome(enum.Enum):
-    DONE = "done"
-    INVALID = "invalid"  # the request itself is wrong: out of bounds, zero, malformed
-    NOT_FOUND = "not found"  # it names no connected client, known GPU or stored override
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """The answer to a control request (TimeQuantumSet, ModeSet, AdminLimitSet), for whoever
-    asked: what changed, or why nothing did."""
-
-    to: Requester
-    outcome: Outcome
-    message: str
-
-
-Action = Send | Reply

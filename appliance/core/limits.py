@@ -12,18 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from appliance.core.annotations import PodInfo, PodOverrides
+from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
-from appliance.core.pods import PodInfo, PodOverrides
-from appliance.policy.model import GpuRule, Limits, Mode, Policy, Rule, RuleMatch
+from appliance.policy.model import Backing, GpuRule, Limits, Mode, Policy, Rule, RuleMatch
 from appliance.policy.quantity import format_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GpuFacts:
-    uuid: str
-    index: int | None = None
-    model: str | None = None
-    total_memory: int = 0  # as the driver reports it
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +25,18 @@ class EffectiveLimits:
     core_percent: int
     exempt: bool  # a rule set mode off: never gated
     sources: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HookLimits:
+    """What a hook enforces: its limits, how it is gated (OFF: not at all) and how memory is
+    backed. The socket server puts it on the wire; the core compares it to see what changed."""
+
+    memory_bytes: int | None
+    core_percent: int
+    mode: Mode
+    backing: Backing = Backing.DEVICE
+    single_process_oversubscription: bool = False
 
 
 def rule_matches(match: RuleMatch, ident: ClientIdentity, pod: PodInfo | None) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kubernetes import client
 
-from appliance.core.pods import PodRef
+from appliance.core.annotations import PodRef
 
 log = logging.getLogger(__name__)
 

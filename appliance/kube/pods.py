@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from kubernetes import client, config
 
-from appliance.core.pods import PodInfo, PodRef, pod_info
+from appliance.core.annotations import PodInfo, PodRef, pod_info
 from appliance.kube.informer import Informer
 
 

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.core.annotations import MEMORY_LIMIT, pod_info, resolve_overrides
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import rule_matches
-from appliance.core.pods import MEMORY_LIMIT, pod_info, resolve_overrides
 from appliance.kube.resources import pod_request
 from appliance.policy.model import Policy
 from appliance.policy.quantity import MiB

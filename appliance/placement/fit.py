@@ -29,7 +29,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from appliance.core.limits import GpuFacts, gpu_settings
+from appliance.core.gpus import GpuFacts
+from appliance.core.limits import gpu_settings
 from appliance.placement.demand import PodDemand
 from appliance.placement.status import GpuStatus, NodeGpuStatus
 from appliance.policy.model import Policy, RealtimeCheckMode

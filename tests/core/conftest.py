@@ -1,39 +1,47 @@
-"""A scripted driver for the sans-I/O scheduler: events in, sends out, fake time."""
+"""A scripted driver for the sans-I/O core: events in, actions out, fake time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from appliance import protocol as p
+from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.identity import ClientIdentity
-from appliance.core.scheduler import Scheduler
+from appliance.core.limits import HookLimits
+from appliance.core.node import NodeCore
+from appliance.core.state import NodeState
 from appliance.policy.model import Policy
 
 GiB = 1 << 30
+MiB = 1 << 20
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
+A = TypeVar("A")
 
 
 @dataclass
 class Harness:
-    sched: Scheduler
+    core: NodeCore
     now: float = 1000.0
     next_id: int = 1
-    sent: list[ev.Send] = field(default_factory=list)
+    sent: list[act.Action] = field(default_factory=list)
 
-    def feed(self, event: ev.Event) -> list[ev.Send]:
-        out = self.sched.handle(event, self.now)
+    @property
+    def state(self) -> NodeState:
+        return self.core.state
+
+    def feed(self, event: ev.Event) -> list[act.Action]:
+        out = self.core.handle(event, self.now)
         self.sent += out
         return out
 
-    def advance(self, seconds: float) -> list[ev.Send]:
+    def advance(self, seconds: float) -> list[act.Action]:
         """Move the clock, firing every deadline the core asked for on the way."""
         target = self.now + seconds
-        out: list[ev.Send] = []
-        while (d := self.sched.next_deadline()) is not None and d <= target:
+        out: list[act.Action] = []
+        while (d := self.core.next_deadline()) is not None and d <= target:
             self.now = max(self.now, d)
             out += self.feed(ev.Tick())
         self.now = target
@@ -57,17 +65,23 @@ class Harness:
             pid=pid or 100 + cid, uid=uid, gid=uid, pod_uid=pod_uid, groups=groups, **ident
         )
         out = self.feed(ev.ClientRegistered(cid, 1, identity, gpu, total, env_mem))
-        assert isinstance(out[0].message, p.Registered)
+        assert isinstance(out[0], act.Registered)
         return cid
 
-    def wire(self, cid: int) -> p.WireLimits:
-        return self.sched.clients[cid].wire
+    def enforced(self, cid: int) -> HookLimits:
+        """What the client's hook was last told to enforce."""
+        return self.state.clients[cid].enforced
 
 
-def of(sends: list[ev.Send], kind: type, cid: int | None = None) -> list[ev.Send]:
-    return [s for s in sends if isinstance(s.message, kind) and (cid is None or s.client_id == cid)]
+def of(actions: list[act.Action], kind: type[A], cid: int | None = None) -> list[A]:
+    """The actions of one kind, for one client if given."""
+    return [
+        a
+        for a in actions
+        if isinstance(a, kind) and (cid is None or getattr(a, "client_id", None) == cid)
+    ]
 
 
 @pytest.fixture
 def harness() -> Harness:
-    return Harness(Scheduler(Policy()))
+    return Harness(NodeCore(Policy()))

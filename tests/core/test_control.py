@@ -7,10 +7,11 @@ import logging
 
 import pytest
 
-from appliance import protocol as p
+from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.limits import GpuFacts
-from appliance.core.scheduler import Scheduler
+from appliance.core.events import LimitTarget
+from appliance.core.gpus import GpuFacts
+from appliance.core.node import NodeCore
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import GPU, GiB, Harness, of
@@ -18,17 +19,17 @@ from .conftest import GPU, GiB, Harness, of
 OTHER = "GPU-00000000-0000-0000-0000-000000000002"
 
 
-def reply(actions: list[ev.Action]) -> ev.Reply:
-    (answer,) = [a for a in actions if isinstance(a, ev.Reply)]
+def reply(actions: list[act.Action]) -> act.Reply:
+    (answer,) = [a for a in actions if isinstance(a, act.Reply)]
     return answer
 
 
 @pytest.mark.parametrize("seconds", [0.01, 0.999, 86401, 1e8])
 def test_a_time_quantum_out_of_bounds_changes_nothing(harness: Harness, seconds: float) -> None:
     answer = reply(harness.feed(ev.TimeQuantumSet(seconds)))
-    assert answer.outcome is ev.Outcome.INVALID
+    assert answer.outcome is act.Outcome.INVALID
     assert answer.message.endswith("is outside 1-86400 s; nothing changed")
-    assert harness.sched.tq_override is None
+    assert harness.state.overrides.time_quantum_s is None
 
 
 def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
@@ -41,10 +42,10 @@ def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
         reply(out).message == "time quantum set to 86400 s on every GPU (was 30 s from the policy)"
     )
     assert "pid 7 (uid 0, root) set the time quantum to 86400 s" in caplog.text
-    assert of(harness.feed(ev.LockRequested(a, 1)), p.LockGrant)[0].message.tq_ms == 86_400_000
+    assert of(harness.feed(ev.LockRequested(a, 1)), act.Grant)[0].time_quantum_s == 86_400
     out = harness.feed(ev.TimeQuantumSet(None, by="pid 8"))
     assert reply(out).message == "the time quantum follows the policy again (30 s)"
-    assert harness.sched.time_quantum(GPU) == 30
+    assert harness.state.time_quantum(GPU) == 30
     assert "pid 8 handed the time quantum back to the policy" in caplog.text
     assert reply(harness.feed(ev.TimeQuantumSet(None))).message == (
         "the time quantum already follows the policy"
@@ -52,24 +53,24 @@ def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
 
 
 def test_a_mode_for_an_unknown_gpu_is_refused_naming_the_known_ones() -> None:
-    h = Harness(Scheduler(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER)}))
+    h = Harness(NodeCore(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER)}))
     h.register()  # on GPU
     answer = reply(h.feed(ev.ModeSet(Mode.OFF, "GPU-nosuch")))
-    assert answer.outcome is ev.Outcome.NOT_FOUND
+    assert answer.outcome is act.Outcome.NOT_FOUND
     assert answer.message == (
         f"no GPU GPU-nosuch is known here (known: {GPU}, {OTHER}); nothing changed"
     )
-    assert h.sched.mode_override == {}
-    assert reply(h.feed(ev.ModeSet(Mode.OFF, OTHER))).outcome is ev.Outcome.DONE  # NVML knows it
+    assert h.state.overrides.modes == {}
+    assert reply(h.feed(ev.ModeSet(Mode.OFF, OTHER))).outcome is act.Outcome.DONE  # NVML knows it
 
 
 def test_a_mode_handed_back_to_policy_reaches_the_hooks(harness: Harness) -> None:
     a = harness.register()
     harness.feed(ev.ModeSet(Mode.OFF))
-    assert harness.wire(a).mode is p.WireMode.OFF
+    assert harness.enforced(a).mode is Mode.OFF
     out = harness.feed(ev.ModeSet(None))
     assert reply(out).message == "the mode on every GPU follows the policy again"
-    assert of(out, p.LimitUpdate, a)[0].message.limits.mode is p.WireMode.ON
+    assert of(out, act.LimitsChanged, a)[0].limits.mode is Mode.ON
     assert reply(harness.feed(ev.ModeSet(None, GPU))).message == (
         f"the mode on {GPU} already follows the policy"
     )
@@ -83,7 +84,7 @@ def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
     harness.feed(ev.TimeQuantumSet(45))
     harness.feed(ev.ModeSet(Mode.AUTO, GPU))
     harness.feed(ev.PolicyChanged(Policy(scheduler=SchedulerSettings(time_quantum_s=12))))
-    assert harness.sched.time_quantum(GPU) == 12 and harness.sched.gpu_mode(GPU) is Mode.ON
+    assert harness.state.time_quantum(GPU) == 12 and harness.state.gpu_mode(GPU) is Mode.ON
     assert (
         "the policy reload changes scheduling settings, so it replaces what nvsharectl set: "
         f"time quantum 45 s, mode auto on {GPU}"
@@ -92,10 +93,12 @@ def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
 
 def test_a_pid_that_is_not_connected_is_refused(harness: Harness) -> None:
     harness.register(pid=500)
-    answer = reply(harness.feed(ev.AdminLimitSet(("pid", "999999"), Limits(memory_bytes=GiB))))
-    assert answer.outcome is ev.Outcome.NOT_FOUND
+    answer = reply(
+        harness.feed(ev.AdminLimitSet(LimitTarget.pid(999999), Limits(memory_bytes=GiB)))
+    )
+    assert answer.outcome is act.Outcome.NOT_FOUND
     assert answer.message.startswith("no connected client has pid 999999; nothing changed")
-    assert harness.sched.admin == {}
+    assert harness.state.overrides.limits == {}
 
 
 @pytest.mark.parametrize(
@@ -111,9 +114,9 @@ def test_an_override_that_means_nothing_is_refused(
     harness: Harness, limits: Limits, message: str
 ) -> None:
     harness.register(pid=500)
-    answer = reply(harness.feed(ev.AdminLimitSet(("pid", "500"), limits)))
-    assert answer.outcome is ev.Outcome.INVALID and message in answer.message
-    assert answer.message.endswith("nothing changed") and harness.sched.admin == {}
+    answer = reply(harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), limits)))
+    assert answer.outcome is act.Outcome.INVALID and message in answer.message
+    assert answer.message.endswith("nothing changed") and harness.state.overrides.limits == {}
 
 
 def test_an_override_says_what_changed_and_whom_it_reaches(
@@ -121,7 +124,7 @@ def test_an_override_says_what_changed_and_whom_it_reaches(
 ) -> None:
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     harness.register(pid=500)
-    target = ("pid", "500")
+    target = LimitTarget.pid(500)
     out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB), by="pid 9 (uid 0)"))
     assert reply(out).message == (
         "pid 500: memory override 4Gi (was none); applies to 1 connected client(s), pid 500"
@@ -138,17 +141,17 @@ def test_an_override_says_what_changed_and_whom_it_reaches(
         "pid 500: memory override none (was 4Gi), core override none (was 50%);"
     )
     out = harness.feed(ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True))
-    assert reply(out).outcome is ev.Outcome.NOT_FOUND
+    assert reply(out).outcome is act.Outcome.NOT_FOUND
     assert reply(out).message == "pid 500 has no such override to clear; nothing changed"
 
 
 def test_an_override_under_a_lower_env_limit_says_the_env_limit_wins(harness: Harness) -> None:
     a = harness.register(pid=500, env_mem=1 * GiB)
-    out = harness.feed(ev.AdminLimitSet(("pid", "500"), Limits(memory_bytes=4 * GiB)))
+    out = harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB)))
     assert reply(out).message.endswith(
         "pid 500's own NVSHARE_GPU_MEMORY_LIMIT=1Gi is lower and still applies"
     )
-    assert harness.wire(a).mem_limit == 1 * GiB
+    assert harness.enforced(a).memory_bytes == 1 * GiB
 
 
 def test_a_pid_override_ends_with_its_process(
@@ -157,22 +160,24 @@ def test_a_pid_override_ends_with_its_process(
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     a = harness.register(pid=500)
     b = harness.register(pid=500, gpu=OTHER)  # the same process on a second GPU
-    harness.feed(ev.AdminLimitSet(("pid", "500"), Limits(memory_bytes=4 * GiB)))
+    harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB)))
     harness.feed(ev.ClientGone(a))
-    assert ("pid", "500") in harness.sched.admin  # still connected through b
+    assert LimitTarget.pid(500) in harness.state.overrides.limits  # still connected through b
     harness.feed(ev.ClientGone(b))
-    assert harness.sched.admin == {}
+    assert harness.state.overrides.limits == {}
     assert "dropped the nvsharectl override of pid 500" in caplog.text
     reused = harness.register(pid=500)  # a new process that got the same pid
-    assert harness.wire(reused).mem_limit == 0
+    assert harness.enforced(reused).memory_bytes is None
 
 
 def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
-    out = harness.feed(ev.AdminLimitSet(("pod", "ml/trainer"), Limits(memory_bytes=2 * GiB)))
-    assert reply(out).outcome is ev.Outcome.DONE
+    out = harness.feed(
+        ev.AdminLimitSet(LimitTarget.pod("ml", "trainer"), Limits(memory_bytes=2 * GiB))
+    )
+    assert reply(out).outcome is act.Outcome.DONE
     assert reply(out).message.endswith(
         "no client of that pod is connected yet; the override waits for it"
     )
-    assert harness.sched.overrides() == [
+    assert harness.core.overrides()["limits"] == [
         {"target": "pod ml/trainer", "memory_limit": 2 * GiB, "core_limit": None, "clients": []}
     ]

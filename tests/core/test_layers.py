@@ -7,6 +7,8 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "appliance" / "core"
 FORBIDDEN = (
+    "appliance.protocol",
+    "appliance.engine",
     "appliance.server",
     "appliance.client",
     "appliance.daemon",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from appliance.core.annotations import PodInfo, PodOverrides
+from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
-from appliance.core.limits import GpuFacts, resolve_limits
-from appliance.core.pods import PodInfo, PodOverrides
+from appliance.core.limits import resolve_limits
 from appliance.policy.model import GpuMatch, GpuRule, Limits, Mode, Policy, Rule, RuleMatch
 
 GiB = 1 << 30

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from appliance import protocol as p
+from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.scheduler import Scheduler
+from appliance.core.node import NodeCore
 from appliance.policy.model import Mode, Policy, SchedulerSettings
 
 from .conftest import GiB, Harness, of
@@ -18,38 +18,38 @@ def policy(mode: Mode = Mode.ON, tq: float = 30.0) -> Policy:
 
 def test_mode_on_serialises_first_come_first_served(harness: Harness) -> None:
     a, b, c = harness.register(), harness.register(), harness.register()
-    assert of(harness.feed(ev.LockRequested(a, 5)), p.LockGrant, a)[0].seq == 5
+    assert of(harness.feed(ev.LockRequested(a, 5)), act.Grant, a)[0].seq == 5
     assert harness.feed(ev.LockRequested(b, 6)) == []
     assert harness.feed(ev.LockRequested(c, 7)) == []
-    out = harness.feed(ev.LockReleased(a, p.ReleaseReason.IDLE))
-    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(b, 6)]
-    out = harness.feed(ev.LockReleased(b, p.ReleaseReason.IDLE))
-    assert [s.client_id for s in of(out, p.LockGrant)] == [c]
+    out = harness.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))
+    assert [(s.client_id, s.seq) for s in of(out, act.Grant)] == [(b, 6)]
+    out = harness.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))
+    assert [s.client_id for s in of(out, act.Grant)] == [c]
 
 
 def test_holder_is_preempted_only_when_someone_waits() -> None:
-    h = Harness(Scheduler(policy(tq=10)))
+    h = Harness(NodeCore(policy(tq=10)))
     a, b = h.register(), h.register()
     h.feed(ev.LockRequested(a, 1))
     assert h.advance(100) == []  # alone: never dropped, no deadline armed
-    assert h.sched.next_deadline() is None
+    assert h.core.next_deadline() is None
     h.feed(ev.LockRequested(b, 1))  # quantum long over: drop at once
-    assert of(h.sent[-1:], p.LockDrop, a)
-    h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
-    assert of(h.sent[-1:], p.LockGrant, b)
+    assert of(h.sent[-1:], act.Drop, a)
+    h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))
+    assert of(h.sent[-1:], act.Grant, b)
     h.feed(ev.LockRequested(a, 2))
-    assert of(h.advance(9.9), p.LockDrop) == []
-    assert of(h.advance(0.2), p.LockDrop, b)
+    assert of(h.advance(9.9), act.Drop) == []
+    assert of(h.advance(0.2), act.Drop, b)
 
 
 def test_drop_is_sent_once_while_the_holder_drains() -> None:
-    h = Harness(Scheduler(policy(tq=1)))
+    h = Harness(NodeCore(policy(tq=1)))
     a, b = h.register(), h.register()
     h.feed(ev.LockRequested(a, 1))
     h.feed(ev.LockRequested(b, 1))
     h.advance(1.0)
     h.advance(30)
-    assert len(of(h.sent, p.LockDrop, a)) == 1
+    assert len(of(h.sent, act.Drop, a)) == 1
 
 
 def test_a_holder_that_dies_hands_over_at_once(harness: Harness) -> None:
@@ -57,15 +57,15 @@ def test_a_holder_that_dies_hands_over_at_once(harness: Harness) -> None:
     harness.feed(ev.LockRequested(a, 1))
     harness.feed(ev.LockRequested(b, 2))
     out = harness.feed(ev.ClientGone(a))
-    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(b, 2)]
+    assert [(s.client_id, s.seq) for s in of(out, act.Grant)] == [(b, 2)]
 
 
 def test_mode_off_tells_clients_not_to_gate() -> None:
-    h = Harness(Scheduler(policy(Mode.OFF)))
+    h = Harness(NodeCore(policy(Mode.OFF)))
     a = h.register()
-    assert h.wire(a).mode is p.WireMode.OFF
+    assert h.enforced(a).mode is Mode.OFF
     out = h.feed(ev.ModeSet(Mode.ON))
-    assert of(out, p.LimitUpdate, a)[0].message.limits.mode is p.WireMode.ON
+    assert of(out, act.LimitsChanged, a)[0].limits.mode is Mode.ON
 
 
 def test_switching_to_off_unblocks_waiters(harness: Harness) -> None:
@@ -73,40 +73,40 @@ def test_switching_to_off_unblocks_waiters(harness: Harness) -> None:
     harness.feed(ev.LockRequested(a, 1))
     harness.feed(ev.LockRequested(b, 9))
     out = harness.feed(ev.ModeSet(Mode.OFF))
-    assert of(out, p.LockGrant, b)[0].seq == 9
-    assert {s.client_id for s in of(out, p.LimitUpdate)} == {a, b}
+    assert of(out, act.Grant, b)[0].seq == 9
+    assert {s.client_id for s in of(out, act.LimitsChanged)} == {a, b}
 
 
 def test_auto_runs_concurrently_while_memory_fits_then_serialises() -> None:
-    h = Harness(Scheduler(policy(Mode.AUTO, tq=5)))
+    h = Harness(NodeCore(policy(Mode.AUTO, tq=5)))
     a, b, c = (h.register(total=10 * GiB) for _ in range(3))
     for cid in (a, b):
         h.feed(ev.MemoryReserveRequested(cid, 1, 4 * GiB, 0))
-        assert of(h.feed(ev.LockRequested(cid, 2)), p.LockGrant, cid)
+        assert of(h.feed(ev.LockRequested(cid, 2)), act.Grant, cid)
     h.feed(ev.MemoryReserveRequested(c, 1, 4 * GiB, 0))
     assert h.feed(ev.LockRequested(c, 3)) == []  # 12 GiB would not fit in 10
     out = h.advance(5.0)
-    assert [s.client_id for s in of(out, p.LockDrop)] == [a]  # oldest holder, one at a time
-    out = h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
-    assert of(out, p.LockGrant, c)
+    assert [s.client_id for s in of(out, act.Drop)] == [a]  # oldest holder, one at a time
+    out = h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))
+    assert of(out, act.Grant, c)
     # b and c fit together: when b frees its memory nobody needs to wait any more
     h.feed(ev.LockRequested(a, 4))
     h.feed(ev.MemoryReturned(b, 4 * GiB, 0))
-    assert of(h.sent[-1:], p.LockGrant, a)
+    assert of(h.sent[-1:], act.Grant, a)
 
 
 def test_set_tq_reaches_grants(harness: Harness) -> None:
     harness.feed(ev.TimeQuantumSet(1))
-    assert harness.sched.time_quantum("GPU-x") == 1.0
+    assert harness.state.time_quantum("GPU-x") == 1.0
     a = harness.register()
-    assert of(harness.feed(ev.LockRequested(a, 1)), p.LockGrant)[0].message.tq_ms == 1000
+    assert of(harness.feed(ev.LockRequested(a, 1)), act.Grant)[0].time_quantum_s == 1
 
 
 def test_policy_change_replaces_runtime_overrides(harness: Harness) -> None:
     harness.feed(ev.TimeQuantumSet(5))
     new = Policy(scheduler=replace(SchedulerSettings(), time_quantum_s=12))
     harness.feed(ev.PolicyChanged(new))
-    assert harness.sched.time_quantum("GPU-x") == 12
+    assert harness.state.time_quantum("GPU-x") == 12
 
 
 def test_quota_client_is_dropped_when_its_share_is_spent_and_waits_for_next_window() -> None:
@@ -115,17 +115,17 @@ def test_quota_client_is_dropped_when_its_share_is_spent_and_waits_for_next_wind
     )
     from appliance.policy.model import Limits
 
-    h = Harness(Scheduler(Policy(scheduler=settings, defaults=Limits(core_percent=30))))
+    h = Harness(NodeCore(Policy(scheduler=settings, defaults=Limits(core_percent=30))))
     a = h.register()
-    assert h.wire(a).core_limit == 30
+    assert h.enforced(a).core_percent == 30
     h.feed(ev.LockRequested(a, 1))
     out = h.advance(0.31)
-    assert of(out, p.LockDrop, a)  # nobody waits, but 30% of the window is spent
+    assert of(out, act.Drop, a)  # nobody waits, but 30% of the window is spent
     h.advance(0.01)
-    h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
+    h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))
     assert h.feed(ev.LockRequested(a, 2)) == []  # over quota until the window rolls
     out = h.advance(0.7)
-    assert of(out, p.LockGrant, a)
+    assert of(out, act.Grant, a)
 
 
 def test_quota_share_matches_the_limit_over_many_windows() -> None:
@@ -134,32 +134,32 @@ def test_quota_share_matches_the_limit_over_many_windows() -> None:
     )
     from appliance.policy.model import Limits
 
-    h = Harness(Scheduler(Policy(scheduler=settings, defaults=Limits(core_percent=40))))
+    h = Harness(NodeCore(Policy(scheduler=settings, defaults=Limits(core_percent=40))))
     a = h.register()
     held = 0.0
     h.feed(ev.LockRequested(a, 1))
     start = h.now
     for _ in range(2000):  # a client that always wants the GPU, releasing promptly on drop
         before = h.now
-        holding = h.sched.clients[a].phase.value == "holding"
+        holding = h.state.clients[a].phase.value == "holding"
         out = h.advance(0.005)
         if holding:
             held += h.now - before
-        if of(out, p.LockDrop, a):
-            h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
+        if of(out, act.Drop, a):
+            h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))
             h.feed(ev.LockRequested(a, 1))
     share = held / (h.now - start)
     assert 0.37 < share < 0.43, share
 
 
 def test_a_request_while_draining_waits_for_the_release() -> None:
-    h = Harness(Scheduler(policy(tq=1)))
+    h = Harness(NodeCore(policy(tq=1)))
     a, b = h.register(), h.register()
     h.feed(ev.LockRequested(a, 1))
     h.feed(ev.LockRequested(b, 2))
     h.advance(1.0)  # a is told to drop
     assert h.feed(ev.LockRequested(a, 3)) == []  # not granted while it still drains
-    out = h.feed(ev.LockReleased(a, p.ReleaseReason.DROPPED))
-    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(b, 2)]
-    out = h.feed(ev.LockReleased(b, p.ReleaseReason.IDLE))
-    assert [(s.client_id, s.seq) for s in of(out, p.LockGrant)] == [(a, 3)]  # a was queued
+    out = h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))
+    assert [(s.client_id, s.seq) for s in of(out, act.Grant)] == [(b, 2)]
+    out = h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))
+    assert [(s.client_id, s.seq) for s in of(out, act.Grant)] == [(a, 3)]  # a was queued

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from appliance import protocol as p
+from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.pods import PodInfo, PodOverrides
-from appliance.core.scheduler import Scheduler
+from appliance.core import views
+from appliance.core.annotations import MEMORY_LIMIT, REALTIME_CHECK, PodInfo
+from appliance.core.events import LimitTarget
+from appliance.core.ledger import CONTEXT_ALLOWANCE_BYTES
+from appliance.core.node import NodeCore
 from appliance.policy.model import (
     Limits,
     MemorySettings,
@@ -14,26 +17,24 @@ from appliance.policy.model import (
     RealtimeCheckMode,
 )
 
-from .conftest import GPU, GiB, Harness, of
-
-MiB = 1 << 20
+from .conftest import GPU, GiB, Harness, MiB, of
 
 
 def harness(**kw: object) -> Harness:
-    return Harness(Scheduler(Policy(memory=MemorySettings(chunk_bytes=64 * MiB), **kw)))  # type: ignore[arg-type]
+    return Harness(NodeCore(Policy(memory=MemorySettings(chunk_bytes=64 * MiB), **kw)))  # type: ignore[arg-type]
 
 
 def grant(h: Harness, cid: int, n: int, used: int = 0) -> int:
     out = h.feed(ev.MemoryReserveRequested(cid, 7, n, used))
-    [reply] = of(out, p.MemGrant, cid)
+    [reply] = of(out, act.MemoryGranted, cid)
     assert reply.seq == 7
-    return int(reply.message.granted)
+    return int(reply.granted)
 
 
 def test_reservations_come_in_chunks_up_to_the_limit() -> None:
     h = harness(defaults=Limits(memory_bytes=100 * MiB, core_percent=100))
     a = h.register()
-    assert h.wire(a).mem_limit == 100 * MiB
+    assert h.enforced(a).memory_bytes == 100 * MiB
     assert grant(h, a, 1 * MiB) == 64 * MiB  # a chunk, so the next allocations are local
     assert grant(h, a, 30 * MiB) == 36 * MiB  # only what is left under the limit
     assert grant(h, a, 1) == 0  # refused: the hook answers CUDA_ERROR_OUT_OF_MEMORY
@@ -41,8 +42,7 @@ def test_reservations_come_in_chunks_up_to_the_limit() -> None:
 
 def test_two_processes_of_one_pod_share_one_limit_exactly() -> None:
     h = harness()
-    pod = PodInfo(uid="u1", namespace="ns", name="p", node="n")
-    h.feed(ev.PodUpdated(pod, PodOverrides(memory_bytes=1 * GiB)))
+    h.feed(ev.PodSeen(PodInfo("u1", "ns", "p", "n", annotations={MEMORY_LIMIT: "1Gi"})))
     a, b = h.register(pod_uid="u1"), h.register(pod_uid="u1")
     c = h.register(pod_uid="other")
     assert grant(h, a, 600 * MiB) == 600 * MiB
@@ -55,38 +55,40 @@ def test_two_processes_of_one_pod_share_one_limit_exactly() -> None:
 
 def test_lowering_reaches_only_the_clients_it_concerns() -> None:
     h = harness()
-    pod_a = PodInfo(uid="a", namespace="ns", name="a", node="n")
-    pod_b = PodInfo(uid="b", namespace="ns", name="b", node="n")
-    h.feed(ev.PodUpdated(pod_a, PodOverrides(memory_bytes=4 * GiB)))
-    h.feed(ev.PodUpdated(pod_b, PodOverrides(memory_bytes=4 * GiB)))
+
+    def pod(uid: str, memory: str | None) -> ev.PodSeen:
+        asked = {MEMORY_LIMIT: memory} if memory else {}
+        return ev.PodSeen(PodInfo(uid, "ns", uid, "n", annotations=asked))
+
+    h.feed(pod("a", "4Gi"))
+    h.feed(pod("b", "4Gi"))
     a, b = h.register(pod_uid="a"), h.register(pod_uid="b")
-    out = h.feed(ev.PodUpdated(pod_a, PodOverrides(memory_bytes=1 * GiB)))
-    assert [(s.client_id, s.message.limits.mem_limit) for s in of(out, p.LimitUpdate)] == [
+    out = h.feed(pod("a", "1Gi"))
+    assert [(s.client_id, s.limits.memory_bytes) for s in of(out, act.LimitsChanged)] == [
         (a, 1 * GiB)
     ]
-    out = h.feed(ev.PodUpdated(pod_a, PodOverrides(memory_bytes=None)))  # annotation removed
-    assert of(out, p.LimitUpdate, a)[0].message.limits.mem_limit == 0  # policy: no limit
-    assert of(out, p.LimitUpdate, b) == []
+    out = h.feed(pod("a", None))  # annotation removed
+    assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes is None  # policy: no limit
+    assert of(out, act.LimitsChanged, b) == []
 
 
 def test_admin_limit_beats_annotation_and_clear_restores_it() -> None:
     h = harness()
-    pod = PodInfo(uid="a", namespace="ns", name="web", node="n")
-    h.feed(ev.PodUpdated(pod, PodOverrides(memory_bytes=4 * GiB)))
+    h.feed(ev.PodSeen(PodInfo("a", "ns", "web", "n", annotations={MEMORY_LIMIT: "4Gi"})))
     a = h.register(pod_uid="a")
-    out = h.feed(ev.AdminLimitSet(("pod", "ns/web"), Limits(memory_bytes=1 * GiB)))
-    assert of(out, p.LimitUpdate, a)[0].message.limits.mem_limit == 1 * GiB
-    assert h.sched.clients[a].limits.sources["memory"] == "nvsharectl limit set"
-    out = h.feed(ev.AdminLimitSet(("pod", "ns/web"), Limits(), clear_memory=True))
-    assert of(out, p.LimitUpdate, a)[0].message.limits.mem_limit == 4 * GiB
+    out = h.feed(ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(memory_bytes=1 * GiB)))
+    assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes == 1 * GiB
+    assert h.state.clients[a].limits.sources["memory"] == "nvsharectl limit set"
+    out = h.feed(ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(), clear_memory=True))
+    assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes == 4 * GiB
 
 
 def test_environment_limit_only_lowers() -> None:
     h = harness(defaults=Limits(memory_bytes=2 * GiB, core_percent=100))
     low = h.register(env_mem=1 * GiB)
     high = h.register(env_mem=8 * GiB)
-    assert h.wire(low).mem_limit == 1 * GiB
-    assert h.wire(high).mem_limit == 2 * GiB
+    assert h.enforced(low).memory_bytes == 1 * GiB
+    assert h.enforced(high).memory_bytes == 2 * GiB
 
 
 def test_realtime_check_strict_refuses_and_warning_grants() -> None:
@@ -96,7 +98,7 @@ def test_realtime_check_strict_refuses_and_warning_grants() -> None:
     h.feed(ev.GpuFreeMemory({GPU: 500 * MiB}))
     assert grant(h, a, 450 * MiB) == 0  # 450 > 500 - 100 margin
     assert grant(h, a, 300 * MiB) >= 300 * MiB
-    assert h.sched.counters["realtime_refusals"] == 1
+    assert h.state.counters["realtime_refusals"] == 1
     h.feed(
         ev.PolicyChanged(
             Policy(
@@ -106,29 +108,27 @@ def test_realtime_check_strict_refuses_and_warning_grants() -> None:
         )
     )
     assert grant(h, a, 450 * MiB) == 450 * MiB
-    assert h.sched.counters["realtime_warnings"] == 1
+    assert h.state.counters["realtime_warnings"] == 1
 
 
 def test_realtime_check_skips_stale_samples_and_honours_pod_opt_out() -> None:
     rt = RealtimeCheck(mode=RealtimeCheckMode.STRICT, max_sample_age_s=5)
     h = harness(realtime_check=rt)
-    pod = PodInfo(uid="a", namespace="ns", name="p", node="n")
-    h.feed(ev.PodUpdated(pod, PodOverrides(realtime_check=False)))
+    h.feed(ev.PodSeen(PodInfo("a", "ns", "p", "n", annotations={REALTIME_CHECK: "false"})))
     a, b = h.register(pod_uid="a"), h.register()
     h.feed(ev.GpuFreeMemory({GPU: 10 * MiB}))
     assert grant(h, a, 200 * MiB) == 200 * MiB  # the pod opted out
     assert grant(h, b, 200 * MiB) == 0
     h.now += 10  # the sample is now too old to trust: granted, and counted
     assert grant(h, b, 200 * MiB) == 200 * MiB
-    assert h.sched.counters["realtime_skipped"] == 1
+    assert h.state.counters["realtime_skipped"] == 1
 
 
 def test_reported_usage_counts_even_where_no_reservation_covers_it() -> None:
     # A hook that reconnected to a restarted daemon holds memory the new ledger never granted;
     # its usage report must keep the pod's other processes from taking that room.
     h = harness()
-    pod = PodInfo(uid="u1", namespace="ns", name="p", node="n")
-    h.feed(ev.PodUpdated(pod, PodOverrides(memory_bytes=1 * GiB)))
+    h.feed(ev.PodSeen(PodInfo("u1", "ns", "p", "n", annotations={MEMORY_LIMIT: "1Gi"})))
     a, b = h.register(pod_uid="u1"), h.register(pod_uid="u1")
     h.feed(ev.MemoryReturned(a, 0, 700 * MiB))  # usage report, nothing reserved
     assert grant(h, b, 400 * MiB) == 0
@@ -141,26 +141,23 @@ def test_each_hook_hears_how_many_processes_share_its_ledger() -> None:
     h = harness()
     a = h.register(pid=10, pod_uid="u1")
     b = h.register(pid=11, pod_uid="u1")  # a second process of the pod
-    told = of(h.sent, p.LedgerPeers)
-    assert {(s.client_id, s.message.clients) for s in told} == {(a, 2), (b, 2)}
+    told = of(h.sent, act.PeersChanged)
+    assert {(s.client_id, s.processes) for s in told} == {(a, 2), (b, 2)}
     alone = h.register(pid=12, pod_uid="u2")
-    assert not of(h.sent, p.LedgerPeers, alone)  # 1 is what a hook assumes: nothing to say
+    assert not of(h.sent, act.PeersChanged, alone)  # 1 is what a hook assumes: nothing to say
     out = h.feed(ev.ClientGone(a))
-    assert [(s.client_id, s.message.clients) for s in of(out, p.LedgerPeers)] == [(b, 1)]
+    assert [(s.client_id, s.processes) for s in of(out, act.PeersChanged)] == [(b, 1)]
 
 
 def test_nvml_usage_reaches_the_hook_of_that_process_only_when_it_moved() -> None:
-    from appliance.core.scheduler import CONTEXT_ALLOWANCE_BYTES
-
     h = harness(defaults=Limits(memory_bytes=1 * GiB, core_percent=100))
     a = h.register(pid=10)
     b = h.register(pid=11)
     sample = ev.GpuFreeMemory({GPU: 10 * GiB}, processes={GPU: {10: 3 * GiB}})
-    [told] = of(h.feed(sample), p.MemObserved)
-    assert told.client_id == a
-    assert told.message == p.MemObserved(3 * GiB, CONTEXT_ALLOWANCE_BYTES)
-    assert h.sched.client_view(h.sched.clients[a], h.now)["memory_observed"] == 3 * GiB
-    assert h.sched.counters["nvml_over_limit"] == 1  # 3 GiB > 1 GiB + the context allowance
+    [told] = of(h.feed(sample), act.MemoryObserved)
+    assert told == act.MemoryObserved(a, 3 * GiB, CONTEXT_ALLOWANCE_BYTES)
+    assert views.client_view(h.state, h.state.clients[a], h.now)["memory_observed"] == 3 * GiB
+    assert h.state.counters["nvml_over_limit"] == 1  # 3 GiB > 1 GiB + the context allowance
     moved_a_little = {GPU: {10: 3 * GiB + (1 << 20)}, "GPU-other": {11: 5 * GiB}}
-    assert not of(h.feed(ev.GpuFreeMemory({}, processes=moved_a_little)), p.MemObserved)
-    assert h.sched.clients[b].nvml_used is None  # b's pid on another GPU is not b's usage
+    assert not of(h.feed(ev.GpuFreeMemory({}, processes=moved_a_little)), act.MemoryObserved)
+    assert h.state.clients[b].nvml_used is None  # b's pid on another GPU is not b's usage

@@ -10,7 +10,7 @@ import pytest
 from fakeapi import FakeApiServer
 from kubernetes import client
 
-from appliance.core.pods import MEMORY_LIMIT, PodRef, resolve_overrides
+from appliance.core.annotations import MEMORY_LIMIT, PodRef, resolve_overrides
 from appliance.kube.events import EventRecorder
 from appliance.policy.model import AnnotationPolicy
 

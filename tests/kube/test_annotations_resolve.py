@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appliance.core.pods import (
+from appliance.core.annotations import (
     CORE_LIMIT,
     HAMI_REALTIME_CHECK,
     MEMORY_LIMIT,

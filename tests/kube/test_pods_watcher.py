@@ -10,7 +10,7 @@ import pytest
 from fakeapi import FakeApiServer
 from kubernetes import client
 
-from appliance.core.pods import PodInfo, PodRef
+from appliance.core.annotations import PodInfo, PodRef
 from appliance.kube.pods import PodWatcher, api_client_from_env
 
 LIVENESS_S = 20.0  # how long a test waits for something that should happen at once

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kubernetes.utils import parse_quantity
 
 from appliance.cli import nvsharectl
-from appliance.core.pods import MEMORY_LIMIT, PodRef, resolve_overrides
+from appliance.core.annotations import MEMORY_LIMIT, PodRef, resolve_overrides
 from appliance.policy.load import load_policy_dir, validate_paths
 from appliance.policy.model import AnnotationPolicy
 from appliance.policy.quantity import MAX_SIZE_BYTES, QuantityError, parse_count, parse_size

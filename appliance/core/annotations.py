@@ -1,13 +1,15 @@
-"""Pods as the scheduler sees them, and the limits their annotations ask for.
+"""Pods as the core sees them, the limits their annotations ask for, and the table of both.
 
-The pod watcher (`appliance.kube.pods`) turns API objects into `PodInfo`; this module turns a
-pod's annotations into `PodOverrides` under the policy's `AnnotationPolicy`. It is pure: no
-I/O, no clock, so every annotation rule is a plain function call in tests.
+The pod watcher (`appliance.kube.pod_watch`) turns API objects into `PodInfo`; this module
+judges a pod's annotations into `PodOverrides` under the policy's `AnnotationPolicy`, and
+`PodTable` keeps every pod of this node with its overrides: the one owner of both, judged again
+when the policy changes. It is pure: no I/O, no clock, so every annotation rule is a plain
+function call in tests.
 
 A bad annotation never replaces a good value: the field keeps its previous override (when
 that is still allowed by the current policy) and an `AnnotationProblem` says what was wrong,
-on which pod and key, and what was kept. The daemon logs problems and reports them on the pod
-as Kubernetes Events.
+on which pod and key, and what was kept. The core logs problems and asks for them to be
+reported on the pod as Kubernetes Events.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.core.identity import ClientIdentity
 from appliance.policy.model import AnnotationPolicy
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
@@ -140,6 +143,47 @@ def resolve_overrides(
         realtime = kept_rt
 
     return PodOverrides(memory_bytes=memory, core_percent=core, realtime_check=realtime), problems
+
+
+class PodTable:
+    """The pods bound to this node, by UID, and the overrides their annotations ask for."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodInfo] = {}
+        self.overrides: dict[str, PodOverrides] = {}
+
+    def seen(self, pod: PodInfo, policy: AnnotationPolicy) -> list[AnnotationProblem]:
+        """A pod appeared or changed: judge its annotations; the problems are what was refused."""
+        self.pods[pod.uid] = pod
+        self.overrides[pod.uid], problems = resolve_overrides(
+            pod.annotations, pod=pod.ref, policy=policy, previous=self.overrides.get(pod.uid)
+        )
+        return problems
+
+    def removed(self, ref: PodRef) -> None:
+        self.pods.pop(ref.uid, None)
+        self.overrides.pop(ref.uid, None)
+
+    def judge_again(self, policy: AnnotationPolicy) -> list[AnnotationProblem]:
+        """The annotation caps may have changed: judge every pod's annotations again."""
+        problems: list[AnnotationProblem] = []
+        for pod in list(self.pods.values()):
+            problems += self.seen(pod, policy)
+        return problems
+
+    def pod_of(self, ident: ClientIdentity) -> tuple[PodInfo | None, str]:
+        """A client's pod and how it is known: "cgroup" (the kernel's word) or "claimed" (the
+        pod name the client gave, flagged as such wherever it is shown)."""
+        if ident.pod_uid and ident.pod_uid in self.pods:
+            return self.pods[ident.pod_uid], "cgroup"
+        if ident.claimed_pod:
+            for pod in self.pods.values():
+                if pod.name == ident.claimed_pod and pod.namespace == ident.claimed_namespace:
+                    return pod, "claimed"
+        return None, ""
+
+    def overrides_of(self, pod: PodInfo | None) -> PodOverrides | None:
+        return self.overrides.get(pod.uid) if pod is not None else None
 
 
 # Each parser returns the value, None for "no annotation", or a str saying why it was refused.

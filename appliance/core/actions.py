@@ -1,0 +1,129 @@
+"""What the core wants done, in the domain's words: the engine routes each to its sink.
+
+Hooks hear about grants, drops, limits and memory; a control client gets its `Reply`; a pod
+gets a Warning Event; the device plugin gets a new replica count. The socket server turns the
+hook and control actions into frames (`appliance.protocol`); the core never sees the wire.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from appliance.core.annotations import PodRef
+from appliance.core.events import Requester
+from appliance.core.limits import HookLimits
+
+# ------------------------------------------------------------------ to hooks
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A hook is known now, with the limits it must enforce from the start."""
+
+    client_id: int
+    seq: int
+    limits: HookLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The lock is the client's (or it is not gated at all)."""
+
+    client_id: int
+    seq: int
+    time_quantum_s: float  # how long a stream capture may hold the lock before it hands over
+    idle_release_s: float  # give the lock back after this long without submissions
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Release the lock as soon as the work submitted so far is synchronised."""
+
+    client_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsChanged:
+    client_id: int
+    limits: HookLimits
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryGranted:
+    """The answer to a reservation request: `granted` more bytes (0 = refused), `reserved` in
+    all now."""
+
+    client_id: int
+    seq: int
+    granted: int
+    reserved: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryObserved:
+    """What NVML shows the client's process holding, and how much of it goes uncounted (the
+    CUDA context)."""
+
+    client_id: int
+    used: int
+    allowance: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeersChanged:
+    """How many processes share the client's memory ledger (pod, GPU), itself included."""
+
+    client_id: int
+    processes: int
+
+
+HOOK_ACTIONS = (Registered, Grant, Drop, LimitsChanged, MemoryGranted, MemoryObserved, PeersChanged)
+
+# ---------------------------------------------------------- to everyone else
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    INVALID = "invalid"  # the request itself is wrong: out of bounds, zero, malformed
+    NOT_FOUND = "not found"  # it names no connected client, known GPU or stored override
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to a control request (TimeQuantumSet, ModeSet, AdminLimitSet), for whoever
+    asked: what changed, or why nothing did."""
+
+    to: Requester
+    outcome: Outcome
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodWarning:
+    """Something the user of a pod should see on it (`kubectl describe pod`)."""
+
+    pod: PodRef
+    reason: str  # CamelCase, as Kubernetes Events name reasons
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicasChanged:
+    """The policy's `devicePlugin.replicasPerGpu` changed: advertise this many per GPU."""
+
+    replicas_per_gpu: int
+
+
+Action = (
+    Registered
+    | Grant
+    | Drop
+    | LimitsChanged
+    | MemoryGranted
+    | MemoryObserved
+    | PeersChanged
+    | Reply
+    | PodWarning
+    | ReplicasChanged
+)

@@ -1,0 +1,214 @@
+"""nvsharectl's commands as the core decides them: bounds, targets, reply texts, who is logged.
+
+Every request gets one `Reply` saying what changed or why nothing did. The time quantum and
+the modes set here win over the policy until a policy reload changes scheduling (the newest
+writer wins, and the log says what it replaced); a pid's limit override lives as long as that
+process is connected, a pod's waits for the pod. State changes push new limits to the hooks
+they concern through `refresh`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.actions import Outcome
+from appliance.core.events import LimitTarget
+from appliance.core.state import Client, NodeState
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Limits, Policy
+from appliance.policy.quantity import MAX_SIZE_BYTES, format_bytes
+
+log = logging.getLogger("nvshare.scheduler")
+
+MAX_TIME_QUANTUM_S = MAX_DURATION_S
+Refresh = Callable[[float], list[act.Action]]
+
+
+class Admin:
+    def __init__(self, state: NodeState, *, refresh: Refresh) -> None:
+        self._s = state
+        self._refresh = refresh  # push changed limits to the hooks: what to send them
+
+    # ------------------------------------------------------------ time quantum
+
+    def set_time_quantum(self, e: ev.TimeQuantumSet, now: float) -> list[act.Action]:
+        overrides = self._s.overrides
+        policy_tq = self._s.policy.scheduler.time_quantum_s
+
+        def reply(outcome: Outcome, message: str) -> act.Reply:
+            return act.Reply(e.reply_to, outcome, message)
+
+        if e.seconds is None:
+            if overrides.time_quantum_s is None:
+                return [reply(Outcome.DONE, "the time quantum already follows the policy")]
+            log.info(
+                "%s handed the time quantum back to the policy (%g s -> %g s)",
+                e.by,
+                overrides.time_quantum_s,
+                policy_tq,
+            )
+            overrides.time_quantum_s = None
+            message = f"the time quantum follows the policy again ({policy_tq:g} s)"
+            return [reply(Outcome.DONE, message), *self._refresh(now)]
+        if not MIN_TIME_QUANTUM_S <= e.seconds <= MAX_TIME_QUANTUM_S:
+            message = (
+                f"a time quantum of {e.seconds:g} s is outside {MIN_TIME_QUANTUM_S:g}-"
+                f"{MAX_TIME_QUANTUM_S:g} s; nothing changed"
+            )
+            return [reply(Outcome.INVALID, message)]
+        before = overrides.time_quantum_s
+        overrides.time_quantum_s = e.seconds
+        was = f"{before:g} s from nvsharectl" if before else f"{policy_tq:g} s from the policy"
+        log.info("%s set the time quantum to %g s (was %s)", e.by, e.seconds, was)
+        message = f"time quantum set to {e.seconds:g} s on every GPU (was {was})"
+        return [reply(Outcome.DONE, message), *self._refresh(now)]
+
+    # ------------------------------------------------------------ modes
+
+    def set_mode(self, e: ev.ModeSet, now: float) -> list[act.Action]:
+        modes = self._s.overrides.modes
+        where = e.gpu_uuid or "every GPU"
+
+        def reply(outcome: Outcome, message: str) -> act.Reply:
+            return act.Reply(e.reply_to, outcome, message)
+
+        known = set(self._s.gpus) | set(self._s.inventory)
+        if e.gpu_uuid and e.gpu_uuid not in known:
+            names = ", ".join(sorted(known)) or "none yet"
+            message = f"no GPU {e.gpu_uuid} is known here (known: {names}); nothing changed"
+            return [reply(Outcome.NOT_FOUND, message[:240])]
+        if e.mode is None:
+            keys = [e.gpu_uuid] if e.gpu_uuid else list(modes)
+            if not any(k in modes for k in keys):
+                return [reply(Outcome.DONE, f"the mode on {where} already follows the policy")]
+            for key in keys:
+                modes.pop(key, None)
+            log.info("%s handed the mode on %s back to the policy", e.by, where)
+            message = f"the mode on {where} follows the policy again"
+            return [reply(Outcome.DONE, message), *self._refresh(now)]
+        if not e.gpu_uuid:
+            modes.clear()
+        modes[e.gpu_uuid] = e.mode
+        log.info("%s set mode %s on %s", e.by, e.mode.value, where)
+        message = f"anti-thrashing mode {e.mode.value} on {where}"
+        return [reply(Outcome.DONE, message), *self._refresh(now)]
+
+    def policy_changed(self, old: Policy, new: Policy) -> None:
+        """A policy that changes scheduling replaces the time quantum and modes set here."""
+        if old.scheduler == new.scheduler and old.gpus == new.gpus:
+            return
+        overrides = self._s.overrides
+        replaced = []
+        if overrides.time_quantum_s is not None:
+            replaced.append(f"time quantum {overrides.time_quantum_s:g} s")
+        replaced += [
+            f"mode {mode.value} on {uuid or 'every GPU'}"
+            for uuid, mode in sorted(overrides.modes.items())
+        ]
+        if replaced:
+            log.info(
+                "the policy reload changes scheduling settings, so it replaces what "
+                "nvsharectl set: %s",
+                ", ".join(replaced),
+            )
+        overrides.time_quantum_s = None
+        overrides.modes.clear()
+
+    # ------------------------------------------------------------ limits
+
+    def set_limits(self, e: ev.AdminLimitSet, now: float) -> list[act.Action]:
+        def reply(outcome: Outcome, message: str) -> act.Reply:
+            return act.Reply(e.reply_to, outcome, message)
+
+        if e.target is None:
+            missing = "name a --pid, or a --pod as NAMESPACE/NAME; nothing changed"
+            return [reply(Outcome.INVALID, missing)]
+        if (problem := _limit_problem(e.limits)) is not None:
+            return [reply(Outcome.INVALID, f"{problem}; nothing changed")]
+        matched = self._s.reached(e.target)
+        if e.target.kind == "pid" and not matched:
+            message = (
+                f"no connected client has pid {e.target.name}; nothing changed (a pid override "
+                "is kept only while that process is connected)"
+            )
+            return [reply(Outcome.NOT_FOUND, message)]
+        stored = self._s.overrides.limits
+        current = stored.get(e.target, Limits())
+        memory = None if e.clear_memory else (e.limits.memory_bytes or current.memory_bytes)
+        core = None if e.clear_core else (e.limits.core_percent or current.core_percent)
+        after = Limits(memory_bytes=memory, core_percent=core)
+        if after == current:
+            if e.clear_memory or e.clear_core:
+                message = f"{e.target} has no such override to clear; nothing changed"
+                return [reply(Outcome.NOT_FOUND, message)]
+            memory_shown, core_shown = _shown(after)
+            message = f"{e.target} already has memory {memory_shown}, core {core_shown}; no change"
+            return [reply(Outcome.DONE, message)]
+        if after == Limits():
+            stored.pop(e.target, None)
+        else:
+            stored[e.target] = after
+        change = _describe_change(current, after)
+        log.info("%s changed the limits of %s: %s", e.by, e.target, change)
+        pushed = self._refresh(now)  # first: the note below reads the limits now in force
+        message = f"{e.target}: {change}; {_reach(matched)}{_env_note(matched)}"
+        return [reply(Outcome.DONE, message), *pushed]
+
+    def client_gone(self, pid: int) -> None:
+        """A pid override dies with its process: a later process reusing the pid starts clean."""
+        key = LimitTarget.pid(pid)
+        stored = self._s.overrides.limits
+        if key not in stored or any(c.ident.pid == pid for c in self._s.clients.values()):
+            return
+        dropped = stored.pop(key)
+        log.info(
+            "dropped the nvsharectl override of pid %d (%s): the process disconnected",
+            pid,
+            _describe_change(dropped, Limits()),
+        )
+
+
+def _limit_problem(limits: Limits) -> str | None:
+    """What makes a requested override unusable, if anything."""
+    if limits.memory_bytes is not None and not 0 < limits.memory_bytes <= MAX_SIZE_BYTES:
+        return "a memory limit must be greater than 0 and at most 1Ei (`limit clear` removes one)"
+    if limits.core_percent is not None and not 1 <= limits.core_percent <= 100:
+        return f"core limit {limits.core_percent} is outside 1-100"
+    return None
+
+
+def _shown(limits: Limits) -> tuple[str, str]:
+    memory = "none" if limits.memory_bytes is None else format_bytes(limits.memory_bytes)
+    core = "none" if limits.core_percent is None else f"{limits.core_percent}%"
+    return memory, core
+
+
+def _describe_change(before: Limits, after: Limits) -> str:
+    """ "memory 4Gi (was none)", only for what changed."""
+    parts = []
+    for what, old, new in zip(("memory", "core"), _shown(before), _shown(after), strict=True):
+        if old != new:
+            parts.append(f"{what} override {new} (was {old})")
+    return ", ".join(parts)
+
+
+def _reach(matched: list[Client]) -> str:
+    if matched:
+        pids = sorted({c.ident.pid for c in matched})
+        return f"applies to {len(matched)} connected client(s), pid {', '.join(map(str, pids))}"
+    return "no client of that pod is connected yet; the override waits for it"
+
+
+def _env_note(matched: list[Client]) -> str:
+    """Say when a process's own, lower environment limit still wins over the override."""
+    notes = []
+    for c in matched:
+        if c.limits.sources.get("memory", "").startswith("env "):
+            own = f"NVSHARE_GPU_MEMORY_LIMIT={format_bytes(c.env_memory)}"
+            notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
+        if c.limits.sources.get("core", "").startswith("env "):
+            own = f"NVSHARE_GPU_CORE_LIMIT={c.env_core}%"
+            notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
+    return "; " + "; ".join(dict.fromkeys(notes)) if notes else ""

@@ -1,0 +1,199 @@
+"""GPU memory: one ledger per (subject, GPU), the real-time check, and what NVML shows.
+
+The subject is the pod (by UID from the kernel's cgroup) or else the process. Hooks reserve in
+chunks, so most allocations need no round trip, and two processes of a pod can never exceed its
+limit together. The real-time check refuses (or warns about) a reservation that the GPU's free
+memory, as NVML last saw it, cannot hold. What NVML shows each process holding is passed to its
+hook, which counts what its own ledger misses (module globals, heaps, stacks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.lock import Lock
+from appliance.core.state import Client, NodeState
+from appliance.policy.model import Backing, Mode, RealtimeCheckMode
+from appliance.policy.quantity import format_bytes
+
+log = logging.getLogger("nvshare.scheduler")
+
+UNBOUNDED = 1 << 62
+# What NVML shows a process holding for its CUDA context (module images, stacks, the runtime's
+# own buffers) and the hook does not charge; measured on H100/H200 (bench/results/gpu.md).
+CONTEXT_ALLOWANCE_BYTES = 768 << 20
+OBSERVED_STEP_BYTES = 2 << 20  # smaller NVML changes are not sent to the hook
+
+
+@dataclass(frozen=True, slots=True)
+class _FreeSample:
+    free: int
+    time: float
+
+
+class Ledger:
+    """Reservations, returns and samples; in mode auto a change of memory may move the lock."""
+
+    def __init__(self, state: NodeState, lock: Lock) -> None:
+        self._s = state
+        self._lock = lock
+        self._free: dict[str, _FreeSample] = {}
+        self._stale_logged: set[str] = set()
+
+    # ------------------------------------------------------------ reservations
+
+    def reserve(self, e: ev.MemoryReserveRequested, now: float) -> list[act.Action]:
+        c = self._s.clients.get(e.client_id)
+        if c is None:
+            return []
+        c.used = e.used
+        limit = self._limit(c)
+        others = self._others_footprint(c)
+        # What c would hold with exactly this grant. Its usage counts even where its reservation
+        # does not cover it yet (a hook that reconnected to a restarted daemon).
+        holding = max(c.used, c.reserved + e.bytes)
+        room = limit - others - holding
+        if room < 0 or self._realtime_refuses(c, e.bytes, now):
+            self._s.counters["memory_refusals"] += 1
+            log.info(
+                "memory refused: client %d (pid %d, %s) asked %s more; its ledger holds %s of %s",
+                c.id,
+                c.ident.pid,
+                self._s.subject(c),
+                format_bytes(e.bytes),
+                format_bytes(others + c.footprint),
+                format_bytes(limit),
+            )
+            return [act.MemoryGranted(c.id, e.seq, 0, c.reserved)]
+        # Round the grant up toward a chunk, so the next allocations need no round trip.
+        granted = e.bytes + min(max(self._s.policy.memory.chunk_bytes - e.bytes, 0), room)
+        c.reserved += granted
+        return [act.MemoryGranted(c.id, e.seq, granted, c.reserved), *self._memory_moved(c, now)]
+
+    def returned(self, e: ev.MemoryReturned, now: float) -> list[act.Action]:
+        c = self._s.clients.get(e.client_id)
+        if c is None:
+            return []
+        c.reserved = max(0, c.reserved - e.bytes)
+        c.used = e.used
+        return self._memory_moved(c, now)
+
+    def _memory_moved(self, c: Client, now: float) -> list[act.Action]:
+        """In mode auto what fits decides who runs: look at c's GPU again."""
+        if self._s.gpu_mode(c.gpu) is Mode.AUTO:
+            return self._lock.schedule(self._s.gpus[c.gpu], now)
+        return []
+
+    def _limit(self, c: Client) -> int:
+        """What c's ledger may hold: the limit without c's own environment's (the ledger is
+        shared by the pod), else the GPU."""
+        limit = self._s.resolve(c, with_env=False).memory_bytes
+        if limit is not None:
+            return limit
+        if self._s.policy.memory.backing is Backing.MANAGED:
+            return UNBOUNDED
+        return self._s.gpu_memory(c.gpu) - self._s.policy.memory.reserve_bytes
+
+    def _others_footprint(self, c: Client) -> int:
+        """What the other clients on c's ledger (same subject, same GPU) use or have reserved."""
+        subject = self._s.subject(c)
+        return sum(
+            x.footprint
+            for x in self._s.clients.values()
+            if x is not c and x.gpu == c.gpu and self._s.subject(x) == subject
+        )
+
+    def peer_updates(self) -> list[act.Action]:
+        """Tell each hook how many processes share its ledger, when that changed: while the
+        daemon is unreachable a hook may grow only to an equal share of a shared limit."""
+        pids: dict[tuple[str, str], set[int]] = {}
+        for c in self._s.clients.values():
+            pids.setdefault((self._s.subject(c), c.gpu), set()).add(c.ident.pid)
+        out: list[act.Action] = []
+        for c in self._s.clients.values():
+            n = len(pids[(self._s.subject(c), c.gpu)])
+            if n != c.peers_told:
+                c.peers_told = n
+                out.append(act.PeersChanged(c.id, n))
+        return out
+
+    # ------------------------------------------------------------ real-time check
+
+    def sampled(self, e: ev.GpuFreeMemory, now: float) -> list[act.Action]:
+        for uuid, free in e.samples.items():
+            self._free[uuid] = _FreeSample(free, now)
+            self._stale_logged.discard(uuid)
+        return self._observed(e.processes)
+
+    def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
+        rt = self._s.policy.realtime_check
+        if rt.mode is RealtimeCheckMode.DISABLED or not self._realtime_enabled(c):
+            return False
+        sample = self._free.get(c.gpu)
+        if sample is None or now - sample.time > rt.max_sample_age_s:
+            if c.gpu not in self._stale_logged:
+                self._stale_logged.add(c.gpu)
+                log.warning(
+                    "real-time check on gpu %s skipped: no NVML sample newer than %.1fs",
+                    c.gpu,
+                    rt.max_sample_age_s,
+                )
+            self._s.counters["realtime_skipped"] += 1
+            return False
+        available = sample.free - rt.safety_margin_bytes
+        if need <= available:
+            return False
+        free, margin = format_bytes(max(available, 0)), format_bytes(rt.safety_margin_bytes)
+        if rt.mode is RealtimeCheckMode.WARNING:
+            self._s.counters["realtime_warnings"] += 1
+            log.warning(
+                "real-time check (warning): client %d wants %s, gpu %s has %s free beyond the "
+                "%s margin; granted anyway",
+                c.id,
+                format_bytes(need),
+                c.gpu,
+                free,
+                margin,
+            )
+            return False
+        self._s.counters["realtime_refusals"] += 1
+        log.warning(
+            "real-time check (strict): refused %s to client %d (pid %d): gpu %s has %s free "
+            "beyond the %s margin",
+            format_bytes(need),
+            c.id,
+            c.ident.pid,
+            c.gpu,
+            free,
+            margin,
+        )
+        return True
+
+    def _realtime_enabled(self, c: Client) -> bool:
+        """The policy's default, unless the client's pod says otherwise by annotation."""
+        pod, _ = self._s.pods.pod_of(c.ident)
+        override = self._s.pods.overrides_of(pod)
+        if override is not None and override.realtime_check is not None:
+            return override.realtime_check
+        return self._s.policy.realtime_check.enabled_by_default
+
+    def _observed(self, processes: Mapping[str, Mapping[int, int]]) -> list[act.Action]:
+        """Tell each hook what NVML shows its process holding, so that memory which never
+        passed an allocation call (module globals, heaps, stacks) counts against its limit."""
+        out: list[act.Action] = []
+        for c in self._s.clients.values():
+            used = processes.get(c.gpu, {}).get(c.ident.pid)
+            if used is None:
+                continue
+            c.nvml_used = used
+            limit = c.limits.memory_bytes
+            if limit is not None and used > limit + CONTEXT_ALLOWANCE_BYTES:
+                self._s.counters["nvml_over_limit"] += 1
+            if c.nvml_told is None or abs(used - c.nvml_told) >= OBSERVED_STEP_BYTES:
+                c.nvml_told = used
+                out.append(act.MemoryObserved(c.id, used, CONTEXT_ALLOWANCE_BYTES))
+        return out

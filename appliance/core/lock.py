@@ -1,0 +1,227 @@
+"""The GPU lock: one queue per GPU, modes, time quanta, compute quotas, and when to wake up.
+
+Rules, per GPU (keyed by UUID):
+- `on`: one holder at a time, first come first served.
+- `off`: everyone runs; clients are told not to gate at all (unless they carry a core quota).
+- `auto`: holders run concurrently while their memory fits the GPU; a client that does not fit
+  waits, and the time quantum then serialises until it fits again.
+- A holder is asked to drop only when someone eligible waits and its quantum has run out, or
+  when its compute quota for the window is spent. A client that disconnects frees everything.
+
+Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a client whose
+budget is spent waits for its next window.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.state import Client, Gpu, NodeState, Phase
+from appliance.policy.model import Mode
+
+log = logging.getLogger("nvshare.scheduler")
+
+EPSILON_S = 1e-6  # float slack on quota arithmetic
+
+
+class Lock:
+    def __init__(self, state: NodeState) -> None:
+        self._s = state
+
+    # ------------------------------------------------------------ requests
+
+    def requested(self, e: ev.LockRequested, now: float) -> list[act.Action]:
+        c = self._s.clients.get(e.client_id)
+        if c is None:
+            return []
+        gpu = self._s.gpus[c.gpu]
+        if not c.gated or c.phase is Phase.HOLDING:
+            # Not gated, or already holding: answer at once so the hook never blocks on us.
+            return [self.grant_message(c, e.seq)]
+        c.request_seq = e.seq
+        if c.phase is Phase.DRAINING:  # asked again before its release arrived: queue it then
+            c.requeue = True
+            return []
+        if c.phase is not Phase.WAITING:
+            c.phase = Phase.WAITING
+            c.requested_at = now
+            gpu.queue.append(c.id)
+        return self.schedule(gpu, now)
+
+    def released(self, e: ev.LockReleased, now: float) -> list[act.Action]:
+        c = self._s.clients.get(e.client_id)
+        if c is None:
+            return []
+        gpu = self._s.gpus[c.gpu]
+        if c.id in gpu.holders:
+            self._bill(c, now)
+            gpu.holders.discard(c.id)
+            self._s.counters[f"releases_{e.reason.value}"] += 1
+        elif c.id in gpu.queue:  # gave up waiting (e.g. exiting)
+            gpu.queue.remove(c.id)
+        c.phase = Phase.IDLE
+        if c.requeue:
+            c.requeue = False
+            c.phase, c.requested_at = Phase.WAITING, now
+            gpu.queue.append(c.id)
+        return self.schedule(gpu, now)
+
+    def leave(self, c: Client) -> bool:
+        """Take a client that is gone out of its GPU's queue and holders; True if it held."""
+        gpu = self._s.gpus[c.gpu]
+        held = c.id in gpu.holders
+        gpu.holders.discard(c.id)
+        if c.id in gpu.queue:
+            gpu.queue.remove(c.id)
+        return held
+
+    def ungate(self, c: Client) -> list[act.Action]:
+        """A client that is no longer gated: a waiting one is answered at once."""
+        gpu = self._s.gpus[c.gpu]
+        out: list[act.Action] = []
+        if c.phase is Phase.WAITING:
+            gpu.queue.remove(c.id)
+            out.append(self.grant_message(c, c.request_seq))
+        gpu.holders.discard(c.id)
+        c.phase = Phase.IDLE
+        return out
+
+    def grant_message(self, c: Client, seq: int) -> act.Grant:
+        return act.Grant(
+            c.id,
+            seq,
+            time_quantum_s=self._s.time_quantum(c.gpu),
+            idle_release_s=self._s.policy.scheduler.idle_release_s,
+        )
+
+    # ------------------------------------------------------------ scheduling
+
+    def schedule_all(self, now: float) -> list[act.Action]:
+        out: list[act.Action] = []
+        for gpu in self._s.gpus.values():
+            out += self.schedule(gpu, now)
+        return out
+
+    def schedule(self, gpu: Gpu, now: float) -> list[act.Action]:
+        """Drop spent quotas, grant whoever may run, and preempt for whoever waits."""
+        return [
+            *self._drop_spent_quotas(gpu, now),
+            *self._grant_waiting(gpu, now),
+            *self._preempt_for_waiters(gpu, now),
+        ]
+
+    def _drop_spent_quotas(self, gpu: Gpu, now: float) -> list[act.Action]:
+        """A holder whose quota is spent drops, even if nobody waits."""
+        settings = self._s.policy.scheduler
+        out: list[act.Action] = []
+        for h in [self._s.clients[h] for h in gpu.holders]:
+            if h.phase is Phase.HOLDING and h.quota is not None:
+                self._bill(h, now)
+                h.quota.roll(now, settings)
+                min_hold = h.granted_at + settings.quota_sample_interval_s
+                if h.quota.remaining_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
+                    out.append(self._drop(h, now, "quota"))
+        return out
+
+    def _grant_waiting(self, gpu: Gpu, now: float) -> list[act.Action]:
+        mode = self._s.gpu_mode(gpu.facts.uuid)
+        out: list[act.Action] = []
+        for cid in list(gpu.queue):
+            c = self._s.clients[cid]
+            if not self._eligible(c, now):
+                continue
+            if mode is Mode.ON and gpu.holders:
+                break
+            # AUTO: first come first served while it fits; never skip ahead of one that does not.
+            if mode is Mode.AUTO and gpu.holders and not self._fits(gpu, c):
+                break
+            out.append(self._grant(gpu, c, now))
+        return out
+
+    def _preempt_for_waiters(self, gpu: Gpu, now: float) -> list[act.Action]:
+        """The oldest holder drops once its quantum is over and someone eligible waits."""
+        clients = self._s.clients
+        uuid = gpu.facts.uuid
+        if self._s.gpu_mode(uuid) is Mode.OFF:
+            return []
+        if not any(self._eligible(clients[q], now) for q in gpu.queue):
+            return []
+        holders = [clients[h] for h in gpu.holders]
+        if any(h.phase is Phase.DRAINING for h in holders):
+            return []
+        holding = sorted(
+            (h for h in holders if h.phase is Phase.HOLDING), key=lambda h: h.granted_at
+        )
+        if holding and now >= holding[0].granted_at + self._s.time_quantum(uuid):
+            return [self._drop(holding[0], now, "quantum")]
+        return []
+
+    def _eligible(self, c: Client, now: float) -> bool:
+        if c.quota is None:
+            return True
+        c.quota.roll(now, self._s.policy.scheduler)
+        return c.quota.remaining_s(self._s.policy.scheduler) > EPSILON_S
+
+    def _fits(self, gpu: Gpu, c: Client) -> bool:
+        limit = self._s.gpu_memory(gpu.facts.uuid) - self._s.policy.memory.reserve_bytes
+        running = sum(self._s.clients[h].footprint for h in gpu.holders)
+        return running + c.footprint <= limit
+
+    def _grant(self, gpu: Gpu, c: Client, now: float) -> act.Grant:
+        gpu.queue.remove(c.id)
+        gpu.holders.add(c.id)
+        c.phase = Phase.HOLDING
+        c.granted_at = c.billed_until = now
+        self._s.counters["grants"] += 1
+        self._s.counters["wait_seconds_total_us"] += int((now - c.requested_at) * 1e6)
+        log.debug("grant gpu %s -> client %d (pid %d)", gpu.facts.uuid, c.id, c.ident.pid)
+        return self.grant_message(c, c.request_seq)
+
+    def _drop(self, c: Client, now: float, why: str) -> act.Drop:
+        self._bill(c, now)
+        c.phase = Phase.DRAINING
+        self._s.counters[f"drops_{why}"] += 1
+        log.debug("drop client %d (pid %d): %s", c.id, c.ident.pid, why)
+        return act.Drop(c.id)
+
+    def _bill(self, c: Client, now: float) -> None:
+        settings = self._s.policy.scheduler
+        if c.quota is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
+            c.quota.roll(c.billed_until, settings)
+            c.quota.bill(now - c.billed_until, tail=c.phase is Phase.DRAINING, settings=settings)
+        c.billed_until = now
+
+    # ------------------------------------------------------------ deadlines
+
+    def next_deadline(self, now: float) -> float | None:
+        """When the lock must be looked at again: a quantum or a quota running out, or a
+        waiting client's next quota window."""
+        times = [t for gpu in self._s.gpus.values() for t in self._deadlines(gpu, now)]
+        return min(times) if times else None
+
+    def _deadlines(self, gpu: Gpu, now: float) -> list[float]:
+        settings = self._s.policy.scheduler
+        waiters = [self._s.clients[q] for q in gpu.queue]
+        holding = [self._s.clients[h] for h in gpu.holders]
+        times = [
+            w.quota.next_window(settings)
+            for w in waiters
+            if w.quota is not None and not self._eligible(w, now)
+        ]
+        eligible_waiting = any(w.quota is None or self._eligible(w, now) for w in waiters)
+        if eligible_waiting and self._s.gpu_mode(gpu.facts.uuid) is not Mode.OFF:
+            active = [h for h in holding if h.phase is Phase.HOLDING]
+            if active and all(h.phase is not Phase.DRAINING for h in holding):
+                oldest = min(h.granted_at for h in active)
+                times.append(oldest + self._s.time_quantum(gpu.facts.uuid))
+        for h in holding:
+            if h.quota is not None and h.phase is Phase.HOLDING:
+                # A grant lasts at least one sample interval, so a tiny budget cannot
+                # turn into grant/drop ping-pong; otherwise the deadline is exact.
+                left = max(0.0, h.quota.remaining_s(settings))
+                times.append(
+                    max(h.billed_until + left, h.granted_at + settings.quota_sample_interval_s)
+                )
+        return times

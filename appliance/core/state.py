@@ -1,0 +1,185 @@
+"""What the core knows, each fact once: clients, GPUs, pods, nvsharectl's overrides, counters.
+
+Plain data and the reads every part of the core shares (a GPU's mode, time quantum and size
+after policy and overrides; a client's pod, ledger subject and limits). Each part of the core
+changes only what its job owns: `lock` the queues and phases, `ledger` the reservations,
+`admin` the overrides, `annotations.PodTable` the pods; `node.NodeCore` is the only way in.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from appliance.core.annotations import PodInfo, PodTable
+from appliance.core.events import LimitTarget
+from appliance.core.gpus import GpuFacts
+from appliance.core.identity import ClientIdentity
+from appliance.core.limits import EffectiveLimits, HookLimits, gpu_settings, resolve_limits
+from appliance.core.quota import QuotaAccount
+from appliance.policy.model import Limits, Mode, Policy
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    DRAINING = "draining"  # told to drop, still synchronising
+
+
+_UNSET = HookLimits(memory_bytes=None, core_percent=100, mode=Mode.ON)  # until registered
+
+
+@dataclass(slots=True)
+class Client:
+    id: int
+    ident: ClientIdentity
+    gpu: str
+    env_memory: int
+    env_core: int
+    limits: EffectiveLimits = EffectiveLimits(None, 100, False)
+    enforced: HookLimits = _UNSET  # what its hook was last told
+    phase: Phase = Phase.IDLE
+    request_seq: int = 0
+    requested_at: float = 0.0
+    granted_at: float = 0.0
+    billed_until: float = 0.0
+    reserved: int = 0
+    used: int = 0
+    quota: QuotaAccount | None = None
+    requeue: bool = False  # asked for the lock again while draining
+    pod_source: str = ""  # "cgroup", "claimed" or ""
+    peers_told: int = 1  # processes on its ledger, as the hook last heard it
+    nvml_used: int | None = None  # what NVML last showed its process holding
+    nvml_told: int | None = None
+
+    @property
+    def footprint(self) -> int:
+        return max(self.used, self.reserved)
+
+    @property
+    def gated(self) -> bool:
+        return self.enforced.mode is not Mode.OFF
+
+
+@dataclass(slots=True)
+class Gpu:
+    facts: GpuFacts
+    queue: deque[int] = field(default_factory=deque)
+    holders: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Overrides:
+    """What nvsharectl set over the policy; `admin` changes it, a scheduling policy reload
+    clears the time quantum and modes."""
+
+    time_quantum_s: float | None = None
+    modes: dict[str, Mode] = field(default_factory=dict)  # "" = every GPU
+    limits: dict[LimitTarget, Limits] = field(default_factory=dict)
+
+    def limits_for(self, pid: int, pod: PodInfo | None) -> Limits | None:
+        """The override of a process, of its pod, or both merged (the process's wins)."""
+        by_pid = self.limits.get(LimitTarget.pid(pid))
+        by_pod = self.limits.get(LimitTarget.pod_of(pod)) if pod else None
+        if by_pid and by_pod:
+            return Limits(
+                memory_bytes=by_pid.memory_bytes or by_pod.memory_bytes,
+                core_percent=by_pid.core_percent or by_pod.core_percent,
+            )
+        return by_pid or by_pod
+
+
+@dataclass(slots=True)
+class NodeState:
+    policy: Policy
+    inventory: dict[str, GpuFacts] = field(default_factory=dict)
+    watching_pods: bool = False  # without a pod watch, claimed pod names mean nothing
+    clients: dict[int, Client] = field(default_factory=dict)
+    gpus: dict[str, Gpu] = field(default_factory=dict)
+    pods: PodTable = field(default_factory=PodTable)
+    overrides: Overrides = field(default_factory=Overrides)
+    counters: Counter[str] = field(default_factory=Counter)
+
+    # ------------------------------------------------------------------ GPUs
+
+    def facts(self, uuid: str) -> GpuFacts:
+        gpu = self.gpus.get(uuid)
+        if gpu is not None:
+            return gpu.facts
+        return self.inventory.get(uuid, GpuFacts(uuid=uuid))
+
+    def gpu_mode(self, uuid: str) -> Mode:
+        modes = self.overrides.modes
+        override = modes.get(uuid) or modes.get("")
+        return override or gpu_settings(self.policy, self.facts(uuid))[0]
+
+    def time_quantum(self, uuid: str) -> float:
+        tq = self.overrides.time_quantum_s
+        return tq or gpu_settings(self.policy, self.facts(uuid))[1]
+
+    def gpu_memory(self, uuid: str) -> int:
+        return gpu_settings(self.policy, self.facts(uuid))[2]
+
+    # --------------------------------------------------------------- clients
+
+    def pod_label(self, c: Client) -> str:
+        pod, source = self.pods.pod_of(c.ident)
+        if pod is None:
+            return "-"
+        return f"{pod.namespace}/{pod.name}" + (" (claimed)" if source == "claimed" else "")
+
+    def subject(self, c: Client) -> str:
+        """Whose ledger a client draws on: its pod (by kernel identity, else as claimed)."""
+        pod, _ = self.pods.pod_of(c.ident)
+        if pod is not None:
+            return f"pod:{pod.uid}"
+        if c.ident.pod_uid:
+            return f"pod:{c.ident.pod_uid}"
+        return f"pid:{c.ident.pid}"
+
+    def reached(self, target: LimitTarget) -> list[Client]:
+        """The connected clients a limit override of `target` applies to."""
+        if target.kind == "pid":
+            return [c for c in self.clients.values() if str(c.ident.pid) == target.name]
+        reached = []
+        for c in self.clients.values():
+            pod, _ = self.pods.pod_of(c.ident)
+            if pod is not None and LimitTarget.pod_of(pod) == target:
+                reached.append(c)
+        return reached
+
+    def resolve(self, c: Client, *, with_env: bool) -> EffectiveLimits:
+        pod, _ = self.pods.pod_of(c.ident)
+        return resolve_limits(
+            policy=self.policy,
+            ident=c.ident,
+            gpu=self.facts(c.gpu),
+            pod=pod,
+            annotations=self.pods.overrides_of(pod),
+            admin=self.overrides.limits_for(c.ident.pid, pod),
+            env_memory_bytes=c.env_memory if with_env else 0,
+            env_core_percent=c.env_core if with_env else 0,
+        )
+
+    def enforced(self, c: Client) -> HookLimits:
+        """What c's hook must enforce: its limits, whether it is gated, how memory is backed.
+
+        A GPU in mode off gates nobody, except clients with a compute quota: their quota is
+        kept by the lock, so they are gated as in mode on.
+        """
+        mode = self.gpu_mode(c.gpu)
+        quota = c.limits.core_percent < 100
+        if c.limits.exempt or (mode is Mode.OFF and not quota):
+            mode = Mode.OFF
+        elif mode is Mode.OFF:
+            mode = Mode.ON
+        memory = self.policy.memory
+        return HookLimits(
+            memory_bytes=c.limits.memory_bytes,
+            core_percent=c.limits.core_percent,
+            mode=mode,
+            backing=memory.backing,
+            single_process_oversubscription=memory.single_process_oversubscription,
+        )
