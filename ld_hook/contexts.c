@@ -48,8 +48,12 @@ void nvs_ctx_note(CUcontext ctx, int dev, enum nvs_ctx_kind kind)
         reg.list = list;
         reg.cap = cap;
     }
-    if (i == reg.n) reg.n++;
-    reg.list[i] = (struct ctx_entry){.ctx = ctx, .dev = dev, .kind = kind};
+    if (i == reg.n) {
+        reg.n++;
+        reg.list[i] = (struct ctx_entry){.ctx = ctx, .dev = dev, .kind = kind};
+    } else if (kind != NVS_CTX_PLAIN) {
+        reg.list[i].kind = kind; /* made current later: still primary (or green) */
+    }
     nvs_unlock(&reg.mu);
 }
 

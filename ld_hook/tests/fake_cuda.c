@@ -51,8 +51,11 @@ struct fake_green {
 
 static struct fake_stream *streams[MAX_STREAMS];
 static int nstreams;
+static struct fake_green *greens[FAKE_MAX_CTX]; /* kept, like the contexts they hold */
+static int ngreens;
 
-static __thread struct fake_ctx *ctx_stack[16];
+#define CTX_STACK 64
+static __thread struct fake_ctx *ctx_stack[CTX_STACK];
 static __thread int ctx_depth;
 static __thread int capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
@@ -200,7 +203,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned flags, CUdevice d)
     if (!fake_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
     struct fake_ctx *c = new_ctx(d);
-    if (ctx_depth < 16) ctx_stack[ctx_depth++] = c;
+    if (ctx_depth < CTX_STACK) ctx_stack[ctx_depth++] = c;
     *ctx = (CUcontext)c;
     return CUDA_SUCCESS;
 }
@@ -263,7 +266,7 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
     if (!fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (ctx_depth >= 16) return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_depth >= CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
     ctx_stack[ctx_depth++] = c;
     return CUDA_SUCCESS;
 }
@@ -353,6 +356,9 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUde
     struct fake_green *g = calloc(1, sizeof *g);
     g->magic = GREEN_MAGIC;
     g->ctx = new_ctx(d);
+    pthread_mutex_lock(&dev.mu);
+    if (ngreens < FAKE_MAX_CTX) greens[ngreens++] = g;
+    pthread_mutex_unlock(&dev.mu);
     *green = (CUgreenCtx)g;
     return CUDA_SUCCESS;
 }

@@ -326,6 +326,15 @@ static int context_case(const char *cmd, unsigned long long x, unsigned long lon
         CUcontext ctx;
         r = cuCtxCreate_v2(&ctx, 0, (CUdevice)x);
         reply(r, "ok %llu\n", r ? 0 : keep('C', (uint64_t)(uintptr_t)ctx, 0));
+    } else if (strcmp(cmd, "ctx_stream") == 0) { /* ctx_stream CONTEXT -> a stream in it */
+        CUcontext popped;
+        CUstream s = NULL;
+        r = handle_of(x, 'C', &v) ? cuCtxPushCurrent_v2((CUcontext)(uintptr_t)v) : CUDA_ERROR_INVALID_VALUE;
+        if (!r) {
+            r = cuStreamCreate(&s, 0);
+            cuCtxPopCurrent_v2(&popped);
+        }
+        reply(r, "ok %llu\n", r ? 0 : keep('S', (uint64_t)(uintptr_t)s, 0));
     } else if (strcmp(cmd, "ctx_destroy") == 0) {
         r = handle_of(x, 'C', &v) ? cuCtxDestroy_v2((CUcontext)(uintptr_t)v) : CUDA_ERROR_INVALID_VALUE;
         reply(r, "ok\n", 0);

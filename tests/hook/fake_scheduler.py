@@ -1,9 +1,9 @@
 """A small scripted stand-in for the node scheduler, speaking ld_hook/nvshare_proto.h.
 
 It exists so the hook's side of the protocol (registration, lock grant/drop/release, chunked
-memory reservations, limit updates, daemon death) can be tested exactly and quickly, with every
-frame the hook sends recorded for assertions. The real daemon is tested against the hook in
-test_with_daemon.py.
+memory reservations, limit updates, daemon death, a daemon that stops answering, malformed
+frames) can be tested exactly and quickly, with every frame the hook sends recorded for
+assertions. The real daemon is tested against the hook in test_with_daemon.py.
 """
 
 from __future__ import annotations
@@ -87,12 +87,16 @@ class FakeScheduler:
         tq_s: float = 0.0,
         chunk: int = 64 << 20,
         pod_limit: int = 0,
+        auto_grant: bool = True,
     ) -> None:
         self.path = os.path.join(socket_dir, "scheduler.sock")
         self.limits = limits
         self.tq_s = tq_s
         self.chunk = chunk
         self.pod_limit = pod_limit
+        self.auto_grant = auto_grant  # False: requests wait for grant_waiting()
+        self.silent = threading.Event()  # set: read nothing, answer nothing (a hung daemon)
+        self.grant_reserved_extra = 0  # added to the absolute reservation a MEM_GRANT reports
         self.mu = threading.Condition()
         self.clients: list[Client] = []
         self.events: list[tuple[int, int, tuple[int, ...]]] = []  # (client_id, type, fields)
@@ -127,6 +131,20 @@ class FakeScheduler:
     def total_reserved(self) -> int:
         with self.mu:
             return sum(c.reserved for c in self.clients)
+
+    def grant_waiting(self) -> None:
+        """With auto_grant=False: grant the lock to the first client waiting for it."""
+        with self.mu:
+            if self.holder is None and self.queue:
+                self._next_holder(force=True)
+
+    def send_raw(self, type_: int, body: bytes, *, seq: int = 0, version: int = 1) -> None:
+        """A frame to every client, as given: for testing how the hook treats bad ones."""
+        with self.mu:
+            clients = list(self.clients)
+        for c in clients:
+            with c.send_lock:
+                c.conn.sendall(HEADER.pack(MAGIC, version, type_, 0, len(body), seq) + body)
 
     def push_limits(self, limits: Limits) -> None:
         with self.mu:
@@ -175,6 +193,8 @@ class FakeScheduler:
 
     def _serve(self, c: Client) -> None:
         while True:
+            while self.silent.is_set() and not self._stopping:
+                time.sleep(0.01)
             head = _recv_exact(c.conn, HEADER.size)
             if head is None:
                 break
@@ -201,7 +221,7 @@ class FakeScheduler:
                 c.send(REGISTERED, seq, struct.pack("<Q", c.client_id) + self.limits.pack())
             elif type_ == LOCK_REQUEST:
                 self._record(c, type_)
-                if self.limits.mode == MODE_OFF or self.holder is None:
+                if self.limits.mode == MODE_OFF or (self.holder is None and self.auto_grant):
                     self._grant(c, seq)
                 else:
                     self.queue.append(c)
@@ -217,7 +237,7 @@ class FakeScheduler:
                 others = sum(x.reserved for x in self.clients if x is not c)
                 room = self.pod_limit - others - c.reserved if self.pod_limit else 1 << 62
                 granted = min(max(want, self.chunk), room) if room >= want else 0
-                c.reserved += granted
+                c.reserved += granted + (self.grant_reserved_extra if granted else 0)
                 self._record(c, type_, (want, used, granted))
                 c.send(MEM_GRANT, seq, struct.pack("<QQ", granted, c.reserved))
             elif type_ == HEARTBEAT:
@@ -240,9 +260,9 @@ class FakeScheduler:
         self._record(c, LOCK_GRANT)
         c.send(LOCK_GRANT, seq, struct.pack("<II", int(self.tq_s * 1000), 0))
 
-    def _next_holder(self) -> None:
+    def _next_holder(self, *, force: bool = False) -> None:
         self.holder = None
-        if self.queue:
+        if self.queue and (self.auto_grant or force):
             nxt = self.queue.pop(0)
             self._grant(nxt, nxt.pending_seq)
 
