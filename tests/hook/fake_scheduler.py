@@ -193,8 +193,6 @@ class FakeScheduler:
 
     def _serve(self, c: Client) -> None:
         while True:
-            while self.silent.is_set() and not self._stopping:
-                time.sleep(0.01)
             head = _recv_exact(c.conn, HEADER.size)
             if head is None:
                 break
@@ -202,6 +200,8 @@ class FakeScheduler:
             body = _recv_exact(c.conn, length) if length else b""
             if magic != MAGIC or body is None:
                 break
+            while self.silent.is_set() and not self._stopping:
+                time.sleep(0.01)  # hung: what arrived now is answered only after it wakes
             self._handle(c, type_, seq, body)
         self._gone(c)
 

@@ -212,3 +212,43 @@ def test_mode_auto_runs_together_only_while_memory_fits(
     run_pair(plain, start_probe, str(d.socket_dir), trace, 1500, (f"alloc mem {each_mib * MiB}",))
     a, b = intervals(trace).values()
     assert (overlaps(a, b) > 0) is together
+
+
+def test_a_stopped_daemon_is_treated_as_gone_until_it_continues(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # A quantum of an hour: only the daemon's silence can let the waiter run.
+    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1h}\n")
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_DAEMON_TIMEOUT_MS="500",
+        NVSHARE_IDLE_RELEASE_MS="3600000",
+    )
+    holder, waiter = start_probe(plain, env), start_probe(plain, env)
+    holder.ok("init")
+    holder.ok("launch 1")
+    waiter.ok("init")
+    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
+    waiter.proc.stdin.write("launch 1\n")  # blocks at the gate
+    waiter.proc.stdin.flush()
+    time.sleep(0.2)
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        assert waiter.proc.stdout.readline().strip() == "ok"  # the hung daemon no longer gates it
+        holder.ok(f"alloc mem {256 * MiB}")  # a reservation nobody answers: decided locally
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+
+    def registered() -> set[int]:
+        with ControlClient(d.socket_dir) as c:
+            return {int(x["pid"]) for x in c.request(StatusRequest()).doc["clients"]}
+
+    deadline = time.monotonic() + 20
+    while registered() != {holder.proc.pid, waiter.proc.pid}:  # both came back on their own
+        assert time.monotonic() < deadline, f"registered: {registered()}"
+        time.sleep(0.1)
+    for p in (holder, waiter):
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        assert err.count("nvshare: ") == 1
+        assert "stopped answering" in err or "did not answer a memory reservation" in err
