@@ -79,9 +79,7 @@ def test_a_capture_that_outlives_the_quantum_is_handed_over_undrained(
         sched.stop()
 
 
-def test_recording_into_a_capture_needs_no_lock(
-    plain: Variant, start_probe, sock_dir: str
-) -> None:
+def test_recording_into_a_capture_needs_no_lock(plain: Variant, start_probe, sock_dir: str) -> None:
     sched = fs.FakeScheduler(sock_dir, auto_grant=False)
     try:
         env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="20")
