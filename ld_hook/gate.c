@@ -255,12 +255,19 @@ static void release(struct nvs_gpu *g)
     if (close_for_release(g, deadline) != 0) return;
     heavy_barrier();
     wait_inflight(g);
-    if (nvs_capture_fence(g) == 0) {
-        nvs_ctx_sync_gpu(g);
-        nvs_capture_unfence(g);
-    } else {
-        report_undrained(g, bound_ms);
-        reason = NVS_RELEASE_UNDRAINED;
+    /* A capture may have begun since the gate closed (recording passes it): wait for it too. */
+    for (;;) {
+        if (nvs_capture_fence(g) == 0) {
+            nvs_ctx_sync_gpu(g);
+            nvs_capture_unfence(g);
+            break;
+        }
+        if (nvs_now_ns() >= deadline) {
+            report_undrained(g, bound_ms);
+            reason = NVS_RELEASE_UNDRAINED;
+            break;
+        }
+        nvs_capture_wait_idle(g, deadline);
     }
     nvs_lock(&gt->mu);
     int sent = 0;

@@ -81,6 +81,7 @@ static int64_t settle_pool(CUmemoryPool pool)
 
 static void settle_graph(struct nvs_gpu *g)
 {
+    if (g == NULL) return;
     cuuint64_t reserved = 0;
     if (NVS_CALL(cuDeviceGetGraphMemAttribute,
                  (g->index, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved)) != CUDA_SUCCESS)
@@ -235,6 +236,16 @@ NVS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     CUresult r = NVS_CALL(cuMemPoolTrimTo, (pool, keep));
     settle_pool(pool);
+    return r;
+}
+
+/* A destroyed executable's memory goes back to the device's graph pool (trimmed later). */
+NVS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    struct nvs_alloc seen;
+    int known = nvs_allocmap_take((uint64_t)(uintptr_t)exec, NVS_KIND_GRAPH, &seen);
+    CUresult r = NVS_CALL(cuGraphExecDestroy, (exec));
+    if (known) settle_graph(nvs_gpu_at(seen.gpu));
     return r;
 }
 

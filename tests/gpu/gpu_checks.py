@@ -31,6 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from appliance import protocol as p  # noqa: E402
 from appliance.client import ControlClient  # noqa: E402
+from appliance.core.scheduler import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
+
+MiB = 1 << 20
+# An earlier commit's hook, built the same way, for side-by-side numbers (optional).
+BEFORE_HOOK = os.environ.get("NVSHARE_GPU_BEFORE_HOOK", "")
 
 
 def check(name: str, ok: bool, detail: str = "") -> bool:
@@ -74,11 +79,11 @@ class Daemon:
                 raise RuntimeError("daemon did not start:\n" + self.log.read_text())
             time.sleep(0.05)
 
-    def env(self, **extra: str) -> dict[str, str]:
+    def env(self, hook: Path | str = HOOK, **extra: str) -> dict[str, str]:
         return {
             **os.environ,
             "NVSHARE_SOCKET_DIR": str(self.sock_dir),
-            "LD_PRELOAD": str(HOOK),
+            "LD_PRELOAD": str(hook),
             **extra,
         }
 
@@ -311,24 +316,30 @@ def auto_mode() -> None:
 def launch_bound() -> None:
     prog = str(PROGRAMS)
     d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
-    native, hooked = [], []
+    native, hooked, before = [], [], []
     try:
         for _ in range(7):  # alternate, so drift in the machine hits both alike
             native.append(float(run([prog, "launch", "20000"]).split()[1]))
             hooked.append(float(run([prog, "launch", "20000"], env=d.env()).split()[1]))
+            if BEFORE_HOOK:
+                env = d.env(hook=BEFORE_HOOK)
+                before.append(float(run([prog, "launch", "20000"], env=env).split()[1]))
     finally:
         log = d.stop()
     n, h = statistics.median(native), statistics.median(hooked)
     RESULTS["launch_bound"] = {
         "native_us": native,
         "hooked_us": hooked,
+        "before_hook_us": before,
         "ratio": h / n,
         "grants": log.count("grant gpu"),
     }
+    then = f"; the earlier hook {statistics.median(before):.3f} us" if before else ""
     check(
         "c. launch-bound loop, hooked vs native (benchmark)",
         log.count("grant gpu") >= 1,
-        f"native {n:.3f} us, hooked {h:.3f} us per launch, ratio {h / n:.3f}x (target <= 1.01x)",
+        f"native {n:.3f} us, hooked {h:.3f} us per launch, ratio {h / n:.3f}x (target <= 1.01x)"
+        + then,
     )
 
 
@@ -569,6 +580,174 @@ def makespan(steps: int) -> None:
         f"solo {solo['seconds']:.2f} s; free-running {free_ms:.2f} s (jobs "
         f"{free_jobs[0]:.2f}, {free_jobs[1]:.2f}); mode on TQ30 {on_ms:.2f} s (jobs "
         f"{on_jobs[0]:.2f}, {on_jobs[1]:.2f}); ratio {on_ms / free_ms:.3f}",
+    )
+
+
+def program(args: list[str], env: dict[str, str]) -> dict[str, str]:
+    """A programs.cu check: its "key value..." lines as a dict."""
+    out = run([str(PROGRAMS), *args], env=env)
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def held_memory() -> None:
+    """NCCL's VMM pattern, RMM's pool, a captured graph's memory: all counted under 1Gi."""
+    d = Daemon("defaults: {memoryLimit: 1Gi}")
+    try:
+        vmm = program(["vmm", str(GiB)], d.env())
+        pool = program(["pool", str(768 * MiB)], d.env())
+        graph = program(["graph_mem", str(640 * MiB)], d.env())
+        native_vmm = program(["vmm", str(GiB)], {**os.environ, "LD_PRELOAD": ""})
+    finally:
+        d.stop()
+    RESULTS["held_memory"] = {"vmm": vmm, "vmm_native": native_vmm, "pool": pool, "graph": graph}
+    bound = GiB + CONTEXT_ALLOWANCE_BYTES
+    check(
+        "memory: VMM handles released while still mapped stay counted (NCCL, CUDA samples)",
+        vmm["vmm_mapped"].startswith("4 ")
+        and vmm["vmm_refusal"] == "2"
+        and vmm["vmm_created_while_retained"] == "3"
+        and vmm["vmm_created_after_release"] == "1"
+        and int(vmm["vmm_nvml_used"]) <= bound,
+        f"hooked: {vmm}; native (no hook): mapped {native_vmm.get('vmm_mapped')}, NVML "
+        f"{int(native_vmm.get('vmm_nvml_used', 0)) >> 20} MiB",
+    )
+    check(
+        "memory: a pool with release threshold max is charged for what it keeps (RMM, TensorRT)",
+        pool["pool_first"] == "ok"
+        and pool["pool_then_malloc"] == "oom"
+        and pool["pool_reuse"] == "ok"
+        and pool["pool_trimmed_then_malloc"] == "ok"
+        and int(pool["pool_nvml_used"]) <= bound,
+        json.dumps(pool),
+    )
+    check(
+        "memory: a graph's memory counts from its launch, not its capture",
+        int(graph["graph_free_after_capture"]) == GiB
+        and int(graph["graph_free_after_launch"]) <= GiB - 640 * MiB
+        and graph["graph_then_malloc"] == "oom"
+        and graph["graph_trimmed_then_malloc"] == "ok"
+        and int(graph["graph_nvml_used"]) <= bound,
+        json.dumps(graph),
+    )
+
+
+class NvmlWatch:
+    """Samples what NVML shows each of `pids` holding, every 100 ms, keeping the maximum."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.pids: set[int] = set()
+        self.peak: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        while not self._stop.wait(0.1):
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid in self.pids and proc.usedGpuMemory is not None:
+                    self.peak[proc.pid] = max(self.peak.get(proc.pid, 0), proc.usedGpuMemory)
+
+    def stop(self) -> dict[int, int]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.peak
+
+
+def against_a_competitor(job: list[str], seconds: float, hook: Path | str = HOOK) -> dict[str, Any]:
+    """`job` while a compute-bound PyTorch process competes, mode on, TQ 1 s, limit 2Gi."""
+    d = Daemon("scheduler: {mode: 'on', timeQuantum: 1s}\ndefaults: {memoryLimit: 2Gi}")
+    watch = NvmlWatch()
+    try:
+        burn = subprocess.Popen(
+            [sys.executable, str(WORKER), "burn", str(seconds), str(d.tmp / "burn.json")],
+            env=d.env(hook=hook),
+        )
+        proc = subprocess.Popen(job, env=d.env(hook=hook), stdout=subprocess.PIPE, text=True)
+        watch.pids |= {burn.pid, proc.pid}
+        out, _ = proc.communicate(timeout=420)
+        burn.wait(120)
+    finally:
+        peak = watch.stop()
+        log = d.stop()
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    try:
+        doc: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, ValueError):  # a C program's "key value" line
+        fields = lines[-1].split() if lines else []
+        doc = dict(zip(fields[::2], fields[1::2], strict=False))
+    doc.update(
+        exit=proc.returncode,
+        drops=log.count("drop client"),
+        nvml_peak_mib={str(k): v >> 20 for k, v in peak.items()},
+    )
+    return doc
+
+
+def captures_under_drops() -> None:
+    """Graph captures while the lock moves every second: none may fail."""
+    bound_mib = (2 * GiB + CONTEXT_ALLOWANCE_BYTES) >> 20
+    runs = {
+        "cuda_c": against_a_competitor([str(PROGRAMS), "capture_loop", "20"], 22),
+        "torch_graph": against_a_competitor([sys.executable, str(WORKER), "graphs", "20"], 30),
+        "torch_compile": against_a_competitor([sys.executable, str(WORKER), "compiled", "15"], 75),
+    }
+    if BEFORE_HOOK:
+        runs["cuda_c_before"] = against_a_competitor(
+            [str(PROGRAMS), "capture_loop", "15"], 17, hook=BEFORE_HOOK
+        )
+    d = Daemon("defaults: {memoryLimit: 2Gi}")
+    try:
+        runs["context_overhead"] = json.loads(
+            run([sys.executable, str(WORKER), "overhead"], env=d.env())
+        )
+    finally:
+        d.stop()
+    RESULTS["captures_under_drops"] = runs
+    c = runs["cuda_c"]
+    check(
+        "capture: CUDA C graph captures (global mode) while another job competes, TQ 1 s",
+        c["exit"] == 0
+        and c.get("failures") == "0"
+        and int(c.get("captures", 0)) > 0
+        and c["drops"] > 0,
+        f"{c.get('captures')} captures, {c.get('failures')} failures, {c['drops']} drops"
+        + (
+            f"; the earlier hook: {runs['cuda_c_before'].get('failures')} failures of "
+            f"{runs['cuda_c_before'].get('captures')} ({runs['cuda_c_before'].get('first_error')})"
+            if "cuda_c_before" in runs
+            else ""
+        ),
+    )
+    for key, label, unit in (
+        ("torch_graph", "repeated torch.cuda.graph captures", "captures"),
+        ("torch_compile", 'torch.compile(mode="reduce-overhead")', "calls"),
+    ):
+        r = runs[key]
+        check(
+            f"capture: PyTorch {label} while another job competes, TQ 1 s: 0 failures",
+            r["exit"] == 0 and r.get("failures") == 0 and r.get(unit, 0) > 0 and r["drops"] > 0,
+            f"{r.get(unit)} {unit}, {r.get('failures')} failures {r.get('first_error')}, "
+            f"{r['drops']} drops"
+            + (f", compiled in {r['compile_seconds']:.1f} s" if "compile_seconds" in r else ""),
+        )
+    peaks = {
+        f"{key}:{pid}": mib
+        for key in ("cuda_c", "torch_graph", "torch_compile")
+        for pid, mib in runs[key]["nvml_peak_mib"].items()
+    }
+    over = runs["context_overhead"]
+    check(
+        "memory: NVML per-process usage never above the limit plus the context allowance",
+        bool(peaks) and max(peaks.values()) <= bound_mib,
+        f"peaks (MiB) {peaks}; limit 2048 MiB + allowance {CONTEXT_ALLOWANCE_BYTES >> 20} MiB = "
+        f"{bound_mib} MiB; a PyTorch process with one tensor: NVML "
+        f"{(over.get('nvml_used') or 0) >> 20} MiB",
     )
 
 
@@ -835,6 +1014,8 @@ def main() -> int:
         "kube",
         "realtime",
         "makespan",
+        "held",
+        "captures",
     ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
@@ -850,6 +1031,8 @@ def main() -> int:
         "kube": kube_annotations,
         "realtime": realtime_extender,
         "makespan": lambda: makespan(steps),
+        "held": held_memory,
+        "captures": captures_under_drops,
     }
     for name in only:
         t0 = time.monotonic()

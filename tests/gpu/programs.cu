@@ -4,7 +4,19 @@
 //   programs free_live N         cudaFree cost with N live allocations
 //   programs alloc_paths BYTES   try cudaMallocAsync, an explicit pool and cudaMallocArray
 //                                of BYTES each; prints "path ok|oom|error(<name>)"
+//   programs vmm BYTES           NCCL's pattern: 256 MiB VMM handles mapped and released at once,
+//                                up to BYTES; then a retained handle, unmapping, and again
+//   programs pool BYTES          a pool with release threshold max (RMM, TensorRT): BYTES
+//                                allocated and freed async, then cudaMalloc of BYTES; then trimmed
+//   programs graph_mem BYTES     a graph capturing a BYTES cudaMallocAsync: charged at launch
+//   programs capture_loop S      S seconds of graph captures (global mode, with kernels and
+//                                stream-ordered allocations), each instantiated and launched
+// Every line is "key value..."; every check also prints this process's NVML usage.
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <nvml.h>
+#include <stdint.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +137,189 @@ static void alloc_paths(size_t bytes) {
     printf("cudaMemGetInfo free %zu total %zu\n", free_b, total_b);
 }
 
+static unsigned long long nvml_self(void) {
+    // what NVML shows this process holding on GPU 0 (not through the hook: NVML's own view)
+    static int ready = 0;
+    if (!ready) ready = nvmlInit_v2() == NVML_SUCCESS ? 1 : -1;
+    if (ready < 0) return 0;
+    nvmlDevice_t dev;
+    nvmlProcessInfo_t procs[64];
+    unsigned int n = 64;
+    if (nvmlDeviceGetHandleByIndex_v2(0, &dev) != NVML_SUCCESS) return 0;
+    if (nvmlDeviceGetComputeRunningProcesses(dev, &n, procs) != NVML_SUCCESS) return 0;
+    for (unsigned int i = 0; i < n; i++)
+        if (procs[i].pid == (unsigned int)getpid()) return procs[i].usedGpuMemory;
+    return 0;
+}
+
+static void vmm_check(size_t limit) {
+    CHECK(cudaFree(0));
+    CUdevice dev;
+    cuCtxGetDevice(&dev);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    const size_t chunk = 256ull << 20;
+    enum { MAX = 64 };
+    CUdeviceptr va[MAX];
+    int mapped = 0;
+    CUresult refused = CUDA_SUCCESS;
+    size_t want = limit * 4 / chunk;  // try four times the limit, as a framework would
+    if (want > MAX) want = MAX;
+    for (size_t i = 0; i < want; i++) {
+        CUmemGenericAllocationHandle h;
+        CUresult r = cuMemCreate(&h, chunk, &prop, 0);
+        if (r != CUDA_SUCCESS) { refused = r; break; }
+        (cuMemAddressReserve(&va[i], chunk, 0, 0, 0));
+        (cuMemMap(va[i], chunk, 0, h, 0));
+        CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        (cuMemSetAccess(va[i], chunk, &access, 1));
+        (cuMemRelease(h));  // released while mapped: the memory stays in use
+        CHECK(cudaMemset((void *)va[i], 1, chunk));
+        mapped++;
+    }
+    CHECK(cudaDeviceSynchronize());
+    printf("vmm_mapped %d of %zu\n", mapped, want);
+    printf("vmm_refusal %d\n", (int)refused);
+    printf("vmm_nvml_used %llu\n", nvml_self());
+    CUmemGenericAllocationHandle again;  // a second reference to the first handle, as NCCL takes
+    CUresult r = mapped ? cuMemRetainAllocationHandle(&again, (void *)va[0]) : CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < mapped; i++) {
+        cuMemUnmap(va[i], chunk);
+        cuMemAddressFree(va[i], chunk);
+    }
+    CUmemGenericAllocationHandle hs[MAX];
+    int fresh = 0;  // handle 0 is still retained: one chunk fewer fits
+    while (fresh < MAX && cuMemCreate(&hs[fresh], chunk, &prop, 0) == CUDA_SUCCESS) fresh++;
+    printf("vmm_retain %d\n", (int)r);
+    printf("vmm_created_while_retained %d\n", fresh);
+    if (r == CUDA_SUCCESS) cuMemRelease(again);
+    int more = 0;
+    while (fresh + more < MAX && cuMemCreate(&hs[fresh + more], chunk, &prop, 0) == CUDA_SUCCESS) more++;
+    printf("vmm_created_after_release %d\n", more);
+    for (int i = 0; i < fresh + more; i++) cuMemRelease(hs[i]);
+}
+
+static void pool_check(size_t bytes) {
+    CHECK(cudaFree(0));
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    cudaMemPool_t pool;
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t max = UINT64_MAX;
+    CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &max));
+    void *p = NULL;
+    cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool, s);
+    if (e == cudaSuccess) CHECK(cudaFreeAsync(p, s));
+    CHECK(cudaStreamSynchronize(s));
+    uint64_t reserved = 0;
+    CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    printf("pool_first %s\n", verdict(e));
+    printf("pool_reserved_after_free %llu\n", (unsigned long long)reserved);
+    printf("pool_nvml_used %llu\n", nvml_self());
+    void *q = NULL;
+    e = cudaMalloc(&q, bytes);  // the pool still holds `bytes`: over the limit
+    if (e == cudaSuccess) CHECK(cudaFree(q));
+    cudaGetLastError();
+    printf("pool_then_malloc %s\n", verdict(e));
+    e = cudaMallocFromPoolAsync(&p, bytes, pool, s);  // served from what the pool keeps
+    if (e == cudaSuccess) CHECK(cudaFreeAsync(p, s));
+    CHECK(cudaStreamSynchronize(s));
+    cudaGetLastError();
+    printf("pool_reuse %s\n", verdict(e));
+    CHECK(cudaMemPoolTrimTo(pool, 0));
+    e = cudaMalloc(&q, bytes);
+    if (e == cudaSuccess) CHECK(cudaFree(q));
+    cudaGetLastError();
+    printf("pool_trimmed_then_malloc %s\n", verdict(e));
+    CHECK(cudaMemPoolDestroy(pool));
+}
+
+__global__ void touch_kernel(char *p, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i * 4096 % n] = 1;
+}
+
+static void graph_mem_check(size_t bytes) {
+    CHECK(cudaFree(0));
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    cudaGraph_t graph;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    void *p = NULL;
+    CHECK(cudaMallocAsync(&p, bytes, s));
+    touch_kernel<<<256, 256, 0, s>>>((char *)p, bytes);
+    CHECK(cudaFreeAsync(p, s));
+    CHECK(cudaStreamEndCapture(s, &graph));
+    size_t free_b, total_b;
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    printf("graph_free_after_capture %zu\n", free_b);
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    printf("graph_free_after_launch %zu\n", free_b);
+    printf("graph_nvml_used %llu\n", nvml_self());
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, bytes);
+    if (e == cudaSuccess) CHECK(cudaFree(q));
+    cudaGetLastError();
+    printf("graph_then_malloc %s\n", verdict(e));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaDeviceGraphMemTrim(0));
+    e = cudaMalloc(&q, bytes);
+    if (e == cudaSuccess) CHECK(cudaFree(q));
+    cudaGetLastError();
+    printf("graph_trimmed_then_malloc %s\n", verdict(e));
+}
+
+// Captures as vLLM makes them at start-up, for `seconds`: any failure is counted, none expected.
+static void capture_loop(double seconds) {
+    CHECK(cudaFree(0));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    long captures = 0, failures = 0;
+    char first[160] = "";
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        void *p = NULL;
+        if (e == cudaSuccess) e = cudaMallocAsync(&p, 8 << 20, s);
+        for (int k = 0; k < 50 && e == cudaSuccess; k++) {
+            touch_kernel<<<64, 128, 0, s>>>((char *)p, 8 << 20);
+            e = cudaGetLastError();
+        }
+        if (p != NULL) {
+            cudaError_t f = cudaFreeAsync(p, s);
+            if (e == cudaSuccess) e = f;
+        }
+        cudaError_t ended = cudaStreamEndCapture(s, &graph);
+        if (e == cudaSuccess) e = ended;
+        if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (e == cudaSuccess) e = cudaGraphLaunch(exec, s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+        captures++;
+        if (e != cudaSuccess) {
+            if (!failures++) snprintf(first, sizeof first, "%s", cudaGetErrorString(e));
+            cudaGetLastError();
+        }
+    }
+    printf("captures %ld failures %ld first_error %s\n", captures, failures, first[0] ? first : "-");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s launch|malloc|free_live|alloc_paths N\n", argv[0]);
@@ -135,6 +330,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "malloc")) malloc_bench(n);
     else if (!strcmp(argv[1], "free_live")) free_live_bench(n);
     else if (!strcmp(argv[1], "alloc_paths")) alloc_paths((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "vmm")) vmm_check((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "pool")) pool_check((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "graph_mem")) graph_mem_check((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "capture_loop")) capture_loop(atof(argv[2]));
     else { fprintf(stderr, "unknown mode %s\n", argv[1]); return 2; }
     return 0;
 }

@@ -13,6 +13,8 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-make -s -C ld_hook
-nvcc -O2 -arch=sm_90 -o /tmp/nvshare-programs tests/gpu/programs.cu
+make -s -j8 -C ld_hook build/libnvshare.so
+# the driver's libcuda.so / libnvidia-ml.so may lack their unversioned names: link the toolkit's stubs
+stubs="$(dirname "$(command -v nvcc)")/../lib64/stubs"
+nvcc -O2 -arch=sm_90 -o /tmp/nvshare-programs tests/gpu/programs.cu -L"$stubs" -lcuda -lnvidia-ml
 python3 tests/gpu/gpu_checks.py "$@"

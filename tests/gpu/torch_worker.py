@@ -8,6 +8,11 @@ torch_worker.py burn S OUT [D [HOLD]]
                                HOLD bytes of GPU memory; writes [t0, t1] busy intervals
 torch_worker.py work N         N fixed matmul steps; prints the wall time they took
 torch_worker.py rate S         matmuls completed in S seconds of wall time
+torch_worker.py graphs S       S seconds of torch.cuda.graph captures (a fresh graph each time,
+                               replayed once); prints captures and failures
+torch_worker.py compiled S     torch.compile(mode="reduce-overhead") on three batch sizes (its
+                               CUDA graphs), then S seconds of calls; prints calls and failures
+torch_worker.py overhead       what NVML shows this process holding with no tensor allocated
 """
 
 from __future__ import annotations
@@ -121,6 +126,88 @@ def work(steps: int) -> None:
     print(json.dumps({"seconds": end - t0, "begin": begin, "end": end}), flush=True)
 
 
+def small_model() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
+    ).cuda()
+
+
+def report(kind: str, count: int, failures: list[str], **extra: float) -> None:
+    print(
+        json.dumps({kind: count, "failures": len(failures), "first_error": failures[:1], **extra}),
+        flush=True,
+    )
+
+
+def graphs(seconds: float) -> None:
+    """Repeated captures, as vLLM does at start-up: any failure counts (none is expected)."""
+    model = small_model()
+    x = torch.randn(64, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture, as torch.cuda.graph asks
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    captures, failures = 0, []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = model(x)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.isfinite(y).all()
+            del g
+        except Exception as exc:  # counted, and the loop goes on
+            failures.append(f"{type(exc).__name__}: {exc}"[:300])
+        captures += 1
+    report("captures", captures, failures)
+
+
+def compiled(seconds: float) -> None:
+    t0 = time.monotonic()
+    model = torch.compile(small_model(), mode="reduce-overhead")
+    inputs = [torch.randn(n, 1024, device="cuda") for n in (16, 64, 256)]
+    calls, failures = 0, []
+    with torch.no_grad():
+        for x in inputs:  # compile and record each shape's CUDA graph
+            for _ in range(3):
+                model(x)
+        torch.cuda.synchronize()
+        compile_s = time.monotonic() - t0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for x in inputs:
+                try:
+                    y = model(x)
+                    torch.cuda.synchronize()
+                    assert torch.isfinite(y).all()
+                except Exception as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                calls += 1
+    report("calls", calls, failures, compile_seconds=compile_s)
+
+
+def overhead() -> None:
+    import os
+
+    import pynvml
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the context and the allocator exist; 2 MiB is charged
+    torch.cuda.synchronize()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    used = [
+        p.usedGpuMemory
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        if p.pid == os.getpid()
+    ]
+    print(json.dumps({"nvml_used": used[0] if used else None, "charged": 2 << 20}), flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "serve":
@@ -131,5 +218,11 @@ if __name__ == "__main__":
         work(int(sys.argv[2]))
     elif mode == "rate":
         rate(float(sys.argv[2]))
+    elif mode == "graphs":
+        graphs(float(sys.argv[2]))
+    elif mode == "compiled":
+        compiled(float(sys.argv[2]))
+    elif mode == "overhead":
+        overhead()
     else:
         sys.exit(f"unknown mode {mode}")
