@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -317,13 +318,17 @@ def launch_bound() -> None:
     prog = str(PROGRAMS)
     d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}")
     native, hooked, before = [], [], []
+    variants: list[tuple[list[float], dict[str, str] | None]] = [
+        (native, None),
+        (hooked, d.env()),
+    ]
+    if BEFORE_HOOK:
+        variants.append((before, d.env(hook=BEFORE_HOOK)))
+    order = random.Random(9)
     try:
-        for _ in range(7):  # alternate, so drift in the machine hits both alike
-            native.append(float(run([prog, "launch", "20000"]).split()[1]))
-            hooked.append(float(run([prog, "launch", "20000"], env=d.env()).split()[1]))
-            if BEFORE_HOOK:
-                env = d.env(hook=BEFORE_HOOK)
-                before.append(float(run([prog, "launch", "20000"], env=env).split()[1]))
+        for _ in range(11):  # alternate in a shuffled order: drift hits every variant alike
+            for results, env in order.sample(variants, len(variants)):
+                results.append(float(run([prog, "launch", "20000"], env=env).split()[1]))
     finally:
         log = d.stop()
     n, h = statistics.median(native), statistics.median(hooked)
@@ -351,6 +356,7 @@ def torch_memory() -> None:
         for label, extra in (
             ("default", {}),
             ("expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+            ("cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
         ):
             w = Worker(d.env(**extra))
             info = w.ask("info")
