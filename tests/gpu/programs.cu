@@ -95,6 +95,17 @@ static const char *verdict(cudaError_t e) {
     return buf;
 }
 
+static cudaMemPool_t device_pool(void) {  // an explicit pool of device 0's memory
+    cudaMemPool_t pool;
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    CHECK(cudaMemPoolCreate(&pool, &props));
+    return pool;
+}
+
 static void alloc_paths(size_t bytes) {
     CHECK(cudaFree(0));
     cudaStream_t s;
@@ -105,13 +116,7 @@ static void alloc_paths(size_t bytes) {
     cudaGetLastError();
     printf("cudaMallocAsync %zu %s\n", bytes, verdict(e));
 
-    cudaMemPool_t pool;
-    cudaMemPoolProps props;
-    memset(&props, 0, sizeof props);
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = 0;
-    CHECK(cudaMemPoolCreate(&pool, &props));
+    cudaMemPool_t pool = device_pool();
     p = NULL;
     e = cudaMallocFromPoolAsync(&p, bytes, pool, s);
     if (e == cudaSuccess) { CHECK(cudaFreeAsync(p, s)); CHECK(cudaStreamSynchronize(s)); }
@@ -206,13 +211,7 @@ static void pool_check(size_t bytes) {
     CHECK(cudaFree(0));
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
-    cudaMemPool_t pool;
-    cudaMemPoolProps props;
-    memset(&props, 0, sizeof props);
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = 0;
-    CHECK(cudaMemPoolCreate(&pool, &props));
+    cudaMemPool_t pool = device_pool();
     uint64_t max = UINT64_MAX;
     CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &max));
     void *p = NULL;

@@ -7,9 +7,11 @@ libnvshare.so preloaded, optionally in its AddressSanitizer or ThreadSanitizer b
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,13 +97,36 @@ class Probe:
             env=env,
         )
 
-    def do(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def send(self, line: str) -> None:
+        """A command whose answer is read later (answer()): the probe may block meanwhile."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        answer = self.proc.stdout.readline().strip()
+
+    def answer(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def answered(self, seconds: float) -> bool:
+        """Whether an answer is waiting, after at most `seconds`."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], seconds)
+        return bool(ready)
+
+    def do(self, line: str) -> str:
+        self.send(line)
+        answer = self.answer()
         assert answer, f"probe died on {line!r}: {self.stderr()}"
         return answer
+
+    def eventually(self, line: str, want: str) -> str:
+        """Repeat `line` until its answer starts with `want`: the daemon's frames arrive on
+        their own time. Bounded generously (a loaded CI machine)."""
+        deadline = time.monotonic() + 20
+        while not (got := self.do(line)).startswith(want):
+            assert time.monotonic() < deadline, f"{line!r} still answers {got!r}, not {want!r}"
+            time.sleep(0.02)
+        return got
 
     def ok(self, line: str) -> str:
         answer = self.do(line)

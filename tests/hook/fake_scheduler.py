@@ -113,6 +113,12 @@ class FakeScheduler:
         for t in self._threads:
             t.start()
 
+    def __enter__(self) -> FakeScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     # ---- observation helpers for tests ----
     def wait_for(self, predicate: object, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout

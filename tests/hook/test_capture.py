@@ -24,16 +24,13 @@ def holder_and_waiter(variant: Variant, start_probe, sock_dir: str):  # type: ig
 
 
 def ask_for_the_lock(b) -> None:  # type: ignore[no-untyped-def]
-    assert b.proc.stdin is not None
-    b.proc.stdin.write("launch 1\n")
-    b.proc.stdin.flush()
+    b.send("launch 1")
 
 
 def test_a_drop_during_a_capture_waits_for_it_and_the_capture_survives(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, tq_s=0.1)
-    try:
+    with fs.FakeScheduler(sock_dir, tq_s=0.1) as sched:
         a, b = holder_and_waiter(variant, start_probe, sock_dir)
         s = a.ok("stream 0").split()[1]
         a.ok(f"capture_begin {s} {CAPTURE_GLOBAL}")
@@ -47,20 +44,17 @@ def test_a_drop_during_a_capture_waits_for_it_and_the_capture_survives(
         assert sched.wait_for(lambda: sched.count(fs.LOCK_RELEASED) == 1)
         released = [f for _, t, f in sched.events if t == fs.LOCK_RELEASED]
         assert released == [(0,)]  # drained normally once the capture was over
-        assert b.proc.stdout is not None and b.proc.stdout.readline().strip() == "ok"
+        assert b.answer() == "ok"
         exe = a.ok(f"instantiate {graph}").split()[1]
         a.ok(f"graph_launch {exe} {s}")  # and the graph runs (a asks for the lock again)
         for p in (a, b):
             assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 def test_a_capture_that_outlives_the_quantum_is_handed_over_undrained(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, tq_s=0.1)
-    try:
+    with fs.FakeScheduler(sock_dir, tq_s=0.1) as sched:
         a, b = holder_and_waiter(plain, start_probe, sock_dir)
         s = a.ok("stream 0").split()[1]
         a.ok(f"capture_begin {s} {CAPTURE_GLOBAL}")
@@ -70,18 +64,15 @@ def test_a_capture_that_outlives_the_quantum_is_handed_over_undrained(
         assert [f for _, t, f in sched.events if t == fs.LOCK_RELEASED] == [(UNDRAINED,)]
         a.ok(f"capture_launch {s} 2")  # recording goes on without the lock
         a.ok(f"capture_end {s}")  # and the capture still ends well
-        assert b.proc.stdout is not None and b.proc.stdout.readline().strip() == "ok"
+        assert b.answer() == "ok"
         rc, err = a.finish()
         assert_clean(rc, err)
         assert err.count("a stream capture outlived the time quantum") == 1
         assert_clean(*b.finish())
-    finally:
-        sched.stop()
 
 
 def test_recording_into_a_capture_needs_no_lock(plain: Variant, start_probe, sock_dir: str) -> None:
-    sched = fs.FakeScheduler(sock_dir, auto_grant=False)
-    try:
+    with fs.FakeScheduler(sock_dir, auto_grant=False) as sched:
         env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="20")
         p = start_probe(plain, env)
         p.ok("init")
@@ -92,5 +83,3 @@ def test_recording_into_a_capture_needs_no_lock(plain: Variant, start_probe, soc
         p.ok(f"capture_end {s}")
         assert sched.count(fs.LOCK_GRANT) == 0
         assert_clean(*p.finish())
-    finally:
-        sched.stop()

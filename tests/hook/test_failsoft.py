@@ -16,19 +16,10 @@ MiB = 1 << 20
 OOM = "err 2"
 
 
-def eventually(p, line: str, want: str) -> str:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 20
-    while not (got := p.do(line)).startswith(want):
-        assert time.monotonic() < deadline, f"{line!r} still answers {got!r}, wanted {want!r}"
-        time.sleep(0.05)
-    return got
-
-
 def test_a_scheduler_that_stops_answering_is_treated_as_gone(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, chunk=16 * MiB)
-    try:
+    with fs.FakeScheduler(sock_dir, chunk=16 * MiB) as sched:
         env = variant.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DAEMON_TIMEOUT_MS="500")
         p = start_probe(variant, env)
         p.ok("init")
@@ -49,15 +40,13 @@ def test_a_scheduler_that_stops_answering_is_treated_as_gone(
         notices = [line for line in err.splitlines() if line.startswith("nvshare: ")]
         assert len(notices) == 1, notices
         assert "stopped answering" in notices[0] or "did not answer a memory" in notices[0]
-    finally:
-        sched.stop()
 
 
 def test_a_waiter_stops_waiting_when_the_scheduler_hangs(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)  # mode on, no quantum: only the hang can free the waiter
-    try:
+    # mode on, no quantum: only the hang can free the waiter
+    with fs.FakeScheduler(sock_dir) as sched:
         env = plain.env(
             NVSHARE_SOCKET_DIR=sock_dir,
             NVSHARE_DAEMON_TIMEOUT_MS="500",
@@ -67,26 +56,21 @@ def test_a_waiter_stops_waiting_when_the_scheduler_hangs(
         holder.ok("init")
         holder.ok("launch 1")
         waiter.ok("init")
-        assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
-        waiter.proc.stdin.write("launch 1\n")
-        waiter.proc.stdin.flush()
+        waiter.send("launch 1")
         assert sched.wait_for(lambda: sched.count(fs.LOCK_REQUEST) == 2)
         sched.silent.set()
-        assert waiter.proc.stdout.readline().strip() == "ok"  # its heartbeat went unanswered
+        assert waiter.answer() == "ok"  # its heartbeat went unanswered
         rc, err = waiter.finish()
         assert_clean(rc, err)
         assert "the nvshare scheduler stopped answering" in err
         sched.silent.clear()
         assert_clean(*holder.finish())
-    finally:
-        sched.stop()
 
 
 def test_a_grant_is_read_while_a_release_synchronises(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, tq_s=0.1, chunk=16 * MiB)
-    try:
+    with fs.FakeScheduler(sock_dir, tq_s=0.1, chunk=16 * MiB) as sched:
         env = variant.env(
             NVSHARE_SOCKET_DIR=sock_dir,
             NVSHARE_FAKE_LAUNCH_US="50000",
@@ -97,24 +81,19 @@ def test_a_grant_is_read_while_a_release_synchronises(
         b.ok("init")
         a.ok("launch 1")
         a.ok("queue_on 0 40")  # 2 s of queued work: a release has to wait for it
-        assert b.proc.stdin is not None
-        b.proc.stdin.write("launch 1\n")
-        b.proc.stdin.flush()
+        b.send("launch 1")
         assert sched.wait_for(lambda: sched.count(fs.LOCK_DROP) == 1)
         a.ok(f"alloc mem {64 * MiB}")  # needs a MEM_GRANT while the drainer synchronises
         assert sched.count(fs.LOCK_RELEASED) == 0  # answered before the release went out
         for p in (a, b):
             assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 def test_the_hook_keeps_the_reservation_the_daemon_reports(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, chunk=16 * MiB)
-    sched.grant_reserved_extra = 16 * MiB  # the daemon's ledger holds more than this grant
-    try:
+    with fs.FakeScheduler(sock_dir, chunk=16 * MiB) as sched:
+        sched.grant_reserved_extra = 16 * MiB  # the daemon's ledger holds more than this grant
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok(f"alloc mem {2 * MiB}")  # granted 16 MiB; the daemon says 32 MiB are reserved
@@ -126,13 +105,10 @@ def test_the_hook_keeps_the_reservation_the_daemon_reports(
         assert returns()[0] == (30 * MiB, 2 * MiB)  # the daemon's 32, not the grant's 16
         assert sched.total_reserved() == 2 * MiB
         assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 def test_an_idle_surplus_goes_back_to_the_pod(plain: Variant, start_probe, sock_dir: str) -> None:
-    sched = fs.FakeScheduler(sock_dir, chunk=64 * MiB, pod_limit=64 * MiB)
-    try:
+    with fs.FakeScheduler(sock_dir, chunk=64 * MiB, pod_limit=64 * MiB):
         env = plain.env(NVSHARE_SOCKET_DIR=sock_dir)
         a, b = start_probe(plain, env), start_probe(plain, env)
         a.ok("init")
@@ -140,11 +116,9 @@ def test_an_idle_surplus_goes_back_to_the_pod(plain: Variant, start_probe, sock_
         held = a.ok(f"alloc mem {48 * MiB}").split()[1]  # a reserves the whole 64 MiB
         a.ok(f"free {held}")
         assert b.do(f"alloc mem {32 * MiB}") == OOM  # still reserved by a ...
-        eventually(b, f"alloc mem {32 * MiB}", "ok")  # ... until a's idle surplus went back
+        b.eventually(f"alloc mem {32 * MiB}", "ok")  # ... until a's idle surplus went back
         for p in (a, b):
             assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 def test_while_unreachable_a_pods_processes_share_its_limit(
@@ -157,7 +131,7 @@ def test_while_unreachable_a_pods_processes_share_its_limit(
         p.ok(f"alloc mem {8 * MiB}")
         if processes > 1:
             sched.send_raw(fs.LEDGER_PEERS, struct.pack("<II", processes, 0))
-            eventually(p, "sleep 1", "ok")  # (the frame is read by the hook's reader)
+            p.eventually("sleep 1", "ok")  # (the frame is read by the hook's reader)
             time.sleep(0.2)
         sched.stop()  # the daemon is gone
         p.ok(f"alloc mem {(room - 8) * MiB}")

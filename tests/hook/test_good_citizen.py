@@ -20,8 +20,7 @@ from .conftest import LD_HOOK, Variant, assert_clean
 def test_an_interposer_after_the_hook_reaches_the_driver(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
+    with fs.FakeScheduler(sock_dir) as sched:
         env = variant.env(NVSHARE_SOCKET_DIR=sock_dir)
         env["LD_PRELOAD"] += f" {LD_HOOK / 'build' / 'interposer.so'}"
         p = start_probe(variant, env)
@@ -31,15 +30,12 @@ def test_an_interposer_after_the_hook_reaches_the_driver(
         assert_clean(rc, err)
         assert "interposer: passed on 7 launches" in err
         assert sched.count(fs.LOCK_GRANT) == 1  # and the hook still gated them
-    finally:
-        sched.stop()
 
 
 def test_hook_threads_are_named_and_block_every_signal(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
+    with fs.FakeScheduler(sock_dir):
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok("launch 1")  # service, connection reader and drainer threads are running now
@@ -58,8 +54,6 @@ def test_hook_threads_are_named_and_block_every_signal(
             for sig in (2, 10, 12, 14, 15, 17):  # INT, USR1, USR2, ALRM, TERM, CHLD
                 assert blocked >> (sig - 1) & 1, (ours[tid], sig)
         assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 @pytest.mark.parametrize(
@@ -79,8 +73,7 @@ def test_hook_threads_are_named_and_block_every_signal(
 def test_bad_environment_values_are_reported_and_ignored(
     plain: Variant, start_probe, sock_dir: str, name: str, value: str, message: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
+    with fs.FakeScheduler(sock_dir) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, **{name: value}))
         p.ok("init")
         p.ok("launch 1")
@@ -88,8 +81,6 @@ def test_bad_environment_values_are_reported_and_ignored(
         assert_clean(rc, err)
         assert message in err
         assert err.count(name) == 1  # said once
-    finally:
-        sched.stop()
     assert sched.count(fs.REGISTER) == 1  # and the program went on, registered as usual
 
 

@@ -7,7 +7,6 @@ the GPU of their stream, and memory NVML shows that never passed an allocation c
 from __future__ import annotations
 
 import struct
-import time
 
 import pytest
 
@@ -29,15 +28,6 @@ def start(variant: Variant, start_probe, sock_dir: str, limit: str = "64Mi", **e
 
 def free_bytes(p) -> int:  # type: ignore[no-untyped-def]
     return int(p.ok("info").split()[1])
-
-
-def eventually(p, line: str, want: str) -> str:  # type: ignore[no-untyped-def]
-    """Repeat `line` until its answer starts with `want`: the daemon's frames arrive on their own."""
-    deadline = time.monotonic() + 20
-    while not (got := p.do(line)).startswith(want):
-        assert time.monotonic() < deadline, f"{line!r} still answers {got!r}, wanted {want!r}"
-        time.sleep(0.02)
-    return got
 
 
 def test_vmm_memory_stays_charged_until_the_last_mapping_is_gone(
@@ -129,7 +119,7 @@ def test_context_teardown_and_device_reset_give_memory_back(
         else:
             p.ok("primary 0")
             p.ok(f"alloc mem {48 * MiB}")
-            p.ok(f"alloc array 1024 2048 32 1")
+            p.ok("alloc array 1024 2048 32 1")
             p.ok("reset 0")  # what cudaDeviceReset does
             p.ok("primary 0")
         assert free_bytes(p) == 64 * MiB
@@ -152,8 +142,7 @@ def test_allocations_are_charged_to_the_gpu_of_their_stream(
 def test_memory_nvml_shows_beyond_the_ledger_refuses_allocations_while_over(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB))
-    try:
+    with fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB)) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok(f"alloc mem {8 * MiB}")
@@ -164,10 +153,8 @@ def test_memory_nvml_shows_beyond_the_ledger_refuses_allocations_while_over(
 
         # NVML: the context, the 8 MiB, and 62 MiB of module globals and heaps the hook never saw
         observed(allowance + 70 * MiB)
-        eventually(p, "info", f"ok 0 {64 * MiB}")  # 70 MiB held: over the 64 MiB limit
+        p.eventually("info", f"ok 0 {64 * MiB}")  # 70 MiB held: over the 64 MiB limit
         assert p.do("alloc mem 2097152") == OOM
         observed(allowance + 8 * MiB)  # those are gone again
-        eventually(p, f"alloc mem {32 * MiB}", "ok")
+        p.eventually(f"alloc mem {32 * MiB}", "ok")
         assert_clean(*p.finish())
-    finally:
-        sched.stop()

@@ -5,7 +5,6 @@ process used (more than 32, green ones, the new primary after a reset)."""
 
 from __future__ import annotations
 
-import select
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,9 @@ SECOND_GPU = "GPU-10111213-1415-1617-1819-1a1b1c1d1e20"
 
 def launch_pair(a, b, a_cmd: str, b_cmd: str) -> None:  # type: ignore[no-untyped-def]
     for p, cmd in ((a, a_cmd), (b, b_cmd)):
-        assert p.proc.stdin is not None
-        p.proc.stdin.write(cmd + "\n")
-        p.proc.stdin.flush()
+        p.send(cmd)
     for p in (a, b):
-        assert p.proc.stdout is not None
-        answer = p.proc.stdout.readline()
+        answer = p.answer()
         assert answer.startswith("ok"), (answer, p.stderr())
 
 
@@ -33,9 +29,8 @@ def test_no_kernel_reaches_the_driver_after_release_despite_a_slow_enqueue(
     variant: Variant, start_probe, sock_dir: str, tmp_path: Path, load: str
 ) -> None:
     # 2 ms inside the driver between the gate and the enqueue: the window a release must close
-    sched = fs.FakeScheduler(sock_dir, tq_s=0.1)
-    trace = tmp_path / "trace"
-    try:
+    with fs.FakeScheduler(sock_dir, tq_s=0.1) as sched:
+        trace = tmp_path / "trace"
         env = variant.env(
             NVSHARE_SOCKET_DIR=sock_dir,
             NVSHARE_FAKE_TRACE=str(trace),
@@ -48,8 +43,6 @@ def test_no_kernel_reaches_the_driver_after_release_despite_a_slow_enqueue(
         launch_pair(a, b, load, load)
         for p in (a, b):
             assert_clean(*p.finish())
-    finally:
-        sched.stop()
     first, second = intervals(trace).values()
     assert overlaps(first, second) == 0
     assert sched.count(fs.LOCK_DROP) >= 4  # the lock really moved back and forth
@@ -58,34 +51,28 @@ def test_no_kernel_reaches_the_driver_after_release_despite_a_slow_enqueue(
 def test_every_submission_path_waits_for_the_lock(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, auto_grant=False)
-    try:
+    with fs.FakeScheduler(sock_dir, auto_grant=False) as sched:
         env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="20")
         p = start_probe(plain, env)
         p.ok("init")
         s = p.ok("stream 0").split()[1]
         names = p.ok("submit list").split()[1:]
         assert len(names) >= 38
-        assert p.proc.stdin is not None and p.proc.stdout is not None
         for name in names:
             requests, releases = sched.count(fs.LOCK_REQUEST), sched.count(fs.LOCK_RELEASED)
-            p.proc.stdin.write(f"submit {name} {s}\n")
-            p.proc.stdin.flush()
+            p.send(f"submit {name} {s}")
             assert sched.wait_for(lambda n=requests: sched.count(fs.LOCK_REQUEST) > n), name
-            ready, _, _ = select.select([p.proc.stdout], [], [], 0.05)
+            ready = p.answered(0.05)
             assert not ready, f"{name} reached the driver without the lock"
             sched.grant_waiting()
-            assert p.proc.stdout.readline().strip() == "ok", name
+            assert p.answer() == "ok", name
             # idle: the lock goes back, so the next path has to ask again
             assert sched.wait_for(lambda n=releases: sched.count(fs.LOCK_RELEASED) > n), name
         assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 def test_work_is_gated_on_the_gpu_of_its_stream(plain: Variant, start_probe, sock_dir: str) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
+    with fs.FakeScheduler(sock_dir) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_COUNT="2"))
         p.ok("init")  # the current context is on GPU 0
         s = p.ok("stream 1").split()[1]
@@ -94,17 +81,14 @@ def test_work_is_gated_on_the_gpu_of_its_stream(plain: Variant, start_probe, soc
         (client,) = [c for c in sched.clients if sched.holder is c]
         assert client.uuid == SECOND_GPU  # GPU 1's lock, not the current context's GPU 0
         assert_clean(*p.finish())
-    finally:
-        sched.stop()
 
 
 @pytest.mark.parametrize("where", ["40 contexts", "green context", "after a reset"])
 def test_a_release_drains_every_context_the_process_used(
     variant: Variant, start_probe, sock_dir: str, tmp_path: Path, where: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, tq_s=0.1)
-    trace = tmp_path / "trace"
-    try:
+    with fs.FakeScheduler(sock_dir, tq_s=0.1):
+        trace = tmp_path / "trace"
         env = variant.env(
             NVSHARE_SOCKET_DIR=sock_dir,
             NVSHARE_FAKE_TRACE=str(trace),
@@ -129,7 +113,5 @@ def test_a_release_drains_every_context_the_process_used(
         b.ok("launch 20")  # asks for the lock: a's drop must wait for that work
         for p in (a, b):
             assert_clean(*p.finish())
-    finally:
-        sched.stop()
     first, second = intervals(trace).values()
     assert overlaps(first, second) == 0

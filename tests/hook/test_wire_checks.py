@@ -31,8 +31,7 @@ def wait_for_lines(p, text: str, n: int) -> str:  # type: ignore[no-untyped-def]
 def test_malformed_frames_are_reported_and_ignored(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB))
-    try:
+    with fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB)) as sched:
         p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         assert p.do("total") == f"ok {64 * MiB}"
@@ -71,15 +70,12 @@ def test_malformed_frames_are_reported_and_ignored(
         rc, err = p.finish()
         assert_clean(rc, err)
         assert err.count("ignored a frame") == 5  # reported, but not without end
-    finally:
-        sched.stop()
 
 
 def test_a_stream_that_is_not_nvshare_is_a_daemon_gone(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
+    with fs.FakeScheduler(sock_dir) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok("launch 1")
@@ -88,5 +84,3 @@ def test_a_stream_that_is_not_nvshare_is_a_daemon_gone(
         wait_for_lines(p, "not an nvshare frame", 1)
         p.ok("launch 3")  # runs on, ungated
         assert_clean(*p.finish())
-    finally:
-        sched.stop()

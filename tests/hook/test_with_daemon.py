@@ -5,7 +5,6 @@ lock holder, and limits changed live through the policy directory."""
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import tempfile
@@ -96,11 +95,9 @@ def test_killing_the_holder_hands_the_lock_over(
     holder.ok("init")
     holder.ok("launch 1")
     waiter.ok("init")
-    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
-    waiter.proc.stdin.write("launch 1\n")  # blocks at the gate
-    waiter.proc.stdin.flush()
+    waiter.send("launch 1")  # blocks at the gate
     os.kill(holder.proc.pid, signal.SIGKILL)
-    assert waiter.proc.stdout.readline().strip() == "ok"
+    assert waiter.answer() == "ok"
     assert_clean(*waiter.finish())
 
 
@@ -159,13 +156,11 @@ def test_policy_idle_release_reaches_the_hook(
     holder.ok("init")
     holder.ok("launch 1")  # holds the lock, then does nothing
     waiter.ok("init")
-    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
-    waiter.proc.stdin.write("launch 1\n")
-    waiter.proc.stdin.flush()
-    ready, _, _ = select.select([waiter.proc.stdout], [], [], 3.0)
+    waiter.send("launch 1")
+    ready = waiter.answered(3.0)
     assert not ready, "the idle holder let go before the policy's idle release"
     assert_clean(*holder.finish())  # the holder exits: now the waiter runs
-    assert waiter.proc.stdout.readline().strip() == "ok"
+    assert waiter.answer() == "ok"
     assert_clean(*waiter.finish())
 
 
@@ -228,13 +223,11 @@ def test_a_stopped_daemon_is_treated_as_gone_until_it_continues(
     holder.ok("init")
     holder.ok("launch 1")
     waiter.ok("init")
-    assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
-    waiter.proc.stdin.write("launch 1\n")  # blocks at the gate
-    waiter.proc.stdin.flush()
+    waiter.send("launch 1")  # blocks at the gate
     time.sleep(0.2)
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
-        assert waiter.proc.stdout.readline().strip() == "ok"  # the hung daemon no longer gates it
+        assert waiter.answer() == "ok"  # the hung daemon no longer gates it
         holder.ok(f"alloc mem {256 * MiB}")  # a reservation nobody answers: decided locally
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
