@@ -18,6 +18,14 @@ import click
 
 from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
+from appliance.core.views import (
+    ExplainView,
+    OverridesView,
+    PolicyStatus,
+    PolicyView,
+    StatusView,
+    from_json,
+)
 from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
@@ -149,43 +157,44 @@ def _fmt_mem(n: int | None) -> str:
     return "-" if not n else format_bytes(n) if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f}Mi"
 
 
-def _print_status(doc: dict[str, Any]) -> None:
-    policy = doc.get("policy") or {}
-    if policy:
-        state = "valid" if policy.get("valid") else "INVALID (last good kept)"
+def _print_status(status: StatusView) -> None:
+    if status.policy is not None:
+        _print_policy_status(status.policy)
+    if not status.gpus:
         click.echo(
-            f"policy: {policy.get('dir')} hash {str(policy.get('hash'))[:12]} {state}; "
-            f"files: {', '.join(policy.get('files') or []) or '(none: defaults)'}"
+            f"no GPUs in use yet (default mode {status.default_mode.value}, "
+            f"TQ {status.default_time_quantum_s:g} s)"
         )
-        if policy.get("last_error"):
-            click.echo(f"  last error: {policy['last_error']}")
-        for name, source in sorted((policy.get("env_overrides") or {}).items()):
-            click.echo(f"  override from environment: {name} ({source})")
-    gpus = doc.get("gpus", [])
-    if not gpus:
+    for g in status.gpus:
         click.echo(
-            f"no GPUs in use yet (default mode {doc.get('default_mode')}, "
-            f"TQ {doc.get('default_time_quantum_s'):g} s)"
+            f"GPU {g.uuid}  mode {g.mode.value} ({g.mode_source})  "
+            f"TQ {g.time_quantum_s:g} s ({g.tq_source})  "
+            f"memory {_fmt_mem(g.memory_total)}"
         )
-    for g in gpus:
-        click.echo(
-            f"GPU {g['uuid']}  mode {g['mode']} ({g['mode_source']})  "
-            f"TQ {g['time_quantum_s']:g} s ({g['tq_source']})  "
-            f"memory {_fmt_mem(g['memory_total'])}"
-        )
-        click.echo(f"  lock holders: {g['holders'] or '-'}  queue: {g['queue'] or '-'}")
-    clients = doc.get("clients", [])
-    if clients:
+        click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
+    if status.clients:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
             f"{'MEM LIMIT':>9} {'CORE':>5} GPU"
         )
-    for c in clients:
+    for c in status.clients:
         click.echo(
-            f"{c['id']:>4} {c['pid']:>8} {c['pod']:<28} {c['state']:<9} "
-            f"{_fmt_mem(c['memory_used']):>9} {_fmt_mem(c['memory_limit']):>9} "
-            f"{c['core_limit']:>4}% {c['gpu']}"
+            f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
+            f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
+            f"{c.core_limit:>4}% {c.gpu}"
         )
+
+
+def _print_policy_status(policy: PolicyStatus) -> None:
+    state = "valid" if policy.valid else "INVALID (last good kept)"
+    click.echo(
+        f"policy: {policy.dir} hash {policy.hash[:12]} {state}; "
+        f"files: {', '.join(policy.files) or '(none: defaults)'}"
+    )
+    if policy.last_error:
+        click.echo(f"  last error: {policy.last_error}")
+    for name, source in sorted(policy.env_overrides.items()):
+        click.echo(f"  override from environment: {name} ({source})")
 
 
 @nvsharectl.command()
@@ -200,7 +209,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc.doc, indent=2, sort_keys=True))
     else:
-        _print_status(doc.doc)
+        _print_status(from_json(StatusView, doc.doc))
 
 
 def _set_mode(mode: str, gpu: str) -> p.SetMode:
@@ -305,20 +314,20 @@ def limit_list(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    rows = doc["limits"]
-    if doc["time_quantum_s"] is not None:
-        click.echo(f"time quantum: {doc['time_quantum_s']:g} s (policy: `nvsharectl -T policy`)")
-    for gpu, value in sorted(doc["modes"].items()):
+    view = from_json(OverridesView, doc)
+    if view.time_quantum_s is not None:
+        click.echo(f"time quantum: {view.time_quantum_s:g} s (policy: `nvsharectl -T policy`)")
+    for gpu, mode in sorted(view.modes.items()):
         where = "every GPU" if gpu == "*" else gpu
-        click.echo(f"mode: {value} on {where} (policy: `nvsharectl mode policy`)")
-    if not rows:
+        click.echo(f"mode: {mode.value} on {where} (policy: `nvsharectl mode policy`)")
+    if not view.limits:
         click.echo("no limit overrides")
         return
     click.echo(f"{'TARGET':<40} {'MEMORY':>9} {'CORE':>5} CONNECTED PIDS")
-    for row in rows:
-        core = f"{row['core_limit']}%" if row["core_limit"] else "-"
-        pids = ", ".join(map(str, row["clients"])) or "none yet"
-        click.echo(f"{row['target']:<40} {_fmt_mem(row['memory_limit']):>9} {core:>5} {pids}")
+    for row in view.limits:
+        core = f"{row.core_limit}%" if row.core_limit else "-"
+        pids = ", ".join(map(str, row.clients)) or "none yet"
+        click.echo(f"{row.target:<40} {_fmt_mem(row.memory_limit):>9} {core:>5} {pids}")
 
 
 @nvsharectl.group()
@@ -357,11 +366,12 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
+    view = from_json(PolicyView, doc)
     click.echo(
-        f"# policy from {doc['dir']} (hash {doc['hash'][:12]}; files: "
-        f"{', '.join(doc['files']) or 'none'})"
+        f"# policy from {view.dir} (hash {view.hash[:12]}; files: "
+        f"{', '.join(view.files) or 'none'})"
     )
-    for path, (value, source) in sorted(doc["values"].items()):
+    for path, (value, source) in sorted(view.values.items()):
         click.echo(f"{path} = {json.dumps(value)}    # {source}")
 
 
@@ -372,13 +382,13 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
     """The effective limits of a client and what set each of them."""
     _target(pid, pod)
-    rows = _query(ctx, "explain", pid=pid, pod=pod)["clients"]
-    if not rows:
+    view = from_json(ExplainView, _query(ctx, "explain", pid=pid, pod=pod))
+    if not view.clients:
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")
-    for row in rows:
-        click.echo(f"client {row['client']} pid {row['pid']} pod {row['pod']} gpu {row['gpu']}")
-        for key in ("memory", "core", "gated"):
-            click.echo(f"  {key}: {row[key]}")
+    for row in view.clients:
+        click.echo(f"client {row.client} pid {row.pid} pod {row.pod} gpu {row.gpu}")
+        for key, said in (("memory", row.memory), ("core", row.core), ("gated", row.gated)):
+            click.echo(f"  {key}: {said}")
 
 
 # ------------------------------------------------------------ nvshare-scheduler

@@ -9,8 +9,6 @@ actions to the sinks; only the loop touches the core.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import grp
 import logging
 import signal
@@ -34,7 +32,8 @@ from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.server import QueryError, SchedulerServer
+from appliance.queries import Answers
+from appliance.server import SchedulerServer
 from appliance.socket_claim import SocketUnavailable
 
 if TYPE_CHECKING:
@@ -60,30 +59,6 @@ class DaemonConfig:
     metrics: bool = True  # tests turn the HTTP endpoint off
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
-
-
-def _lookup(doc: Any, json_path: str) -> Any:
-    """The value at a JSON path like /rules/0/memoryLimit in the merged policy document."""
-    for part in json_path.strip("/").split("/"):
-        if isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
-            doc = doc[int(part)]
-        elif isinstance(doc, dict) and part in doc:
-            doc = doc[part]
-        else:
-            return None
-    return _jsonable(doc)
-
-
 class Daemon:
     def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
         self.config = config
@@ -96,6 +71,7 @@ class Daemon:
         )
         self.core: NodeCore | None = None
         self.engine: Engine | None = None
+        self.answers: Answers | None = None
         self.server: SchedulerServer | None = None
         self.registry = CollectorRegistry()
         self._stopping: asyncio.Event | None = None
@@ -116,58 +92,6 @@ class Daemon:
             self.engine.submit(ev.PolicyChanged(policy))
         if self.node_status is not None:
             self.node_status.set_settings(policy.realtime_check.node_status)
-
-    def status(self) -> dict[str, Any]:
-        """The status document: the core's view, the policy watcher's and NVML's."""
-        assert self.core is not None and self.engine is not None
-        return {**self.core.status(self.engine.now()), **self._status_extra()}
-
-    def _status_extra(self) -> dict[str, Any]:
-        w = self.watcher
-        good = w.last_good
-        env = {k: v for k, v in (good.sources.items() if good else []) if v.startswith("env ")}
-        return {
-            "policy": {
-                "dir": str(self.config.policy_dir),
-                "hash": good.content_hash if good else "",
-                "files": list(good.files) if good else [],
-                "valid": not w.last_errors,
-                "watching": w.alive,
-                "last_error": "; ".join(str(e) for e in w.last_errors) or None,
-                "last_reload_time": w.last_reload_time,
-                "reload_counts": dict(w.reload_counts),
-                "env_overrides": {v.removeprefix("env "): k for k, v in env.items()},
-            },
-            "nvml": self.nvml.available,
-        }
-
-    def query_policy(self, doc: dict[str, Any]) -> dict[str, Any]:
-        good = self.watcher.last_good or Policy()
-        return {
-            "dir": str(self.config.policy_dir),
-            "hash": good.content_hash,
-            "files": list(good.files),
-            "document": _jsonable(good.document),
-            "values": {
-                path: [_lookup(good.document, path), src]
-                for path, src in sorted(good.sources.items())
-            },
-        }
-
-    def query_explain(self, doc: dict[str, Any]) -> dict[str, Any]:
-        assert self.core is not None
-        pid, pod = doc.get("pid"), doc.get("pod")
-        if pid is not None and (type(pid) is not int or pid <= 0):
-            raise QueryError(f"explain: pid must be a positive whole number, not {pid!r:.40}")
-        if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
-            raise QueryError(f"explain: pod must be NAMESPACE/NAME, not {pod!r:.80}")
-        if (pid is None) == (pod is None):
-            raise QueryError("explain: give exactly one of pid and pod")
-        return {"clients": self.core.explain(pid=pid, pod=pod)}
-
-    def query_overrides(self, doc: dict[str, Any]) -> dict[str, Any]:
-        assert self.core is not None
-        return self.core.overrides()
 
     # ------------------------------------------------------------ sources and sinks
 
@@ -276,15 +200,18 @@ class Daemon:
             policy, inventory=inventory, watching_pods=self.config.node_name is not None
         )
         self.engine = Engine(self.core, loop=self.loop)
+        self.answers = Answers(
+            self.core,
+            clock=self.engine.now,
+            watcher=self.watcher,
+            policy_dir=self.config.policy_dir,
+            nvml_available=self.nvml.available,
+        )
         self.server = SchedulerServer(
             socket_dir=self.config.socket_dir,
             dispatch=self.engine.dispatch,
-            status=self.status,
-            queries={
-                "policy": self.query_policy,
-                "explain": self.query_explain,
-                "overrides": self.query_overrides,
-            },
+            status=self.answers.status,
+            queries=self.answers.queries,
             admin_group=self.config.admin_group,
         )
         self.engine.connect(self.server.send, *SchedulerServer.ACTIONS)
@@ -368,7 +295,9 @@ class Daemon:
     def _start_metrics(self, policy: Policy) -> None:
         engine = self.engine
         assert engine is not None
-        self.registry.register(ApplianceCollector(lambda: engine.read(self.status)))
+        answers = self.answers
+        assert answers is not None
+        self.registry.register(ApplianceCollector(lambda: engine.read(answers.status)))
         try:
             serve_metrics(
                 address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready

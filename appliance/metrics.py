@@ -2,7 +2,8 @@
 
 Names follow nvshare's fork (`nvshare_gpu_*`, `nvshare_client_*`, `nvshare_scheduler_*`) so
 existing dashboards keep working; policy reload health is `nvshare_policy_*`. The collector
-takes a snapshot function, so tests scrape a real registry without a daemon.
+reads the same typed `StatusView` as `nvsharectl status` (through a snapshot function that the
+daemon runs on the event loop), so tests scrape a real registry without a daemon.
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from appliance.policy.model import Mode
+from appliance.core.events import ReleaseReason
+from appliance.core.state import Phase
+from appliance.core.views import PolicyStatus, StatusView
 from appliance.protocol import wire_mode
 
-Snapshot = Callable[[], dict[str, Any]]
+Snapshot = Callable[[], StatusView]
+
+_COUNTERS = (
+    ("grants", "Lock grants"),
+    ("registrations", "Client registrations"),
+    ("disconnects", "Client disconnections"),
+    ("memory_refusals", "Memory reservations refused"),
+    ("limit_updates", "Limit updates pushed to hooks"),
+    ("realtime_warnings", "Real-time checks that would have refused (warning mode)"),
+    ("realtime_refusals", "Reservations refused by the real-time check"),
+)
 
 
 class ApplianceCollector(Collector):
@@ -27,103 +40,103 @@ class ApplianceCollector(Collector):
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        doc = self._snapshot()
-        gpu_labels = ["gpu_uuid"]
-        mode = GaugeMetricFamily(
-            "nvshare_gpu_mode", "Scheduling mode: 0 off, 1 on, 2 auto", labels=gpu_labels
-        )
-        tq = GaugeMetricFamily(
-            "nvshare_gpu_time_quantum_seconds", "Time quantum", labels=gpu_labels
-        )
-        mem = GaugeMetricFamily(
-            "nvshare_gpu_memory_total_bytes",
-            "GPU memory the scheduler plans with (declared or reported)",
-            labels=gpu_labels,
-        )
-        holders = GaugeMetricFamily(
-            "nvshare_gpu_lock_holders", "Clients holding the lock", labels=gpu_labels
-        )
-        queue = GaugeMetricFamily(
-            "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=gpu_labels
-        )
-        for g in doc.get("gpus", []):
-            label = [g["uuid"]]
-            mode.add_metric(label, wire_mode(Mode(g["mode"])))
-            tq.add_metric(label, g["time_quantum_s"])
-            mem.add_metric(label, g["memory_total"])
-            holders.add_metric(label, len(g["holders"]))
-            queue.add_metric(label, len(g["queue"]))
-        yield from (mode, tq, mem, holders, queue)
+        status = self._snapshot()
+        yield from _gpus(status)
+        yield from _clients(status)
+        yield from _scheduler(status)
+        if status.policy is not None:
+            yield from _policy(status.policy)
 
-        labels = ["client_id", "pid", "pod", "gpu_uuid"]
-        used = GaugeMetricFamily(
-            "nvshare_client_memory_used_bytes", "Memory the client allocated", labels=labels
-        )
-        limit = GaugeMetricFamily(
-            "nvshare_client_memory_limit_bytes", "Effective memory limit (0 = none)", labels=labels
-        )
-        core = GaugeMetricFamily(
-            "nvshare_client_core_limit_percent", "Effective compute share", labels=labels
-        )
-        holding = GaugeMetricFamily(
-            "nvshare_client_holding_lock", "1 while holding the lock", labels=labels
-        )
-        for c in doc.get("clients", []):
-            label = [str(c["id"]), str(c["pid"]), c["pod"], c["gpu"]]
-            used.add_metric(label, c["memory_used"])
-            limit.add_metric(label, c["memory_limit"] or 0)
-            core.add_metric(label, c["core_limit"])
-            holding.add_metric(label, 1 if c["state"] in ("holding", "draining") else 0)
-        yield from (used, limit, core, holding)
 
-        counters = doc.get("counters", {})
-        clients = GaugeMetricFamily("nvshare_scheduler_clients", "Connected clients")
-        clients.add_metric([], len(doc.get("clients", [])))
-        yield clients
-        for name, help_text in (
-            ("grants", "Lock grants"),
-            ("registrations", "Client registrations"),
-            ("disconnects", "Client disconnections"),
-            ("memory_refusals", "Memory reservations refused"),
-            ("limit_updates", "Limit updates pushed to hooks"),
-            ("realtime_warnings", "Real-time checks that would have refused (warning mode)"),
-            ("realtime_refusals", "Reservations refused by the real-time check"),
-        ):
-            fam = CounterMetricFamily(f"nvshare_scheduler_{name}", help_text)
-            fam.add_metric([], counters.get(name, 0))
-            yield fam
-        drops = CounterMetricFamily(
-            "nvshare_scheduler_drops", "Lock drops by reason", labels=["reason"]
-        )
-        for reason in ("quantum", "quota"):
-            drops.add_metric([reason], counters.get(f"drops_{reason}", 0))
-        yield drops
-        releases = CounterMetricFamily(
-            "nvshare_scheduler_releases", "Lock releases by reason", labels=["reason"]
-        )
-        for reason in ("dropped", "idle", "exit", "undrained"):
-            releases.add_metric([reason], counters.get(f"releases_{reason}", 0))
-        yield releases
+def _gpus(status: StatusView) -> Iterator[Metric]:
+    labels = ["gpu_uuid"]
+    mode = GaugeMetricFamily(
+        "nvshare_gpu_mode", "Scheduling mode: 0 off, 1 on, 2 auto", labels=labels
+    )
+    tq = GaugeMetricFamily("nvshare_gpu_time_quantum_seconds", "Time quantum", labels=labels)
+    mem = GaugeMetricFamily(
+        "nvshare_gpu_memory_total_bytes",
+        "GPU memory the scheduler plans with (declared or reported)",
+        labels=labels,
+    )
+    holders = GaugeMetricFamily(
+        "nvshare_gpu_lock_holders", "Clients holding the lock", labels=labels
+    )
+    queue = GaugeMetricFamily(
+        "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=labels
+    )
+    for g in status.gpus:
+        label = [g.uuid]
+        mode.add_metric(label, wire_mode(g.mode))
+        tq.add_metric(label, g.time_quantum_s)
+        mem.add_metric(label, g.memory_total)
+        holders.add_metric(label, len(g.holders))
+        queue.add_metric(label, len(g.queue))
+    yield from (mode, tq, mem, holders, queue)
 
-        policy = doc.get("policy")
-        if policy:
-            valid = GaugeMetricFamily(
-                "nvshare_policy_valid", "1 if the last reload attempt was valid"
-            )
-            valid.add_metric([], 1 if policy.get("valid") else 0)
-            yield valid
-            last = GaugeMetricFamily(
-                "nvshare_policy_last_reload_timestamp_seconds",
-                "Wall time of the last reload attempt",
-            )
-            last.add_metric([], policy.get("last_reload_time") or 0)
-            yield last
-            reloads = CounterMetricFamily(
-                "nvshare_policy_reloads", "Policy reloads by result", labels=["result"]
-            )
-            for result, n in sorted((policy.get("reload_counts") or {}).items()):
-                reloads.add_metric([result], n)
-            yield reloads
+
+def _clients(status: StatusView) -> Iterator[Metric]:
+    labels = ["client_id", "pid", "pod", "gpu_uuid"]
+    used = GaugeMetricFamily(
+        "nvshare_client_memory_used_bytes", "Memory the client allocated", labels=labels
+    )
+    limit = GaugeMetricFamily(
+        "nvshare_client_memory_limit_bytes", "Effective memory limit (0 = none)", labels=labels
+    )
+    core = GaugeMetricFamily(
+        "nvshare_client_core_limit_percent", "Effective compute share", labels=labels
+    )
+    holding = GaugeMetricFamily(
+        "nvshare_client_holding_lock", "1 while holding the lock", labels=labels
+    )
+    for c in status.clients:
+        label = [str(c.id), str(c.pid), c.pod, c.gpu]
+        used.add_metric(label, c.memory_used)
+        limit.add_metric(label, c.memory_limit or 0)
+        core.add_metric(label, c.core_limit)
+        holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
+    yield from (used, limit, core, holding)
+
+
+def _scheduler(status: StatusView) -> Iterator[Metric]:
+    counters = status.counters
+    clients = GaugeMetricFamily("nvshare_scheduler_clients", "Connected clients")
+    clients.add_metric([], len(status.clients))
+    yield clients
+    for name, help_text in _COUNTERS:
+        fam = CounterMetricFamily(f"nvshare_scheduler_{name}", help_text)
+        fam.add_metric([], counters.get(name, 0))
+        yield fam
+    drops = CounterMetricFamily(
+        "nvshare_scheduler_drops", "Lock drops by reason", labels=["reason"]
+    )
+    for reason in ("quantum", "quota"):
+        drops.add_metric([reason], counters.get(f"drops_{reason}", 0))
+    yield drops
+    releases = CounterMetricFamily(
+        "nvshare_scheduler_releases", "Lock releases by reason", labels=["reason"]
+    )
+    for release in ReleaseReason:
+        releases.add_metric([release.value], counters.get(f"releases_{release.value}", 0))
+    yield releases
+
+
+def _policy(policy: PolicyStatus) -> Iterator[Metric]:
+    valid = GaugeMetricFamily("nvshare_policy_valid", "1 if the last reload attempt was valid")
+    valid.add_metric([], 1 if policy.valid else 0)
+    yield valid
+    last = GaugeMetricFamily(
+        "nvshare_policy_last_reload_timestamp_seconds",
+        "Wall time of the last reload attempt",
+    )
+    last.add_metric([], policy.last_reload_time or 0)
+    yield last
+    reloads = CounterMetricFamily(
+        "nvshare_policy_reloads", "Policy reloads by result", labels=["result"]
+    )
+    for result, n in sorted(policy.reload_counts.items()):
+        reloads.add_metric([result], n)
+    yield reloads
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -28,6 +28,7 @@ from typing import Any
 from appliance import protocol as p
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core import views
 from appliance.core.limits import HookLimits
 from appliance.identity import identify, is_admin, peer_credentials
 from appliance.policy.model import Limits
@@ -37,7 +38,7 @@ log = logging.getLogger("nvshare.server")
 
 MAX_WRITE_BUFFER = 1 << 20
 
-QueryHandler = Callable[[dict[str, Any]], Any]
+QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
 _STATUS = {
     act.Outcome.DONE: p.Status.OK,
     act.Outcome.INVALID: p.Status.INVALID,
@@ -80,10 +81,6 @@ _TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
 }
 
 
-class QueryError(Exception):
-    """A query's arguments are wrong; the message goes back to the client as INVALID."""
-
-
 @dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
 class Connection:
     writer: asyncio.StreamWriter
@@ -123,7 +120,7 @@ class SchedulerServer:
         *,
         socket_dir: Path,
         dispatch: Callable[[ev.Event], None],
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], views.StatusView],
         queries: Mapping[str, QueryHandler],
         proc_root: Path = Path("/proc"),
         admin_group: str | None = None,
@@ -387,7 +384,8 @@ class SchedulerServer:
         self._dispatch(event)
 
     def _on_status_request(self, conn: Connection, msg: Any, seq: int) -> None:
-        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, self._status()), seq)
+        status = views.to_json(self._status())
+        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, status), seq)
 
     def _on_query(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:
         if msg.msg_type is not p.MsgType.QUERY or not isinstance(msg.doc, dict):
@@ -402,10 +400,10 @@ class SchedulerServer:
             return
         try:
             answer = handler(msg.doc)
-        except QueryError as exc:
+        except views.QueryError as exc:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.QUERY, str(exc)), seq)
             return
-        self._send_document(conn, p.JsonBody(p.MsgType.QUERY_REPLY, answer), seq)
+        self._send_document(conn, p.JsonBody(p.MsgType.QUERY_REPLY, views.to_json(answer)), seq)
 
     def _send_document(self, conn: Connection, reply: p.JsonBody, seq: int) -> None:
         """A JSON reply of any size up to MAX_DOCUMENT, streamed in frames."""

@@ -79,13 +79,13 @@ class NodeCore:
     def next_deadline(self) -> float | None:
         return self._deadline
 
-    def status(self, now: float) -> dict[str, Any]:
+    def status(self, now: float) -> views.StatusView:
         return views.status(self.state, now)
 
-    def explain(self, *, pid: int | None = None, pod: str | None = None) -> list[dict[str, Any]]:
-        return views.explain(self.state, pid=pid, pod=pod)
+    def explain(self, query: views.ExplainQuery) -> views.ExplainView:
+        return views.explain(self.state, query)
 
-    def overrides(self) -> dict[str, Any]:
+    def overrides(self) -> views.OverridesView:
         return views.overrides(self.state)
 
     def load(self) -> dict[str, int]:

@@ -1,80 +1,141 @@
-"""What the core shows: status (GPUs, clients, counters), explain, and nvsharectl's overrides.
+"""What the core shows, as typed objects: status, explain, nvsharectl's overrides, the policy.
 
-Read-only views of `NodeState` for nvsharectl, the metrics collector and the device plugin;
-building them changes nothing.
+nvsharectl reads them from the daemon's JSON (`from_json`), the metrics collector and the
+device plugin from the core itself (through the engine, on the event loop); nobody reads a
+status document by string keys. Building a view changes nothing. `to_json` writes the documents
+`nvsharectl ... --json` prints, with the field names below.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import types
+import typing
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from appliance.core.limits import describe
 from appliance.core.state import Client, NodeState, Phase
+from appliance.policy.model import Mode, Policy
+
+T = TypeVar("T")
 
 
-def client_view(s: NodeState, c: Client, now: float) -> dict[str, Any]:
-    return {
-        "id": c.id,
-        "pid": c.ident.pid,
-        "uid": c.ident.uid,
-        "pod": s.pod_label(c),
-        "pod_source": c.pod_source or None,
-        "gpu": c.gpu,
-        "state": c.phase.value,
-        "memory_limit": c.limits.memory_bytes,
-        "core_limit": c.limits.core_percent,
-        "gated": c.gated,
-        "memory_used": c.used,
-        "memory_reserved": c.reserved,
-        "memory_observed": c.nvml_used,
-        "held_for_s": round(now - c.granted_at, 3) if c.phase is Phase.HOLDING else None,
-        "waiting_for_s": round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
-        "limits_from": dict(c.limits.sources),
-    }
+class QueryError(Exception):
+    """A question asked with arguments that make no sense; the message says which."""
 
 
-def status(s: NodeState, now: float) -> dict[str, Any]:
-    modes = s.overrides.modes
-    gpus = []
-    for uuid, gpu in sorted(s.gpus.items()):
-        gpus.append(
-            {
-                "uuid": uuid,
-                "index": gpu.facts.index,
-                "model": gpu.facts.model,
-                "mode": s.gpu_mode(uuid).value,
-                "mode_source": "nvsharectl" if (uuid in modes or "" in modes) else "policy",
-                "time_quantum_s": s.time_quantum(uuid),
-                "tq_source": "nvsharectl" if s.overrides.time_quantum_s else "policy",
-                "memory_total": s.gpu_memory(uuid),
-                "holders": sorted(gpu.holders),
-                "queue": list(gpu.queue),
-            }
-        )
-    return {
-        "gpus": gpus,
-        "clients": [client_view(s, c, now) for c in s.clients.values()],
-        "counters": dict(s.counters),
-        "default_mode": s.policy.scheduler.mode.value,
-        "default_time_quantum_s": s.overrides.time_quantum_s or s.policy.scheduler.time_quantum_s,
-    }
+# ------------------------------------------------------------------ status
 
 
-def explain(
-    s: NodeState, *, pid: int | None = None, pod: str | None = None
-) -> list[dict[str, Any]]:
-    out = []
-    for c in s.clients.values():
-        label = s.pod_label(c)
-        if pid is not None and c.ident.pid != pid:
-            continue
-        if pod is not None and label.split(" ")[0] != pod:
-            continue
-        out.append(
-            {"client": c.id, "pid": c.ident.pid, "pod": label, "gpu": c.gpu, **describe(c.limits)}
-        )
-    return out
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    uuid: str
+    index: int | None
+    model: str | None
+    mode: Mode
+    mode_source: str  # "policy" or "nvsharectl"
+    time_quantum_s: float
+    tq_source: str
+    memory_total: int  # what the scheduler plans with (declared or reported)
+    holders: tuple[int, ...]
+    queue: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    id: int
+    pid: int
+    uid: int
+    pod: str  # NAMESPACE/NAME, "(claimed)" when only the client says so, "-" for none
+    pod_source: str | None
+    gpu: str
+    state: Phase
+    memory_limit: int | None
+    core_limit: int
+    gated: bool
+    memory_used: int
+    memory_reserved: int
+    memory_observed: int | None  # what NVML shows its process holding
+    held_for_s: float | None
+    waiting_for_s: float | None
+    limits_from: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStatus:
+    """How the policy directory's hot reload is doing."""
+
+    dir: str
+    hash: str
+    files: tuple[str, ...]
+    valid: bool  # the last reload attempt was valid
+    watching: bool
+    last_error: str | None
+    last_reload_time: float | None
+    reload_counts: Mapping[str, int]
+    env_overrides: Mapping[str, str]  # variable -> the JSON path it sets
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    gpus: tuple[GpuView, ...]
+    clients: tuple[ClientView, ...]
+    counters: Mapping[str, int]
+    default_mode: Mode
+    default_time_quantum_s: float
+    policy: PolicyStatus | None = None  # the daemon adds what the core does not know
+    nvml: bool | None = None
+
+
+def client_view(s: NodeState, c: Client, now: float) -> ClientView:
+    return ClientView(
+        id=c.id,
+        pid=c.ident.pid,
+        uid=c.ident.uid,
+        pod=s.pod_label(c),
+        pod_source=c.pod_source or None,
+        gpu=c.gpu,
+        state=c.phase,
+        memory_limit=c.limits.memory_bytes,
+        core_limit=c.limits.core_percent,
+        gated=c.gated,
+        memory_used=c.used,
+        memory_reserved=c.reserved,
+        memory_observed=c.nvml_used,
+        held_for_s=round(now - c.granted_at, 3) if c.phase is Phase.HOLDING else None,
+        waiting_for_s=round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
+        limits_from=dict(c.limits.sources),
+    )
+
+
+def gpu_view(s: NodeState, uuid: str) -> GpuView:
+    gpu, modes = s.gpus[uuid], s.overrides.modes
+    return GpuView(
+        uuid=uuid,
+        index=gpu.facts.index,
+        model=gpu.facts.model,
+        mode=s.gpu_mode(uuid),
+        mode_source="nvsharectl" if (uuid in modes or "" in modes) else "policy",
+        time_quantum_s=s.time_quantum(uuid),
+        tq_source="nvsharectl" if s.overrides.time_quantum_s else "policy",
+        memory_total=s.gpu_memory(uuid),
+        holders=tuple(sorted(gpu.holders)),
+        queue=tuple(gpu.queue),
+    )
+
+
+def status(s: NodeState, now: float) -> StatusView:
+    return StatusView(
+        gpus=tuple(gpu_view(s, uuid) for uuid in sorted(s.gpus)),
+        clients=tuple(client_view(s, c, now) for c in s.clients.values()),
+        counters=dict(s.counters),
+        default_mode=s.policy.scheduler.mode,
+        default_time_quantum_s=s.overrides.time_quantum_s or s.policy.scheduler.time_quantum_s,
+    )
 
 
 def load(s: NodeState) -> dict[str, int]:
@@ -82,20 +143,177 @@ def load(s: NodeState) -> dict[str, int]:
     return dict(Counter(c.gpu for c in s.clients.values()))
 
 
-def overrides(s: NodeState) -> dict[str, Any]:
-    """Every limit stored by `nvsharectl limit set` and whom it reaches now, the time quantum
-    and the modes set by nvsharectl."""
-    rows = [
-        {
-            "target": str(target),
-            "memory_limit": limits.memory_bytes,
-            "core_limit": limits.core_percent,
-            "clients": sorted({c.ident.pid for c in s.reached(target)}),
-        }
-        for target, limits in sorted(s.overrides.limits.items())
-    ]
-    return {
-        "limits": rows,
-        "time_quantum_s": s.overrides.time_quantum_s,
-        "modes": {uuid or "*": m.value for uuid, m in s.overrides.modes.items()},
-    }
+# ------------------------------------------------------------------ explain
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainRow:
+    """One client's effective limits and what set each of them."""
+
+    client: int
+    pid: int
+    pod: str
+    gpu: str
+    memory: str  # "4Gi (from annotation)"
+    core: str
+    gated: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainView:
+    clients: tuple[ExplainRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainQuery:
+    """`policy explain`: exactly one of a pid and a pod (NAMESPACE/NAME)."""
+
+    pid: int | None = None
+    pod: str | None = None
+
+    @classmethod
+    def from_request(cls, doc: Mapping[str, Any]) -> ExplainQuery:
+        pid, pod = doc.get("pid"), doc.get("pod")
+        if pid is not None and (type(pid) is not int or pid <= 0):
+            raise QueryError(f"explain: pid must be a positive whole number, not {pid!r:.40}")
+        if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
+            raise QueryError(f"explain: pod must be NAMESPACE/NAME, not {pod!r:.80}")
+        if (pid is None) == (pod is None):
+            raise QueryError("explain: give exactly one of pid and pod")
+        return cls(pid=pid, pod=pod)
+
+
+def explain(s: NodeState, query: ExplainQuery) -> ExplainView:
+    rows = []
+    for c in s.clients.values():
+        label = s.pod_label(c)
+        if query.pid is not None and c.ident.pid != query.pid:
+            continue
+        if query.pod is not None and label.split(" ")[0] != query.pod:
+            continue
+        said = describe(c.limits)
+        rows.append(
+            ExplainRow(c.id, c.ident.pid, label, c.gpu, said["memory"], said["core"], said["gated"])
+        )
+    return ExplainView(tuple(rows))
+
+
+# ------------------------------------------------------------------ overrides
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideRow:
+    target: str  # "pid 123", "pod ns/name"
+    memory_limit: int | None
+    core_limit: int | None
+    clients: tuple[int, ...]  # pids it reaches now
+
+
+@dataclass(frozen=True, slots=True)
+class OverridesView:
+    """What nvsharectl set: limit overrides, the time quantum and modes ("*": every GPU)."""
+
+    limits: tuple[OverrideRow, ...]
+    time_quantum_s: float | None
+    modes: Mapping[str, Mode]
+
+
+def overrides(s: NodeState) -> OverridesView:
+    stored = s.overrides.limits
+    rows = tuple(
+        OverrideRow(
+            target=str(target),
+            memory_limit=stored[target].memory_bytes,
+            core_limit=stored[target].core_percent,
+            clients=tuple(sorted({c.ident.pid for c in s.reached(target)})),
+        )
+        for target in sorted(stored)
+    )
+    modes = {uuid or "*": mode for uuid, mode in s.overrides.modes.items()}
+    return OverridesView(rows, s.overrides.time_quantum_s, modes)
+
+
+# ------------------------------------------------------------------ policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """`policy show`: the merged document, and each value with what set it."""
+
+    dir: str
+    hash: str
+    files: tuple[str, ...]
+    document: Mapping[str, Any]
+    values: Mapping[str, tuple[Any, str]]  # JSON path -> (value, what set it)
+
+
+def policy_view(policy: Policy, directory: str) -> PolicyView:
+    return PolicyView(
+        dir=directory,
+        hash=policy.content_hash,
+        files=policy.files,
+        document=_plain(policy.document),
+        values={
+            path: (_lookup(policy.document, path), source)
+            for path, source in sorted(policy.sources.items())
+        },
+    )
+
+
+def _lookup(doc: Any, json_path: str) -> Any:
+    """The value at a JSON path like /rules/0/memoryLimit in the merged policy document."""
+    for part in json_path.strip("/").split("/"):
+        if isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            return None
+    return _plain(doc)
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def to_json(value: Any) -> Any:
+    """A view as JSON values: dataclasses as objects, enums as their values."""
+    return _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def from_json(cls: type[T], doc: Any) -> T:
+    """A view from what `to_json` wrote, guided by the dataclass's field types."""
+    return typing.cast(T, _decode(cls, doc))
+
+
+def _decode(kind: Any, value: Any) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        (real,) = [a for a in args if a is not type(None)]
+        return _decode(real, value)
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        fields = [f for f in dataclasses.fields(kind) if f.name in value]
+        return kind(**{f.name: _decode(hints[f.name], value[f.name]) for f in fields})  # type: ignore[operator]
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(value)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    if origin in (Mapping, dict):
+        return {k: _decode(args[1], v) for k, v in value.items()}
+    return value

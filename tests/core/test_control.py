@@ -12,6 +12,7 @@ from appliance.core import events as ev
 from appliance.core.events import LimitTarget
 from appliance.core.gpus import GpuFacts
 from appliance.core.node import NodeCore
+from appliance.core.views import OverrideRow
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import GPU, GiB, Harness, of
@@ -178,6 +179,6 @@ def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
     assert reply(out).message.endswith(
         "no client of that pod is connected yet; the override waits for it"
     )
-    assert harness.core.overrides()["limits"] == [
-        {"target": "pod ml/trainer", "memory_limit": 2 * GiB, "core_limit": None, "clients": []}
-    ]
+    assert harness.core.overrides().limits == (
+        OverrideRow(target="pod ml/trainer", memory_limit=2 * GiB, core_limit=None, clients=()),
+    )

@@ -156,7 +156,7 @@ def test_nvml_usage_reaches_the_hook_of_that_process_only_when_it_moved() -> Non
     sample = ev.GpuFreeMemory({GPU: 10 * GiB}, processes={GPU: {10: 3 * GiB}})
     [told] = of(h.feed(sample), act.MemoryObserved)
     assert told == act.MemoryObserved(a, 3 * GiB, CONTEXT_ALLOWANCE_BYTES)
-    assert views.client_view(h.state, h.state.clients[a], h.now)["memory_observed"] == 3 * GiB
+    assert views.client_view(h.state, h.state.clients[a], h.now).memory_observed == 3 * GiB
     assert h.state.counters["nvml_over_limit"] == 1  # 3 GiB > 1 GiB + the context allowance
     moved_a_little = {GPU: {10: 3 * GiB + (1 << 20)}, "GPU-other": {11: 5 * GiB}}
     assert not of(h.feed(ev.GpuFreeMemory({}, processes=moved_a_little)), act.MemoryObserved)

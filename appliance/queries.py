@@ -1,0 +1,71 @@
+"""nvsharectl's questions, answered on the event loop: status, policy show, explain, limit list.
+
+The answers are the core's typed views (`appliance.core.views`), with what only the daemon
+knows added to status: how the policy directory's hot reload is doing and whether NVML is
+there. The metrics collector reads the same status, so `nvsharectl status` and /metrics never
+disagree. Everything here runs on the loop (the socket server calls it there; other threads go
+through `Engine.read`), so the core is never read halfway through a change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from appliance.core import views
+from appliance.core.node import NodeCore
+from appliance.policy.model import Policy
+from appliance.policy.watch import PolicyWatcher
+
+Query = Callable[[Mapping[str, Any]], Any]  # a request's JSON -> a view; raises QueryError
+
+
+class Answers:
+    def __init__(
+        self,
+        core: NodeCore,
+        *,
+        clock: Callable[[], float],
+        watcher: PolicyWatcher,
+        policy_dir: Path,
+        nvml_available: bool,
+    ) -> None:
+        self._core = core
+        self._clock = clock
+        self._watcher = watcher
+        self._policy_dir = str(policy_dir)
+        self._nvml = nvml_available
+        self.queries: dict[str, Query] = {
+            "policy": lambda request: self.policy(),
+            "explain": lambda request: core.explain(views.ExplainQuery.from_request(request)),
+            "overrides": lambda request: core.overrides(),
+        }
+
+    def status(self) -> views.StatusView:
+        node = self._core.status(self._clock())
+        return dataclasses.replace(node, policy=self.policy_status(), nvml=self._nvml)
+
+    def policy_status(self) -> views.PolicyStatus:
+        w = self._watcher
+        good = w.last_good
+        sources = good.sources if good is not None else {}
+        return views.PolicyStatus(
+            dir=self._policy_dir,
+            hash=good.content_hash if good else "",
+            files=good.files if good else (),
+            valid=not w.last_errors,
+            watching=w.alive,
+            last_error="; ".join(str(e) for e in w.last_errors) or None,
+            last_reload_time=w.last_reload_time,
+            reload_counts=dict(w.reload_counts),
+            env_overrides={
+                source.removeprefix("env "): path
+                for path, source in sources.items()
+                if source.startswith("env ")
+            },
+        )
+
+    def policy(self) -> views.PolicyView:
+        return views.policy_view(self._watcher.last_good or Policy(), self._policy_dir)
