@@ -637,6 +637,35 @@ def held_memory() -> None:
     )
 
 
+def two_gpu() -> None:
+    """Memory and the lock follow the stream's GPU, not the current context's."""
+    import pynvml
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        print("SKIP two-GPU attribution: this machine has one GPU", flush=True)
+        return
+    pynvml.nvmlInit()
+    raw = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)]
+    uuids = [u.decode() if isinstance(u, bytes) else str(u) for u in raw]
+    d = Daemon("scheduler: {mode: 'on', timeQuantum: 30s}\ndefaults: {memoryLimit: 1Gi}")
+    try:
+        out = program(["two_gpu", str(768 * MiB)], d.env())
+    finally:
+        log = d.stop()
+    grants = [ln.split("grant gpu ")[-1] for ln in log.splitlines() if "grant gpu" in ln]
+    RESULTS["two_gpu"] = {"program": out, "grants": grants, "uuids": uuids}
+    check(
+        "two GPUs: allocations and launches on a device-1 stream count on device 1",
+        out.get("two_gpu_first_on_1") == "ok"
+        and out.get("two_gpu_then_on_0") == "ok"
+        and out.get("two_gpu_second_on_1") == "oom"
+        and bool(grants)
+        and all(g.startswith(uuids[1]) for g in grants),
+        f"{out}; lock grants {grants} (device 0 is {uuids[0]}, device 1 {uuids[1]})",
+    )
+
+
 class NvmlWatch:
     """Samples what NVML shows each of `pids` holding, every 100 ms, keeping the maximum."""
 
@@ -1022,6 +1051,7 @@ def main() -> int:
         "makespan",
         "held",
         "captures",
+        "twogpu",
     ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
@@ -1039,6 +1069,7 @@ def main() -> int:
         "makespan": lambda: makespan(steps),
         "held": held_memory,
         "captures": captures_under_drops,
+        "twogpu": two_gpu,
     }
     for name in only:
         t0 = time.monotonic()

@@ -11,6 +11,8 @@
 //   programs graph_mem BYTES     a graph capturing a BYTES cudaMallocAsync: charged at launch
 //   programs capture_loop S      S seconds of graph captures (global mode, with kernels and
 //                                stream-ordered allocations), each instantiated and launched
+//   programs two_gpu BYTES       device 0 current, work and stream-ordered allocations of BYTES on
+//                                a stream of device 1: charged and gated on device 1
 // Every line is "key value..."; every check also prints this process's NVML usage.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -319,6 +321,28 @@ static void capture_loop(double seconds) {
     printf("captures %ld failures %ld first_error %s\n", captures, failures, first[0] ? first : "-");
 }
 
+// The current device is 0; every allocation and launch below goes to a stream of device 1.
+static void two_gpu(size_t bytes) {
+    CHECK(cudaSetDevice(1));
+    cudaStream_t s1;
+    CHECK(cudaStreamCreate(&s1));
+    CHECK(cudaSetDevice(0));
+    void *a = NULL, *b = NULL, *c = NULL;
+    cudaError_t first = cudaMallocAsync(&a, bytes, s1);  // device 1's pool, device 1's limit
+    for (int k = 0; k < 100 && first == cudaSuccess; k++) empty_kernel<<<1, 1, 0, s1>>>();
+    cudaGetLastError();
+    cudaError_t on0 = cudaMalloc(&b, bytes);  // device 0 still has all of its limit
+    cudaError_t second = cudaMallocAsync(&c, bytes, s1);  // device 1 does not
+    cudaGetLastError();
+    printf("two_gpu_first_on_1 %s\n", verdict(first));
+    printf("two_gpu_then_on_0 %s\n", verdict(on0));
+    printf("two_gpu_second_on_1 %s\n", verdict(second));
+    if (a) cudaFreeAsync(a, s1);
+    if (c) cudaFreeAsync(c, s1);
+    if (b) cudaFree(b);
+    CHECK(cudaStreamSynchronize(s1));
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s launch|malloc|free_live|alloc_paths N\n", argv[0]);
@@ -333,6 +357,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "pool")) pool_check((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "graph_mem")) graph_mem_check((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "capture_loop")) capture_loop(atof(argv[2]));
+    else if (!strcmp(argv[1], "two_gpu")) two_gpu((size_t)strtoull(argv[2], NULL, 0));
     else { fprintf(stderr, "unknown mode %s\n", argv[1]); return 2; }
     return 0;
 }
