@@ -169,15 +169,6 @@ void nvs_conn_fail(struct nvs_gpu *g, const char *why)
     nvs_unlock(&c->mu);
 }
 
-int nvs_conn_is_up(struct nvs_gpu *g)
-{
-    struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
-    int up = c->state == CONN_UP && c->why == NULL;
-    nvs_unlock(&c->mu);
-    return up;
-}
-
 /* ------------------------------------------------------------------ receiving */
 
 static int read_all(int fd, void *buf, size_t len)

@@ -45,7 +45,6 @@ typedef void (*nvs_event_handler)(struct nvs_gpu *g, const struct nvs_event *e);
 void nvs_conn_init(nvs_event_handler handler);
 /* First use of g: connect and register, waiting at most the daemon timeout. No locks held. */
 void nvs_conn_use(struct nvs_gpu *g);
-int nvs_conn_is_up(struct nvs_gpu *g);
 /* Appends a frame to g's outbox (no syscall); *seq gets its sequence number. 0 when queued. */
 int nvs_conn_queue(struct nvs_gpu *g, uint16_t type, const void *body, uint32_t len, uint64_t *seq);
 void nvs_conn_flush(struct nvs_gpu *g); /* no locks held */

@@ -110,15 +110,6 @@ CUcontext nvs_ctx_primary(int dev)
     return ctx;
 }
 
-int nvs_ctx_count(const struct nvs_gpu *g)
-{
-    int n = 0;
-    nvs_lock(&reg.mu);
-    for (int i = 0; i < reg.n; i++) n += reg.list[i].dev == g->index;
-    nvs_unlock(&reg.mu);
-    return n;
-}
-
 static void sync_one(CUcontext ctx)
 {
     if (NVS_CALL(cuCtxSynchronize_v2, (ctx)) != CUDA_ERROR_NOT_FOUND) return;

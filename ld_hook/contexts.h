@@ -17,7 +17,6 @@ void nvs_ctx_forget(CUcontext ctx);
 int nvs_ctx_device(CUcontext ctx); /* -1 when the driver does not know it */
 CUcontext nvs_ctx_current(void);
 CUcontext nvs_ctx_primary(int dev); /* the primary context noted for dev, NULL if none */
-int nvs_ctx_count(const struct nvs_gpu *g);
 /* Waits for the work queued in every context of g (never call it on a capturing GPU). */
 void nvs_ctx_sync_gpu(const struct nvs_gpu *g);
 

@@ -428,15 +428,6 @@ void nvs_gate_tick(struct nvs_gpu *g, uint64_t now)
     nvs_unlock(&gt->mu);
 }
 
-enum nvs_lock_state nvs_gate_state(struct nvs_gpu *g)
-{
-    struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
-    enum nvs_lock_state s = gt->state;
-    nvs_unlock(&gt->mu);
-    return s;
-}
-
 /* In the child of fork(): only the forking thread exists; nothing is held or in flight. */
 void nvs_gate_after_fork(void)
 {

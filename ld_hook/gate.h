@@ -91,7 +91,6 @@ void nvs_gate_on_drop(struct nvs_gpu *g);
 void nvs_gate_on_refused(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);
 void nvs_gate_tick(struct nvs_gpu *g, uint64_t now_ns); /* idle release */
-enum nvs_lock_state nvs_gate_state(struct nvs_gpu *g);
 void nvs_gate_after_fork(void);
 
 #endif

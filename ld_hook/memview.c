@@ -3,8 +3,6 @@
  * the limit as the total and the limit minus what this process holds as free (never negative),
  * wherever a limit applies. A query registers the process on that GPU.
  */
-#include <string.h>
-
 #include "contexts.h"
 #include "dispatch.h"
 #include "ledger.h"

@@ -82,11 +82,9 @@ static void *service_main(void *arg)
     return NULL;
 }
 
-int nvs_started(void) { return atomic_load_explicit(&started, memory_order_acquire); }
-
 void nvs_start(void)
 {
-    if (nvs_started()) return;
+    if (atomic_load_explicit(&started, memory_order_acquire)) return;
     nvs_config_load();
     pthread_mutex_lock(&start_mu);
     if (!atomic_load_explicit(&started, memory_order_relaxed)) {

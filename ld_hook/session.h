@@ -8,7 +8,6 @@
 #define NVSHARE_SESSION_H
 
 void nvs_start(void); /* after a successful real cuInit; idempotent */
-int nvs_started(void);
 void nvs_session_after_fork(void);
 
 #endif
