@@ -3,40 +3,34 @@
 It exists so the hook's side of the protocol (registration, lock grant/drop/release, chunked
 memory reservations, limit updates, daemon death, a daemon that stops answering, malformed
 frames) can be tested exactly and quickly, with every frame the hook sends recorded for
-assertions. The real daemon is tested against the hook in test_with_daemon.py.
+assertions. The real daemon is tested against the hook in test_with_daemon.py. Frames are
+`appliance.protocol`'s, the one Python mirror of the header, so the fake cannot drift from it.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-HEADER = struct.Struct("<IHHIIQ")
-MAGIC = 0x4853564E
-REGISTER, REGISTERED, LOCK_REQUEST, LOCK_GRANT, LOCK_DROP, LOCK_RELEASED = 1, 2, 3, 4, 5, 6
-ERROR = 11
-MEM_RESERVE, MEM_GRANT, MEM_RETURN, LIMIT_UPDATE = 20, 21, 22, 23
-HEARTBEAT, HEARTBEAT_ACK, MEM_OBSERVED, LEDGER_PEERS = 50, 51, 52, 53
-MODE_OFF, MODE_ON = 0, 1
-BACKING_DEVICE, BACKING_MANAGED = 0, 1
-LIMITS = struct.Struct("<QIIII")
-REGISTER_BODY = struct.Struct("<IIQQ48s64s64s")
+from appliance import protocol as p
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    mem_limit: int = 0
-    core_limit: int = 100
-    mode: int = MODE_ON
-    backing: int = BACKING_DEVICE
-    flags: int = 0
+def limits(
+    mem_limit: int = 0,
+    core_limit: int = 100,
+    mode: p.WireMode = p.WireMode.ON,
+    backing: p.WireBacking = p.WireBacking.DEVICE,
+    flags: int = 0,
+) -> p.WireLimits:
+    """What the fake tells hooks: no memory limit, the whole GPU, gated, unless said."""
+    return p.WireLimits(mem_limit, core_limit, mode, backing, flags)
 
-    def pack(self) -> bytes:
-        return LIMITS.pack(self.mem_limit, self.core_limit, self.mode, self.backing, self.flags)
+
+DEFAULT_LIMITS = limits()
 
 
 @dataclass(slots=True)
@@ -55,10 +49,10 @@ class Client:
     pending_seq: int = 0
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def send(self, type_: int, seq: int, body: bytes = b"") -> None:
+    def send(self, message: Any, seq: int = 0) -> None:
         with self.send_lock:
             try:
-                self.conn.sendall(HEADER.pack(MAGIC, 1, type_, 0, len(body), seq) + body)
+                self.conn.sendall(p.encode(message, seq=seq))
             except OSError:
                 pass
 
@@ -83,7 +77,7 @@ class FakeScheduler:
         self,
         socket_dir: str,
         *,
-        limits: Limits = Limits(),
+        limits: p.WireLimits = DEFAULT_LIMITS,
         tq_s: float = 0.0,
         chunk: int = 64 << 20,
         pod_limit: int = 0,
@@ -150,14 +144,14 @@ class FakeScheduler:
             clients = list(self.clients)
         for c in clients:
             with c.send_lock:
-                c.conn.sendall(HEADER.pack(MAGIC, version, type_, 0, len(body), seq) + body)
+                c.conn.sendall(p.HEADER.pack(p.MAGIC, version, type_, 0, len(body), seq) + body)
 
-    def push_limits(self, limits: Limits) -> None:
+    def push_limits(self, limits: p.WireLimits) -> None:
         with self.mu:
             self.limits = limits
             clients = list(self.clients)
         for c in clients:
-            c.send(LIMIT_UPDATE, 0, limits.pack())
+            c.send(p.LimitUpdate(limits))
 
     def stop(self) -> None:
         """Die like kill -9: every connection and the listener close at once."""
@@ -199,12 +193,12 @@ class FakeScheduler:
 
     def _serve(self, c: Client) -> None:
         while True:
-            head = _recv_exact(c.conn, HEADER.size)
+            head = _recv_exact(c.conn, p.HEADER.size)
             if head is None:
                 break
-            magic, _version, type_, _flags, length, seq = HEADER.unpack(head)
+            magic, _version, type_, _flags, length, seq = p.HEADER.unpack(head)
             body = _recv_exact(c.conn, length) if length else b""
-            if magic != MAGIC or body is None:
+            if magic != p.MAGIC or body is None:
                 break
             while self.silent.is_set() and not self._stopping:
                 time.sleep(0.01)  # hung: what arrived now is answered only after it wakes
@@ -216,55 +210,60 @@ class FakeScheduler:
         self.mu.notify_all()
 
     def _handle(self, c: Client, type_: int, seq: int, body: bytes) -> None:
+        try:
+            msg = p.decode_body(p.Frame(type_, seq, body))
+        except p.ProtocolError as exc:
+            msg = exc
         with self.mu:
-            if type_ == REGISTER:
-                pid, _core, total, env_mem, uuid, ns, name = REGISTER_BODY.unpack(body)
-                c.pid, c.gpu_total_mem, c.env_mem_limit = pid, total, env_mem
-                c.uuid = uuid.rstrip(b"\0").decode()
-                c.pod = (ns.rstrip(b"\0").decode(), name.rstrip(b"\0").decode())
+            if isinstance(msg, p.Register):
+                c.pid, c.gpu_total_mem, c.env_mem_limit = (
+                    msg.pid,
+                    msg.gpu_total_mem,
+                    msg.env_mem_limit,
+                )
+                c.uuid, c.pod = msg.gpu_uuid, (msg.pod_namespace, msg.pod_name)
                 self.clients.append(c)
-                self._record(c, type_, (pid,))
-                c.send(REGISTERED, seq, struct.pack("<Q", c.client_id) + self.limits.pack())
-            elif type_ == LOCK_REQUEST:
+                self._record(c, type_, (msg.pid,))
+                c.send(p.Registered(c.client_id, self.limits), seq)
+            elif isinstance(msg, p.LockRequest):
                 self._record(c, type_)
-                if self.limits.mode == MODE_OFF or (self.holder is None and self.auto_grant):
+                if self.limits.mode == p.WireMode.OFF or (self.holder is None and self.auto_grant):
                     self._grant(c, seq)
                 else:
                     self.queue.append(c)
                     c.pending_seq = seq
-            elif type_ == LOCK_RELEASED:
-                (reason, _) = struct.unpack("<II", body)
-                self._record(c, type_, (reason,))
+            elif isinstance(msg, p.LockReleased):
+                self._record(c, type_, (msg.reason,))
                 if self.holder is c:
                     self._next_holder()
-            elif type_ == MEM_RESERVE:
-                want, used = struct.unpack("<QQ", body)
-                c.used = used
-                others = sum(x.reserved for x in self.clients if x is not c)
-                room = self.pod_limit - others - c.reserved if self.pod_limit else 1 << 62
-                granted = min(max(want, self.chunk), room) if room >= want else 0
-                c.reserved += granted + (self.grant_reserved_extra if granted else 0)
-                self._record(c, type_, (want, used, granted))
-                c.send(MEM_GRANT, seq, struct.pack("<QQ", granted, c.reserved))
-            elif type_ == HEARTBEAT:
+            elif isinstance(msg, p.MemReserve):
+                self._reserve(c, msg, seq)
+            elif isinstance(msg, p.Heartbeat):
                 self._record(c, type_)
-                c.send(HEARTBEAT_ACK, seq)
-            elif type_ == MEM_RETURN:
-                give, used = struct.unpack("<QQ", body)
-                c.reserved -= give
-                c.used = used
-                self._record(c, type_, (give, used))
+                c.send(p.HeartbeatAck(), seq)
+            elif isinstance(msg, p.MemReturn):
+                c.reserved -= msg.nbytes
+                c.used = msg.used
+                self._record(c, type_, (msg.nbytes, msg.used))
             else:
                 self._record(c, type_)
-                msg = b"unknown type".ljust(248, b"\0")
-                c.send(ERROR, seq, struct.pack("<iI", 2, type_) + msg)
+                c.send(p.Result(p.Status.UNKNOWN_TYPE, type_, "unknown type"), seq)
+
+    def _reserve(self, c: Client, msg: p.MemReserve, seq: int) -> None:
+        c.used = msg.used
+        others = sum(x.reserved for x in self.clients if x is not c)
+        room = self.pod_limit - others - c.reserved if self.pod_limit else 1 << 62
+        granted = min(max(msg.nbytes, self.chunk), room) if room >= msg.nbytes else 0
+        c.reserved += granted + (self.grant_reserved_extra if granted else 0)
+        self._record(c, p.MsgType.MEM_RESERVE, (msg.nbytes, msg.used, granted))
+        c.send(p.MemGrant(granted, c.reserved), seq)
 
     def _grant(self, c: Client, seq: int) -> None:
         self.holder = c
         c.lock_since = time.monotonic()
         c.dropped = False
-        self._record(c, LOCK_GRANT)
-        c.send(LOCK_GRANT, seq, struct.pack("<II", int(self.tq_s * 1000), 0))
+        self._record(c, p.MsgType.LOCK_GRANT)
+        c.send(p.LockGrant(int(self.tq_s * 1000), 0), seq)
 
     def _next_holder(self, *, force: bool = False) -> None:
         self.holder = None
@@ -298,5 +297,5 @@ class FakeScheduler:
                     and time.monotonic() - h.lock_since > self.tq_s
                 ):
                     h.dropped = True
-                    self._record(h, LOCK_DROP)
-                    h.send(LOCK_DROP, 0)
+                    self._record(h, p.MsgType.LOCK_DROP)
+                    h.send(p.LockDrop())

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from appliance.protocol import MsgType
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -36,13 +38,13 @@ def test_a_drop_during_a_capture_waits_for_it_and_the_capture_survives(
         a.ok(f"capture_begin {s} {CAPTURE_GLOBAL}")
         a.ok(f"capture_launch {s} 3")
         ask_for_the_lock(b)
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_DROP) == 1)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_DROP) == 1)
         time.sleep(0.3)  # the drop is pending while a keeps capturing
         a.ok(f"capture_launch {s} 3")
-        assert sched.count(fs.LOCK_RELEASED) == 0
+        assert sched.count(MsgType.LOCK_RELEASED) == 0
         graph = a.ok(f"capture_end {s}").split()[1]  # not CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_RELEASED) == 1)
-        released = [f for _, t, f in sched.events if t == fs.LOCK_RELEASED]
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_RELEASED) == 1)
+        released = [f for _, t, f in sched.events if t == MsgType.LOCK_RELEASED]
         assert released == [(0,)]  # drained normally once the capture was over
         assert b.answer() == "ok"
         exe = a.ok(f"instantiate {graph}").split()[1]
@@ -60,8 +62,8 @@ def test_a_capture_that_outlives_the_quantum_is_handed_over_undrained(
         a.ok(f"capture_begin {s} {CAPTURE_GLOBAL}")
         ask_for_the_lock(b)
         # the wait is bounded (a quantum, at least a second): then the lock goes, undrained
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_RELEASED) == 1, timeout=20)
-        assert [f for _, t, f in sched.events if t == fs.LOCK_RELEASED] == [(UNDRAINED,)]
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_RELEASED) == 1, timeout=20)
+        assert [f for _, t, f in sched.events if t == MsgType.LOCK_RELEASED] == [(UNDRAINED,)]
         a.ok(f"capture_launch {s} 2")  # recording goes on without the lock
         a.ok(f"capture_end {s}")  # and the capture still ends well
         assert b.answer() == "ok"
@@ -81,5 +83,5 @@ def test_recording_into_a_capture_needs_no_lock(plain: Variant, start_probe, soc
         p.ok(f"capture_launch {s} 5")  # the lock is never granted: recording does not run
         p.ok(f"capture_alloc {s} 1048576")
         p.ok(f"capture_end {s}")
-        assert sched.count(fs.LOCK_GRANT) == 0
+        assert sched.count(MsgType.LOCK_GRANT) == 0
         assert_clean(*p.finish())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 import time
 
+from appliance.protocol import MsgType
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -28,10 +30,10 @@ def test_a_scheduler_that_stops_answering_is_treated_as_gone(
         sched.silent.set()  # alive, listening, but answering nothing: like SIGSTOP
         p.ok(f"alloc mem {64 * MiB}")  # its reservation is never answered: decided locally
         p.ok("launch 5")
-        grants = sched.count(fs.LOCK_GRANT)
+        grants = sched.count(MsgType.LOCK_GRANT)
         sched.silent.clear()  # answering again: the hook registers anew and gating resumes
         deadline = time.monotonic() + 20
-        while sched.count(fs.LOCK_GRANT) == grants:
+        while sched.count(MsgType.LOCK_GRANT) == grants:
             assert time.monotonic() < deadline, "gating did not resume"
             p.ok("launch 1")
             time.sleep(0.05)
@@ -57,7 +59,7 @@ def test_a_waiter_stops_waiting_when_the_scheduler_hangs(
         holder.ok("launch 1")
         waiter.ok("init")
         waiter.send("launch 1")
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_REQUEST) == 2)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) == 2)
         sched.silent.set()
         assert waiter.answer() == "ok"  # its heartbeat went unanswered
         rc, err = waiter.finish()
@@ -82,9 +84,9 @@ def test_a_grant_is_read_while_a_release_synchronises(
         a.ok("launch 1")
         a.ok("queue_on 0 40")  # 2 s of queued work: a release has to wait for it
         b.send("launch 1")
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_DROP) == 1)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_DROP) == 1)
         a.ok(f"alloc mem {64 * MiB}")  # needs a MEM_GRANT while the drainer synchronises
-        assert sched.count(fs.LOCK_RELEASED) == 0  # answered before the release went out
+        assert sched.count(MsgType.LOCK_RELEASED) == 0  # answered before the release went out
         for p in (a, b):
             assert_clean(*p.finish())
 
@@ -99,7 +101,7 @@ def test_the_hook_keeps_the_reservation_the_daemon_reports(
         p.ok(f"alloc mem {2 * MiB}")  # granted 16 MiB; the daemon says 32 MiB are reserved
 
         def returns() -> list[tuple[int, ...]]:
-            return [f for _, t, f in sched.events if t == fs.MEM_RETURN and f[0] > 0]
+            return [f for _, t, f in sched.events if t == MsgType.MEM_RETURN and f[0] > 0]
 
         assert sched.wait_for(lambda: returns())  # idle: the surplus goes back
         assert returns()[0] == (30 * MiB, 2 * MiB)  # the daemon's 32, not the grant's 16
@@ -125,12 +127,12 @@ def test_while_unreachable_a_pods_processes_share_its_limit(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
     for processes, room in ((2, 32), (1, 64)):
-        sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB), chunk=8 * MiB)
+        sched = fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=64 * MiB), chunk=8 * MiB)
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok(f"alloc mem {8 * MiB}")
         if processes > 1:
-            sched.send_raw(fs.LEDGER_PEERS, struct.pack("<II", processes, 0))
+            sched.send_raw(MsgType.LEDGER_PEERS, struct.pack("<II", processes, 0))
             p.eventually("sleep 1", "ok")  # (the frame is read by the hook's reader)
             time.sleep(0.2)
         sched.stop()  # the daemon is gone

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from appliance.protocol import MsgType, Result, Status, WireMode
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -63,7 +65,7 @@ def test_registration_carries_identity_and_env_limits(
         p = start_probe(plain, env)
         p.ok("init")
         p.ok("launch 1")
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
         (c,) = sched.clients
         assert c.uuid == "GPU-0123abcd-4567-89ef-0123-456789abcdef"
         assert (c.env_mem_limit, c.gpu_total_mem) == (1 << 30, 80 << 30)
@@ -115,15 +117,15 @@ def test_mode_on_never_overlaps_and_the_quantum_hands_over(
     assert len(runs) == 2
     a, b = runs.values()
     assert overlaps(a, b) == 0
-    assert sched.count(fs.LOCK_DROP) >= 2  # preempted while the other one waited ...
-    released = [f for _, t, f in sched.events if t == fs.LOCK_RELEASED]
+    assert sched.count(MsgType.LOCK_DROP) >= 2  # preempted while the other one waited ...
+    released = [f for _, t, f in sched.events if t == MsgType.LOCK_RELEASED]
     assert (0,) in released  # ... and handed back with reason DROPPED
 
 
 def test_mode_off_runs_concurrently(
     plain: Variant, start_probe, sock_dir: str, tmp_path: Path
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mode=fs.MODE_OFF))
+    sched = fs.FakeScheduler(sock_dir, limits=fs.limits(mode=WireMode.OFF))
     trace = tmp_path / "trace"
     try:
         run_pair(plain, start_probe, sock_dir, trace, 600)
@@ -131,7 +133,7 @@ def test_mode_off_runs_concurrently(
         sched.stop()
     a, b = intervals(trace).values()
     assert overlaps(a, b) > 0
-    assert sched.count(fs.LOCK_REQUEST) == 0  # mode off: never asks for the lock
+    assert sched.count(MsgType.LOCK_REQUEST) == 0  # mode off: never asks for the lock
 
 
 def test_idle_holder_releases_early(plain: Variant, start_probe, sock_dir: str) -> None:
@@ -142,10 +144,10 @@ def test_idle_holder_releases_early(plain: Variant, start_probe, sock_dir: str) 
         p.ok("init")
         p.ok("launch 3")
         assert sched.wait_for(
-            lambda: any(t == fs.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
+            lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
         )
         p.ok("launch 1")  # asks again after an early release
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 2)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
         assert_clean(*p.finish())
     finally:
         sched.stop()
@@ -174,19 +176,19 @@ def test_daemon_death_while_holding_the_lock_then_reconnect(
     p = start_probe(variant, env)
     p.ok("init")
     p.ok("launch 5")
-    assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+    assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
     sched.stop()  # like kill -9 while this client holds the lock
     p.ok("launch 50")  # keeps running, ungated
     assert p.do("alloc mem 134217728") == "err 2"  # the local limit still holds
     back = fs.FakeScheduler(sock_dir)
     try:
-        assert back.wait_for(lambda: back.count(fs.REGISTER) == 1)  # re-registered on its own
+        assert back.wait_for(lambda: back.count(MsgType.REGISTER) == 1)  # re-registered on its own
         # the hook installs the connection when REGISTERED arrives: from then on it asks again
         for _ in range(100):
             p.ok("launch 1")
-            if back.wait_for(lambda: back.count(fs.LOCK_GRANT) == 1, timeout=0.05):
+            if back.wait_for(lambda: back.count(MsgType.LOCK_GRANT) == 1, timeout=0.05):
                 break
-        assert back.count(fs.LOCK_GRANT) == 1  # gating resumed
+        assert back.count(MsgType.LOCK_GRANT) == 1  # gating resumed
         rc, err = p.finish()
         assert_clean(rc, err)
         assert len(re.findall(r"^nvshare: ", err, re.M)) == 1
@@ -204,10 +206,10 @@ def test_fork_child_without_cuda_stays_silent_and_with_cuda_registers(
         p.ok("init")
         p.ok("launch 1")
         assert p.do("fork 0") == "ok 0"
-        assert sched.count(fs.REGISTER) == 1
+        assert sched.count(MsgType.REGISTER) == 1
         assert p.do("fork 1") == "ok 0"
-        assert sched.wait_for(lambda: sched.count(fs.REGISTER) == 2)
-        pids = {c for c, t, f in sched.events if t == fs.REGISTER}
+        assert sched.wait_for(lambda: sched.count(MsgType.REGISTER) == 2)
+        pids = {c for c, t, f in sched.events if t == MsgType.REGISTER}
         assert len(pids) == 2
         p.ok("launch 1")  # the parent's own connection is intact
         assert_clean(*p.finish())
@@ -225,8 +227,8 @@ def test_unknown_frames_and_errors_do_not_stop_the_program(
         p.ok("init")
         p.ok("launch 1")
         assert sched.wait_for(lambda: len(sched.clients) == 1)
-        sched.clients[0].send(99, 0, b"\x01\x02")
-        sched.clients[0].send(fs.ERROR, 7, b"\x05\0\0\0\x63\0\0\0" + b"nope".ljust(248, b"\0"))
+        sched.send_raw(99, b"\x01\x02")
+        sched.clients[0].send(Result(Status.INVALID, 99, "nope"), 7)
         p.ok(f"launchfor {ms}")
         rc, err = p.finish()
         assert_clean(rc, err)
@@ -244,7 +246,7 @@ def test_a_process_on_the_second_gpu_registers_and_gates_only_that_gpu(
         p.ok("init 1")
         p.ok("launch 3")
         p.ok("alloc mem 1")
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
         assert [c.uuid for c in sched.clients] == ["GPU-10111213-1415-1617-1819-1a1b1c1d1e20"]
         assert_clean(*p.finish())
     finally:
@@ -261,7 +263,7 @@ def test_while_the_lock_is_held_submissions_need_no_round_trip(
         for _ in range(20):
             p.ok("launch 50")
             p.ok("copy")
-        assert sched.count(fs.LOCK_REQUEST) == 1
+        assert sched.count(MsgType.LOCK_REQUEST) == 1
         assert_clean(*p.finish())
     finally:
         sched.stop()
@@ -280,8 +282,8 @@ def test_switching_the_mode_off_lets_a_waiting_client_run(
         assert waiter.proc.stdin is not None and waiter.proc.stdout is not None
         waiter.proc.stdin.write("launch 1\n")
         waiter.proc.stdin.flush()
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_REQUEST) == 2)
-        sched.push_limits(fs.Limits(mode=fs.MODE_OFF))
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) == 2)
+        sched.push_limits(fs.limits(mode=WireMode.OFF))
         assert waiter.proc.stdout.readline().strip() == "ok"
         for p in (holder, waiter):
             assert_clean(*p.finish())

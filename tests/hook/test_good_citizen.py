@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from appliance.protocol import MsgType
+
 from . import fake_scheduler as fs
 from .conftest import LD_HOOK, Variant, assert_clean
 
@@ -29,7 +31,7 @@ def test_an_interposer_after_the_hook_reaches_the_driver(
         rc, err = p.finish()
         assert_clean(rc, err)
         assert "interposer: passed on 7 launches" in err
-        assert sched.count(fs.LOCK_GRANT) == 1  # and the hook still gated them
+        assert sched.count(MsgType.LOCK_GRANT) == 1  # and the hook still gated them
 
 
 def test_hook_threads_are_named_and_block_every_signal(
@@ -81,7 +83,7 @@ def test_bad_environment_values_are_reported_and_ignored(
         assert_clean(rc, err)
         assert message in err
         assert err.count(name) == 1  # said once
-    assert sched.count(fs.REGISTER) == 1  # and the program went on, registered as usual
+    assert sched.count(MsgType.REGISTER) == 1  # and the program went on, registered as usual
 
 
 def test_a_socket_path_that_does_not_fit_is_an_error_not_a_truncation(

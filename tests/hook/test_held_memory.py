@@ -10,6 +10,8 @@ import struct
 
 import pytest
 
+from appliance.protocol import MsgType
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -142,14 +144,14 @@ def test_allocations_are_charged_to_the_gpu_of_their_stream(
 def test_memory_nvml_shows_beyond_the_ledger_refuses_allocations_while_over(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    with fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB)) as sched:
+    with fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=64 * MiB)) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok(f"alloc mem {8 * MiB}")
         allowance = 500 * MiB
 
         def observed(nvml_used: int) -> None:
-            sched.send_raw(fs.MEM_OBSERVED, struct.pack("<QQ", nvml_used, allowance))
+            sched.send_raw(MsgType.MEM_OBSERVED, struct.pack("<QQ", nvml_used, allowance))
 
         # NVML: the context, the 8 MiB, and 62 MiB of module globals and heaps the hook never saw
         observed(allowance + 70 * MiB)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+from appliance.protocol import MsgType, WireBacking
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -20,13 +22,13 @@ def test_reservations_come_in_chunks_and_surplus_goes_back(
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         ids = [p.ok("alloc mem 2097152").split()[1] for _ in range(8)]
-        assert sched.count(fs.MEM_RESERVE) == 1  # one round trip for 8 allocations
+        assert sched.count(MsgType.MEM_RESERVE) == 1  # one round trip for 8 allocations
         big = p.ok("alloc mem 536870912").split()[1]  # 512 MiB: asks exactly what is missing
-        reserves = [f for _, t, f in sched.events if t == fs.MEM_RESERVE]
+        reserves = [f for _, t, f in sched.events if t == MsgType.MEM_RESERVE]
         assert reserves[-1] == (512 * MiB, 16 * MiB, 512 * MiB)
         p.ok(f"free {big}")
-        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) >= 1)
-        returns = [f for _, t, f in sched.events if t == fs.MEM_RETURN]
+        assert sched.wait_for(lambda: sched.count(MsgType.MEM_RETURN) >= 1)
+        returns = [f for _, t, f in sched.events if t == MsgType.MEM_RETURN]
         assert returns[0] == (512 * MiB, 16 * MiB)  # a surplus over 256 MiB goes back at once
         for i in ids:
             p.ok(f"free {i}")
@@ -68,7 +70,7 @@ def test_two_processes_racing_never_exceed_the_pod_ledger(
 
 
 def test_limit_updates_raise_lower_and_remove(variant: Variant, start_probe, sock_dir: str) -> None:
-    sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=8 * MiB))
+    sched = fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=8 * MiB))
     try:
         p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
@@ -76,13 +78,13 @@ def test_limit_updates_raise_lower_and_remove(variant: Variant, start_probe, soc
         assert p.do("alloc mem 1") == "err 2"
         assert p.do("info") == f"ok 0 {8 * MiB}"
 
-        sched.push_limits(fs.Limits(mem_limit=16 * MiB))  # raise: the next allocation fits
-        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) >= 1)  # unused went back
+        sched.push_limits(fs.limits(mem_limit=16 * MiB))  # raise: the next allocation fits
+        assert sched.wait_for(lambda: sched.count(MsgType.MEM_RETURN) >= 1)  # unused went back
         assert p.ok("info") == f"ok {8 * MiB} {16 * MiB}"
         b = p.ok("alloc mem 4194304").split()[1]
 
-        sched.push_limits(fs.Limits(mem_limit=4 * MiB))  # lower below usage: keep, refuse new
-        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) >= 2)
+        sched.push_limits(fs.limits(mem_limit=4 * MiB))  # lower below usage: keep, refuse new
+        assert sched.wait_for(lambda: sched.count(MsgType.MEM_RETURN) >= 2)
         assert p.do("info") == f"ok 0 {4 * MiB}"
         assert p.do("alloc mem 1") == "err 2"
         p.ok(f"free {a}")
@@ -90,8 +92,8 @@ def test_limit_updates_raise_lower_and_remove(variant: Variant, start_probe, soc
         p.ok(f"free {b}")
         p.ok("alloc mem 4194304")  # under the limit again
 
-        sched.push_limits(fs.Limits(mem_limit=0))  # removed: the whole GPU
-        assert sched.wait_for(lambda: sched.count(fs.MEM_RETURN) >= 3)
+        sched.push_limits(fs.limits(mem_limit=0))  # removed: the whole GPU
+        assert sched.wait_for(lambda: sched.count(MsgType.MEM_RETURN) >= 3)
         p.ok("alloc mem 1073741824")
         assert_clean(*p.finish())
     finally:
@@ -102,7 +104,7 @@ def test_the_environment_can_only_lower_the_daemon_limit(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
     for env_limit, daemon_limit, fits in (("4Mi", 8 * MiB, 4), ("64Mi", 8 * MiB, 8)):
-        sched = fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=daemon_limit))
+        sched = fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=daemon_limit))
         try:
             env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_GPU_MEMORY_LIMIT=env_limit)
             p = start_probe(plain, env)
@@ -122,7 +124,7 @@ def test_a_refused_reservation_is_out_of_memory(plain: Variant, start_probe, soc
         p.ok("init")
         p.ok("alloc mem 6291456")
         assert p.do("alloc mem 1") == "err 2"
-        assert [f[2] for _, t, f in sched.events if t == fs.MEM_RESERVE][-1] == 0
+        assert [f[2] for _, t, f in sched.events if t == MsgType.MEM_RESERVE][-1] == 0
         assert_clean(*p.finish())
     finally:
         sched.stop()
@@ -133,9 +135,9 @@ def test_managed_backing_oversubscribes_only_when_allowed(
 ) -> None:
     gpu = 64 * MiB
     cases = (
-        (fs.Limits(backing=fs.BACKING_DEVICE), "err 2"),  # the device itself is full
-        (fs.Limits(backing=fs.BACKING_MANAGED), "err 2"),  # managed, but capped at the GPU size
-        (fs.Limits(backing=fs.BACKING_MANAGED, flags=1, mem_limit=128 * MiB), "ok"),
+        (fs.limits(backing=WireBacking.DEVICE), "err 2"),  # the device itself is full
+        (fs.limits(backing=WireBacking.MANAGED), "err 2"),  # managed, but capped at the GPU size
+        (fs.limits(backing=WireBacking.MANAGED, flags=1, mem_limit=128 * MiB), "ok"),
     )
     for limits, expected in cases:
         sched = fs.FakeScheduler(sock_dir, limits=limits)

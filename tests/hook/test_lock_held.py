@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from appliance.protocol import MsgType
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 from .test_gate import intervals, overlaps
@@ -45,7 +47,7 @@ def test_no_kernel_reaches_the_driver_after_release_despite_a_slow_enqueue(
             assert_clean(*p.finish())
     first, second = intervals(trace).values()
     assert overlaps(first, second) == 0
-    assert sched.count(fs.LOCK_DROP) >= 4  # the lock really moved back and forth
+    assert sched.count(MsgType.LOCK_DROP) >= 4  # the lock really moved back and forth
 
 
 def test_every_submission_path_waits_for_the_lock(
@@ -59,15 +61,18 @@ def test_every_submission_path_waits_for_the_lock(
         names = p.ok("submit list").split()[1:]
         assert len(names) >= 38
         for name in names:
-            requests, releases = sched.count(fs.LOCK_REQUEST), sched.count(fs.LOCK_RELEASED)
+            requests, releases = (
+                sched.count(MsgType.LOCK_REQUEST),
+                sched.count(MsgType.LOCK_RELEASED),
+            )
             p.send(f"submit {name} {s}")
-            assert sched.wait_for(lambda n=requests: sched.count(fs.LOCK_REQUEST) > n), name
+            assert sched.wait_for(lambda n=requests: sched.count(MsgType.LOCK_REQUEST) > n), name
             ready = p.answered(0.05)
             assert not ready, f"{name} reached the driver without the lock"
             sched.grant_waiting()
             assert p.answer() == "ok", name
             # idle: the lock goes back, so the next path has to ask again
-            assert sched.wait_for(lambda n=releases: sched.count(fs.LOCK_RELEASED) > n), name
+            assert sched.wait_for(lambda n=releases: sched.count(MsgType.LOCK_RELEASED) > n), name
         assert_clean(*p.finish())
 
 
@@ -77,7 +82,7 @@ def test_work_is_gated_on_the_gpu_of_its_stream(plain: Variant, start_probe, soc
         p.ok("init")  # the current context is on GPU 0
         s = p.ok("stream 1").split()[1]
         p.ok(f"launch_on {s} 3")
-        assert sched.wait_for(lambda: sched.count(fs.LOCK_GRANT) == 1)
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
         (client,) = [c for c in sched.clients if sched.holder is c]
         assert client.uuid == SECOND_GPU  # GPU 1's lock, not the current context's GPU 0
         assert_clean(*p.finish())

@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 import time
 
+from appliance.protocol import MsgType, WireLimits, WireMode
+
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
@@ -15,9 +17,9 @@ MiB = 1 << 20
 
 
 def limits(
-    mem: int = 0, core: int = 100, mode: int = fs.MODE_ON, backing: int = 0, flags: int = 0
+    mem: int = 0, core: int = 100, mode: int = WireMode.ON, backing: int = 0, flags: int = 0
 ) -> bytes:
-    return fs.LIMITS.pack(mem, core, mode, backing, flags)
+    return WireLimits.FORMAT.pack(mem, core, mode, backing, flags)
 
 
 def wait_for_lines(p, text: str, n: int) -> str:  # type: ignore[no-untyped-def]
@@ -31,16 +33,16 @@ def wait_for_lines(p, text: str, n: int) -> str:  # type: ignore[no-untyped-def]
 def test_malformed_frames_are_reported_and_ignored(
     variant: Variant, start_probe, sock_dir: str
 ) -> None:
-    with fs.FakeScheduler(sock_dir, limits=fs.Limits(mem_limit=64 * MiB)) as sched:
+    with fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=64 * MiB)) as sched:
         p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         assert p.do("total") == f"ok {64 * MiB}"
         for type_, body, version in (
-            (fs.LIMIT_UPDATE, b"", 1),  # empty: not "no limit, mode off"
-            (fs.LIMIT_UPDATE, limits(mode=7), 1),
-            (fs.LIMIT_UPDATE, limits(core=0), 1),
-            (fs.LIMIT_UPDATE, limits(backing=5), 1),
-            (fs.LIMIT_UPDATE, limits(), 2),  # a protocol version the hook does not speak
+            (MsgType.LIMIT_UPDATE, b"", 1),  # empty: not "no limit, mode off"
+            (MsgType.LIMIT_UPDATE, limits(mode=7), 1),
+            (MsgType.LIMIT_UPDATE, limits(core=0), 1),
+            (MsgType.LIMIT_UPDATE, limits(backing=5), 1),
+            (MsgType.LIMIT_UPDATE, limits(), 2),  # a protocol version the hook does not speak
         ):
             sched.send_raw(type_, body, version=version)
         err = wait_for_lines(p, "ignored a frame of type 23", 5)
@@ -56,11 +58,11 @@ def test_malformed_frames_are_reported_and_ignored(
         assert p.do("total") == f"ok {64 * MiB}"  # the limit held through all of them
         assert p.do(f"alloc mem {66 * MiB}") == "err 2"
         for type_, body in (
-            (fs.LIMIT_UPDATE, limits(flags=0x80)),
-            (fs.MEM_GRANT, struct.pack("<QQ", 10 * MiB, 5 * MiB)),  # granted > reserved
-            (fs.LEDGER_PEERS, struct.pack("<II", 0, 0)),
-            (fs.ERROR, struct.pack("<iI", 0, 3) + bytes(248)),  # an error with status 0
-            (fs.LIMIT_UPDATE, limits(mem=32 * MiB)),  # and a good one, after them
+            (MsgType.LIMIT_UPDATE, limits(flags=0x80)),
+            (MsgType.MEM_GRANT, struct.pack("<QQ", 10 * MiB, 5 * MiB)),  # granted > reserved
+            (MsgType.LEDGER_PEERS, struct.pack("<II", 0, 0)),
+            (MsgType.ERROR, struct.pack("<iI", 0, 3) + bytes(248)),  # an error with status 0
+            (MsgType.LIMIT_UPDATE, limits(mem=32 * MiB)),  # and a good one, after them
         ):
             sched.send_raw(type_, body)
         deadline = time.monotonic() + 20
