@@ -1,7 +1,8 @@
 """The typed policy every other part of the appliance reads.
 
 The loader (`appliance.policy.load`) is the only producer: it validates files against
-`schema/policy.schema.json`, parses quantities once (bytes, seconds) and builds these objects.
+`schema/policy.schema.json`, and `appliance.policy.build` parses quantities once (bytes,
+seconds) and builds these objects.
 Everything downstream (the scheduler core, the pod watcher, the device plugin) reads these
 frozen values and never sees a raw YAML string such as "4Gi".
 """

@@ -30,12 +30,8 @@ from typing import Literal, TypeVar
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
 from appliance.policy.errors import PolicyError, PolicyLoadError
-from appliance.policy.load import (
-    POLICY_SUFFIXES,
-    PolicySnapshot,
-    build_policy,
-    read_policy_dir,
-)
+from appliance.policy.files import POLICY_SUFFIXES, PolicySnapshot, read_policy_dir
+from appliance.policy.load import build_policy
 from appliance.policy.model import Policy
 
 log = logging.getLogger("nvshare.policy")

@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.policy.load import (
-    PolicyLoadError,
-    build_policy,
-    load_policy_dir,
-    read_policy_dir,
-    validate_paths,
-)
+from appliance.policy.files import read_policy_dir
+from appliance.policy.load import PolicyLoadError, build_policy, load_policy_dir, validate_paths
 from appliance.policy.model import Backing, Limits, Mode, Policy, RealtimeCheckMode
 
 

@@ -1,0 +1,140 @@
+"""The typed `Policy` from a valid merged document: one builder per policy section.
+
+Quantities are parsed here, once ("4Gi" becomes bytes, "30s" seconds); everything downstream
+reads the frozen model and never sees a string such as "4Gi".
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from appliance.policy import model
+from appliance.policy.files import PolicySnapshot
+from appliance.policy.merge import Merge
+from appliance.policy.quantity import parse_seconds, parse_size
+
+
+def _opt_bytes(value: Any) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+def _opt_mode(value: Any) -> model.Mode | None:
+    return None if value is None else model.Mode(value)
+
+
+def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> model.Policy:
+    return model.Policy(
+        version=doc["version"],
+        scheduler=_scheduler(doc["scheduler"]),
+        memory=_memory(doc["memory"]),
+        realtime_check=_realtime_check(doc["realtimeCheck"]),
+        defaults=_limits(doc["defaults"]),
+        rules=tuple(
+            _rule(rule, merge.locate(f"/rules/{i}")) for i, rule in enumerate(doc["rules"])
+        ),
+        gpus=tuple(_gpu(gpu, merge.locate(f"/gpus/{i}")) for i, gpu in enumerate(doc["gpus"])),
+        annotations=_annotations(doc["annotations"]),
+        device_plugin=model.DevicePluginSettings(
+            replicas_per_gpu=doc["devicePlugin"]["replicasPerGpu"],
+            resource_name=doc["devicePlugin"]["resourceName"],
+        ),
+        mig_fallback=model.MigFallback(
+            chains=tuple(tuple(chain) for chain in doc["migFallback"]["chains"])
+        ),
+        metrics=model.MetricsSettings(
+            enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]
+        ),
+        sources=dict(merge.sources),
+        document=copy.deepcopy(doc),
+        files=tuple(f.name for f in snapshot.files),
+        content_hash=snapshot.content_hash,
+    )
+
+
+def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
+    return model.SchedulerSettings(
+        mode=model.Mode(sch["mode"]),
+        time_quantum_s=parse_seconds(sch["timeQuantum"]),
+        compute_window_s=parse_seconds(sch["computeWindow"]),
+        quota_sample_interval_s=parse_seconds(sch["quotaSampleInterval"]),
+        carry_over_percent=sch["carryOverPercent"],
+        drop_tail_billing_percent=sch["dropTailBillingPercent"],
+        idle_release_s=parse_seconds(sch["idleRelease"]),
+    )
+
+
+def _memory(mem: dict[str, Any]) -> model.MemorySettings:
+    return model.MemorySettings(
+        backing=model.Backing(mem["backing"]),
+        single_process_oversubscription=mem["singleProcessOversubscription"],
+        reserve_bytes=parse_size(mem["reserve"]),
+        chunk_bytes=parse_size(mem["chunk"]),
+    )
+
+
+def _realtime_check(rt: dict[str, Any]) -> model.RealtimeCheck:
+    status = rt["nodeStatus"]
+    return model.RealtimeCheck(
+        mode=model.RealtimeCheckMode(rt["mode"]),
+        safety_margin_bytes=parse_size(rt["safetyMargin"]),
+        enabled_by_default=rt["enabledByDefault"],
+        max_sample_age_s=parse_seconds(rt["maxSampleAge"]),
+        node_status=model.NodeStatusSettings(
+            publish=status["publish"],
+            min_interval_s=parse_seconds(status["minInterval"]),
+            refresh_interval_s=parse_seconds(status["refreshInterval"]),
+            memory_change_bytes=parse_size(status["memoryChange"]),
+        ),
+    )
+
+
+def _limits(entry: dict[str, Any]) -> model.Limits:
+    """`memoryLimit` and `coreLimit` of the defaults or of a rule."""
+    return model.Limits(
+        memory_bytes=_opt_bytes(entry.get("memoryLimit")), core_percent=entry.get("coreLimit")
+    )
+
+
+def _rule(rule: dict[str, Any], origin: tuple[str, str]) -> model.Rule:
+    source = "#".join(origin)  # "10-team.yaml#/rules/0": the file and the place in it
+    match = rule.get("match", {})
+    return model.Rule(
+        name=rule.get("name") or source,
+        match=model.RuleMatch(
+            namespace=match.get("namespace"),
+            pod_name=match.get("podName"),
+            pod_labels=dict(match.get("podLabels") or {}),
+            uid=match.get("uid"),
+            user=match.get("user"),
+            group=match.get("group"),
+            systemd_unit=match.get("systemdUnit"),
+            executable=match.get("executable"),
+        ),
+        limits=_limits(rule),
+        mode=_opt_mode(rule.get("mode")),
+        source=source,
+    )
+
+
+def _gpu(gpu: dict[str, Any], origin: tuple[str, str]) -> model.GpuRule:
+    match = gpu.get("match", {})
+    tq = gpu.get("timeQuantum")
+    return model.GpuRule(
+        match=model.GpuMatch(
+            uuid=match.get("uuid"), index=match.get("index"), model=match.get("model")
+        ),
+        mode=_opt_mode(gpu.get("mode")),
+        time_quantum_s=None if tq is None else parse_seconds(tq),
+        memory_bytes=_opt_bytes(gpu.get("memory")),
+        source="#".join(origin),
+    )
+
+
+def _annotations(ann: dict[str, Any]) -> model.AnnotationPolicy:
+    return model.AnnotationPolicy(
+        allowed=ann["allowed"],
+        max_memory_bytes=_opt_bytes(ann["maxMemoryLimit"]),
+        min_core_percent=ann["coreLimitRange"]["min"],
+        max_core_percent=ann["coreLimitRange"]["max"],
+    )

@@ -1,0 +1,151 @@
+"""Schema and value errors, as messages a user can act on: what is wrong, in the file's words.
+
+jsonschema's own messages name Python types and regular expressions; these say "expected a
+number, got a string '4Gx'", "is not a size (a number with a unit such as 512Mi...)", and
+"unknown field 'timeQuantm' (did you mean 'timeQuantum'?)".
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+from appliance.policy import schema
+from appliance.policy.model import MAX_DURATION_S
+from appliance.policy.parse import escape_pointer
+from appliance.policy.quantity import QuantityError, parse_seconds, parse_size
+
+_PATTERN_HINTS = {
+    "/devicePlugin/resourceName": "an extended resource name such as nvshare.com/gpu",
+    "/metrics/address": "HOST:PORT, such as 0.0.0.0:9402 or [::]:9402",
+    "/gpus/*/match/uuid": "a GPU UUID such as GPU-8f6e0c52-...",
+    "/rules/*/name": "a name of letters, digits, '-', '_' and '.' (at most 64)",
+    "/migFallback/chains/*/*": "a MIG profile such as 1g.18gb, 3g.71gb or 1g.18gb+me",
+}
+_KIND_HINTS = {
+    "size": "is not a size (a number with a unit such as 512Mi, 4Gi or 8G; a bare number is MiB)",
+    "duration": "is not a duration (seconds, or a number with a unit: 500ms, 30s, 2m, 1h)",
+}
+_JSON_TYPES = {
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def pattern_path(json_path: str) -> str:
+    return re.sub(r"/\d+(?=/|$)", "/*", json_path)
+
+
+def _pointer(parts: Iterable[Any]) -> str:
+    return "".join("/" + escape_pointer(str(p)) for p in parts)
+
+
+def short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _describe_type(value: Any) -> str:
+    names = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "null",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _message(error: jsonschema.ValidationError, json_path: str) -> str:
+    title = error.schema.get("title") if isinstance(error.schema, dict) else None
+    if title in _KIND_HINTS:
+        return (
+            kind_problem(str(title), error.instance)
+            or f"{short(error.instance)} {_KIND_HINTS[title]}"
+        )
+    if error.validator == "anyOf":
+        useful = [
+            c
+            for c in error.context or ()
+            if not (c.validator == "type" and c.validator_value == "null")
+        ]
+        titled = [
+            c for c in useful if isinstance(c.schema, dict) and c.schema.get("title") in _KIND_HINTS
+        ]
+        if titled or useful:
+            return _message((titled or useful)[0], json_path)
+    if error.validator == "enum":
+        choices = ", ".join(str(v) for v in error.validator_value)
+        return f"{short(error.instance)} is not one of: {choices}"
+    if error.validator == "const":
+        return f"{short(error.instance)} is not supported (the only policy version is 1)"
+    if error.validator == "type":
+        wanted = (
+            error.validator_value
+            if isinstance(error.validator_value, list)
+            else [error.validator_value]
+        )
+        expected = " or ".join(_JSON_TYPES.get(str(w), str(w)) for w in wanted)
+        if json_path == "":
+            got = _describe_type(error.instance)
+            return f"expected a mapping of policy settings at the top level, got {got}"
+        return f"expected {expected}, got {_describe_type(error.instance)} {short(error.instance)}"
+    if error.validator == "pattern":
+        hint = _PATTERN_HINTS.get(pattern_path(json_path))
+        if hint:
+            return f"{short(error.instance)} is not {hint}"
+    if error.validator == "maxItems":
+        return f"{len(error.instance):,} entries; at most {error.validator_value:,}"
+    if error.validator == "minItems" and pattern_path(json_path) == "/migFallback/chains/*":
+        return "a fallback chain needs at least two profiles"
+    return str(error.message)
+
+
+def schema_problems(value: Any) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for error in schema.validator().iter_errors(value):
+        path = _pointer(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = list(error.schema.get("properties", {}))
+            for key in sorted(set(error.instance) - set(allowed)):
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "allowed: " + ", ".join(allowed)
+                problems.append(
+                    (f"{path}/{escape_pointer(str(key))}", f"unknown field {key!r} ({hint})")
+                )
+        else:
+            problems.append((path, _message(error, path)))
+    return problems
+
+
+def kind_problem(kind: str, value: Any) -> str | None:
+    """What is wrong with a size or duration, bounds included; None if nothing is."""
+    if kind == "size":
+        try:
+            parse_size(value)
+        except QuantityError as e:
+            return str(e)
+        return None
+    try:
+        seconds = parse_seconds(value)
+    except QuantityError:
+        return None  # the schema's own message says what a duration looks like
+    if seconds < 0:
+        return f"{short(value)} is negative: durations are 0 or more"
+    if seconds > MAX_DURATION_S:
+        return (
+            f"{short(value)} is too long: durations are at most {MAX_DURATION_S / 3600:g}h "
+            "(the hook is sent milliseconds in 32 bits)"
+        )
+    return None
