@@ -1,5 +1,5 @@
 """`python -m appliance` runs the node daemon (same as `nvshare-scheduler`)."""
 
-from appliance.cli import scheduler_main
+from appliance.cli.nvshare_scheduler import scheduler_main
 
 scheduler_main()

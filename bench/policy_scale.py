@@ -43,7 +43,10 @@ except PolicyLoadError as e:
 elapsed = time.perf_counter() - start
 print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, outcome, sep="\\t")
 """
-CTL = "import sys; from appliance.cli import nvsharectl; sys.argv[0] = 'nvsharectl'; nvsharectl()"
+CTL = (
+    "import sys; from appliance.cli.nvsharectl import nvsharectl; "
+    "sys.argv[0] = 'nvsharectl'; nvsharectl()"
+)
 PER_FILE = 10_000
 
 

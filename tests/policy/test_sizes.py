@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from kubernetes.utils import parse_quantity
 
-from appliance.cli import nvsharectl
+from appliance.cli.nvsharectl import nvsharectl
 from appliance.core.annotations import MEMORY_LIMIT, PodRef, resolve_overrides
 from appliance.policy.load import load_policy_dir, validate_paths
 from appliance.policy.model import AnnotationPolicy

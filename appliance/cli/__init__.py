@@ -1,0 +1,1 @@
+"""The command-line programs: `nvsharectl` and `nvshare-scheduler`, one module each."""

@@ -1,0 +1,194 @@
+"""`nvshare-scheduler`: the node daemon, and the cluster's webhook and extender servers.
+
+Each is started from here and built elsewhere: the daemon by `appliance.daemon`, the MIG
+fallback webhook by `appliance.kube.webhook`, the scheduler extender by
+`appliance.kube.extender`. Every way one cannot start is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from appliance import protocol as p
+from appliance.cli.common import DEFAULT_POLICY_DIR, PACKAGE, OneLineErrors
+
+
+@click.group(
+    cls=OneLineErrors,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(package_name=PACKAGE, prog_name="nvshare-scheduler")
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_POLICY_DIR",
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Directory of policy files (a mounted ConfigMap) [env NVSHARE_POLICY_DIR].",
+)
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_SOCKET_DIR",
+    default=None,
+    help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
+)
+@click.option(
+    "--admin-group",
+    envvar="NVSHARE_ADMIN_GROUP",
+    default=None,
+    help="Unix group whose members may change state like root [env NVSHARE_ADMIN_GROUP].",
+)
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default=None,
+    help="Watch this node's pods [env NODE_NAME]; without it, no pod watch.",
+)
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
+)
+@click.option(
+    "--device-plugin/--no-device-plugin",
+    default=False,
+    help="Serve the kubelet device plugin (nvshare.com/gpu).",
+)
+@click.option(
+    "--hook-host-path",
+    default="/var/lib/nvshare/lib/libnvshare.so",
+    show_default=True,
+    help="Where the hook lives on the host, for the device plugin's mounts.",
+)
+@click.option(
+    "--debug", is_flag=True, envvar="NVSHARE_DEBUG", help="Debug logging [env NVSHARE_DEBUG]."
+)
+@click.pass_context
+def scheduler_main(
+    ctx: click.Context,
+    policy_dir: Path,
+    socket_dir: Path | None,
+    admin_group: str | None,
+    node_name: str | None,
+    kube_api: str | None,
+    device_plugin: bool,
+    hook_host_path: str,
+    debug: bool,
+) -> None:
+    """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from appliance.daemon import DaemonConfig, run_daemon
+
+    config = DaemonConfig(
+        policy_dir=policy_dir,
+        socket_dir=socket_dir or p.socket_dir_from_env(),
+        admin_group=admin_group,
+        node_name=node_name,
+        kube_api=kube_api,
+        device_plugin=device_plugin,
+        hook_host_path=hook_host_path,
+        debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
+    )
+    sys.exit(run_daemon(config))
+
+
+@scheduler_main.command("webhook")
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Policy directory holding migFallback chains.",
+)
+@click.option("--cert-file", type=click.Path(path_type=Path), required=True)
+@click.option("--key-file", type=click.Path(path_type=Path), required=True)
+@click.option("--port", type=int, default=8443, show_default=True)
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL; default in-cluster or kubeconfig.",
+)
+def webhook(
+    policy_dir: Path, cert_file: Path, key_file: Path, port: int, kube_api: str | None
+) -> None:
+    """Serve the MIG-fallback mutating admission webhook over HTTPS."""
+    import logging
+    import ssl
+
+    from appliance.kube.pods import KubeConfigError, api_client_from_env
+    from appliance.kube.webhook import build_webhook_server, serve_webhook
+
+    def die(message: str) -> NoReturn:
+        click.echo(f"nvshare-scheduler webhook: {message}", err=True)
+        sys.exit(1)
+
+    for flag, path in (("--cert-file", cert_file), ("--key-file", key_file)):
+        if not path.is_file() or not os.access(path, os.R_OK):
+            die(f"{flag} {path}: no readable file there")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        server = build_webhook_server(
+            policy_dir=policy_dir,
+            cert_file=cert_file,
+            key_file=key_file,
+            port=port,
+            api_client=api_client_from_env(kube_api),
+        )
+    except KubeConfigError as exc:
+        die(str(exc))
+    except ssl.SSLError as exc:
+        die(f"cannot use {cert_file} with {key_file} for TLS: {exc.reason or exc}")
+    except OSError as exc:
+        die(f"cannot serve on port {port}: {exc.strerror or exc}")
+    logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
+    serve_webhook(server)
+
+
+@scheduler_main.command("extender")
+@click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
+)
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_POLICY_DIR",
+    default=DEFAULT_POLICY_DIR,
+    show_default=True,
+    help="Policy directory: realtimeCheck, annotation caps, rules [env NVSHARE_POLICY_DIR].",
+)
+@click.option(
+    "--enable-realtime-check",
+    "switch",
+    type=click.BOOL,
+    envvar="HAMI_ENABLE_REALTIME_CHECK",
+    default=None,
+    metavar="true|false",
+    help="false turns the real-time check off; true turns it on (strict where the policy's "
+    "realtimeCheck.mode is disabled) [env HAMI_ENABLE_REALTIME_CHECK]; default: the policy.",
+)
+def extender(
+    port: int, host: str, kube_api: str | None, policy_dir: Path, switch: bool | None
+) -> None:
+    """Serve the kube-scheduler extender that filters nodes on their GPUs' real free memory."""
+    from appliance.kube.extender import run_extender
+
+    sys.exit(
+        run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)
+    )
