@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from appliance import framing
 from appliance import protocol as p
 
 
@@ -32,8 +33,8 @@ class ControlClient:
             self._sock.close()
             raise DaemonUnavailable(f"permission denied connecting to {self.path}") from None
         self._seq = itertools.count(1)
-        self._decoder = p.FrameDecoder(max_document=p.MAX_DOCUMENT)
-        self._pending: list[p.Frame | p.ProtocolError] = []
+        self._decoder = framing.FrameDecoder(max_document=framing.MAX_DOCUMENT)
+        self._pending: list[framing.Frame | framing.ProtocolError] = []
 
     def __enter__(self) -> ControlClient:
         return self
@@ -46,7 +47,7 @@ class ControlClient:
 
     def send(self, message: Any) -> int:
         seq = next(self._seq)
-        self._sock.sendall(p.encode(message, seq=seq))
+        self._sock.sendall(framing.encode(message, seq=seq))
         return seq
 
     def receive(self) -> tuple[int, Any]:
@@ -57,9 +58,9 @@ class ControlClient:
                 raise DaemonUnavailable(f"the scheduler at {self.path} closed the connection")
             self._pending += self._decoder.feed(data)
         item = self._pending.pop(0)
-        if isinstance(item, p.ProtocolError):
+        if isinstance(item, framing.ProtocolError):
             return 0, p.Result(item.status, item.ref_type, str(item))
-        return item.seq, p.decode_body(item)
+        return item.seq, framing.decode_body(item)
 
     def request(self, message: Any) -> Any:
         """Send and wait for the reply carrying the same sequence number."""

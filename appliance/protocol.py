@@ -4,8 +4,8 @@ Frames are a 24-byte header followed by a fixed little-endian body (JSON for the
 types). `tests/protocol` compiles a C probe that prints every size and offset of the header's
 structs and checks them against the formats here, so the two sides cannot drift apart.
 
-Sans-I/O: `FrameDecoder` turns bytes into frames and `encode` turns messages into bytes;
-sockets live in `appliance.server` and `appliance.client`.
+What travels on a stream of frames (encoding, decoding, JSON documents split over frames) is
+in `appliance.framing`; sockets live in `appliance.server` and `appliance.client`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,8 +25,6 @@ from appliance.policy.model import Backing, Mode
 
 MAGIC = 0x4853564E
 VERSION = 1
-MAX_BODY = 1 << 20
-MAX_DOCUMENT = 64 << 20  # a JSON reply split over JSON_PART frames (status of 10,000 clients: 4 MB)
 UUID_LEN = 48
 NAME_LEN = 64
 MESSAGE_LEN = 248
@@ -125,31 +124,62 @@ LIMIT_SET_HAS_CORE = 0x8
 SET_FOLLOW_POLICY = 0x1  # SetTq/SetMode flags: drop nvsharectl's value, follow the policy again
 
 
-class ProtocolError(Exception):
-    """A frame that cannot be accepted; `status` says how to answer it."""
-
-    def __init__(self, status: Status, message: str, *, ref_type: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-        self.ref_type = ref_type
-
-
 def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def _fixed(text: str, size: int) -> bytes:
-    data = text.encode("utf-8")[: size - 1]
-    return data
+def _string_sizes(fmt: struct.Struct) -> list[int]:
+    """Per item of a format: the size of a fixed string (`48s`), 0 for a number."""
+    items = re.findall(r"(\d*)([a-zA-Z])", fmt.format.lstrip("<"))
+    return [int(count or 1) if code == "s" else 0 for count, code in items]
+
+
+class _Fixed:
+    """A fixed-layout body: FORMAT's items are LAYOUT's fields in order (the dataclass's fields
+    when LAYOUT is empty; "" marks a reserved field sent as 0). Strings travel NUL-padded and cut
+    to fit; DECODE turns numbers read back into their enums."""
+
+    FORMAT: ClassVar[struct.Struct]
+    LAYOUT: ClassVar[tuple[str, ...]] = ()
+    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+
+    @classmethod
+    def _layout(cls) -> tuple[str, ...]:
+        return cls.LAYOUT or tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    def pack(self) -> bytes:
+        values: list[Any] = []
+        for name, size in zip(self._layout(), _string_sizes(self.FORMAT), strict=True):
+            value: Any = getattr(self, name) if name else 0
+            values.append(value.encode("utf-8")[: size - 1] if size else value)
+        return self.FORMAT.pack(*values)
+
+    @classmethod
+    def unpack(cls, body: bytes) -> Any:
+        fields = {}
+        for name, value in zip(cls._layout(), cls.FORMAT.unpack(body), strict=True):
+            if name:
+                raw = _cstr(value) if isinstance(value, bytes) else value
+                fields[name] = cls.DECODE[name](raw) if name in cls.DECODE else raw
+        return cls(**fields)
 
 
 # ---------------------------------------------------------------- bodies
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
+class Register(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.REGISTER
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQQ{UUID_LEN}s{NAME_LEN}s{NAME_LEN}s")
+    LAYOUT: ClassVar[tuple[str, ...]] = (
+        "pid",
+        "env_core_limit",
+        "gpu_total_mem",
+        "env_mem_limit",
+        "gpu_uuid",
+        "pod_namespace",
+        "pod_name",
+    )
     pid: int
     gpu_uuid: str
     gpu_total_mem: int
@@ -158,49 +188,19 @@ class Register:
     pod_namespace: str = ""
     pod_name: str = ""
 
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(
-            self.pid,
-            self.env_core_limit,
-            self.gpu_total_mem,
-            self.env_mem_limit,
-            _fixed(self.gpu_uuid, UUID_LEN),
-            _fixed(self.pod_namespace, NAME_LEN),
-            _fixed(self.pod_name, NAME_LEN),
-        )
-
-    @classmethod
-    def unpack(cls, body: bytes) -> Register:
-        pid, core, total, mem, uuid, ns, name = cls.FORMAT.unpack(body)
-        return cls(
-            pid=pid,
-            gpu_uuid=_cstr(uuid),
-            gpu_total_mem=total,
-            env_mem_limit=mem,
-            env_core_limit=core,
-            pod_namespace=_cstr(ns),
-            pod_name=_cstr(name),
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class WireLimits:
+class WireLimits(_Fixed):
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QIIII")
+    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "mode": WireMode,
+        "backing": WireBacking,
+    }
     mem_limit: int  # bytes, 0 = none
     core_limit: int
     mode: WireMode
     backing: WireBacking = WireBacking.DEVICE
     flags: int = 0
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(
-            self.mem_limit, self.core_limit, self.mode, self.backing, self.flags
-        )
-
-    @classmethod
-    def unpack(cls, body: bytes) -> WireLimits:
-        mem, core, mode, backing, flags = cls.FORMAT.unpack(body)
-        return cls(mem, core, WireMode(mode), WireBacking(backing), flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,50 +261,24 @@ HeartbeatAck = _empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
 
 
 @dataclass(frozen=True, slots=True)
-class LockGrant:
+class LockGrant(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
-    tq_ms: int
+    tq_ms: int  # the hook bounds how long a stream capture may outlive a drop by it
     idle_release_ms: int = 0  # policy scheduler.idleRelease; 0 = the hook's default
 
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.tq_ms, self.idle_release_ms)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> LockGrant:
-        return cls(*cls.FORMAT.unpack(body))
-
 
 @dataclass(frozen=True, slots=True)
-class LockReleased:
+class LockReleased(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LOCK_RELEASED
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    LAYOUT: ClassVar[tuple[str, ...]] = ("reason", "")
+    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"reason": ReleaseReason}
     reason: ReleaseReason
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.reason, 0)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> LockReleased:
-        return cls(ReleaseReason(cls.FORMAT.unpack(body)[0]))
-
-
-class _Plain:
-    """A body whose dataclass fields are FORMAT's items, in order, with no padding fields."""
-
-    FORMAT: ClassVar[struct.Struct]
-
-    def pack(self) -> bytes:
-        values = (getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
-        return self.FORMAT.pack(*values)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> Any:
-        return cls(*cls.FORMAT.unpack(body))
 
 
 @dataclass(frozen=True, slots=True)
-class SetTq(_Plain):
+class SetTq(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.SET_TQ
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     seconds: int
@@ -312,27 +286,30 @@ class SetTq(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class SetMode:
+class SetMode(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.SET_MODE
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<II{UUID_LEN}s")
+    LAYOUT: ClassVar[tuple[str, ...]] = ("mode", "flags", "gpu_uuid")
+    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"mode": WireMode}
     mode: WireMode
     gpu_uuid: str = ""
     flags: int = 0  # SET_FOLLOW_POLICY (mode is then ignored)
 
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.mode, self.flags, _fixed(self.gpu_uuid, UUID_LEN))
 
-    @classmethod
-    def unpack(cls, body: bytes) -> SetMode:
-        mode, flags, uuid = cls.FORMAT.unpack(body)
-        return cls(WireMode(mode), _cstr(uuid), flags)
+def _status(value: int) -> Status:
+    """A status we do not know reads as INVALID: still an error, never a crash."""
+    try:
+        return Status(value)
+    except ValueError:
+        return Status.INVALID
 
 
 @dataclass(frozen=True, slots=True)
-class Result:
+class Result(_Fixed):
     """OK (status 0) or ERROR frames."""
 
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<iI{MESSAGE_LEN}s")
+    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"status": _status}
     status: Status
     ref_type: int
     message: str
@@ -341,21 +318,9 @@ class Result:
     def TYPE(self) -> MsgType:  # noqa: N802 - mirrors the class attribute of other bodies
         return MsgType.OK if self.status == Status.OK else MsgType.ERROR
 
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.status, self.ref_type, _fixed(self.message, MESSAGE_LEN))
-
-    @classmethod
-    def unpack(cls, body: bytes) -> Result:
-        status, ref, msg = cls.FORMAT.unpack(body)
-        try:
-            st = Status(status)
-        except ValueError:
-            st = Status.INVALID
-        return cls(st, ref, _cstr(msg))
-
 
 @dataclass(frozen=True, slots=True)
-class MemReserve(_Plain):
+class MemReserve(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RESERVE
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     nbytes: int  # more reservation wanted
@@ -363,7 +328,7 @@ class MemReserve(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class MemGrant(_Plain):
+class MemGrant(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     granted: int  # 0 = refused
@@ -371,7 +336,7 @@ class MemGrant(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class MemReturn(_Plain):
+class MemReturn(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RETURN
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     nbytes: int  # reservation given back
@@ -379,7 +344,7 @@ class MemReturn(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class MemObserved(_Plain):
+class MemObserved(_Fixed):
     """What NVML shows the client's process holding; the hook counts what its ledger misses."""
 
     TYPE: ClassVar[MsgType] = MsgType.MEM_OBSERVED
@@ -389,47 +354,34 @@ class MemObserved(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerPeers:
+class LedgerPeers(_Fixed):
     """How many processes share the receiver's memory ledger (pod, GPU), itself included."""
 
     TYPE: ClassVar[MsgType] = MsgType.LEDGER_PEERS
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
+    LAYOUT: ClassVar[tuple[str, ...]] = ("clients", "")
     clients: int
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(self.clients, 0)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> LedgerPeers:
-        return cls(cls.FORMAT.unpack(body)[0])
 
 
 @dataclass(frozen=True, slots=True)
-class LimitSet:
+class LimitSet(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
+    LAYOUT: ClassVar[tuple[str, ...]] = (
+        "pid",
+        "flags",
+        "mem_limit",
+        "core_limit",
+        "",
+        "pod_namespace",
+        "pod_name",
+    )
     pid: int = 0
     flags: int = 0
     mem_limit: int = 0
     core_limit: int = 0
     pod_namespace: str = ""
     pod_name: str = ""
-
-    def pack(self) -> bytes:
-        return self.FORMAT.pack(
-            self.pid,
-            self.flags,
-            self.mem_limit,
-            self.core_limit,
-            0,
-            _fixed(self.pod_namespace, NAME_LEN),
-            _fixed(self.pod_name, NAME_LEN),
-        )
-
-    @classmethod
-    def unpack(cls, body: bytes) -> LimitSet:
-        pid, flags, mem, core, _, ns, name = cls.FORMAT.unpack(body)
-        return cls(pid, flags, mem, core, _cstr(ns), _cstr(name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,30 +409,6 @@ class JsonBody:
 
 Message = Any  # one of the body classes above
 
-_FIXED: dict[MsgType, Any] = {
-    cls.TYPE: cls
-    for cls in (
-        Register,
-        Registered,
-        LockRequest,
-        LockGrant,
-        LockDrop,
-        LockReleased,
-        SetTq,
-        SetMode,
-        StatusRequest,
-        MemReserve,
-        MemGrant,
-        MemReturn,
-        LimitUpdate,
-        LimitSet,
-        Heartbeat,
-        HeartbeatAck,
-        MemObserved,
-        LedgerPeers,
-    )
-}
-_JSON_TYPES = {MsgType.STATUS_REPLY, MsgType.QUERY, MsgType.QUERY_REPLY}
 # Every body struct, for the C probe comparison.
 BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_header": HEADER,
@@ -499,112 +427,3 @@ BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_mem_observed": MemObserved.FORMAT,
     "nvs_ledger_peers": LedgerPeers.FORMAT,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    msg_type: int
-    seq: int
-    body: bytes
-
-
-def encode(message: Message, *, seq: int = 0) -> bytes:
-    """The frame of a message; a JSON document over MAX_BODY becomes JSON_PART frames and a
-    last frame of its own type."""
-    body: bytes = message.pack()
-    if len(body) <= MAX_BODY:
-        return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
-    if not isinstance(message, JsonBody) or len(body) > MAX_DOCUMENT:
-        raise ValueError(f"a {message.TYPE.name} body of {len(body)} bytes cannot be sent")
-    frames = []
-    for start in range(0, len(body), MAX_BODY):
-        chunk = body[start : start + MAX_BODY]
-        last = start + MAX_BODY >= len(body)
-        kind = int(message.TYPE) if last else int(MsgType.JSON_PART)
-        frames.append(HEADER.pack(MAGIC, VERSION, kind, 0, len(chunk), seq) + chunk)
-    return b"".join(frames)
-
-
-def decode_body(frame: Frame) -> Message:
-    """Parse a frame's body; raises ProtocolError saying what is wrong with it."""
-    try:
-        msg_type = MsgType(frame.msg_type)
-    except ValueError:
-        raise ProtocolError(
-            Status.UNKNOWN_TYPE, f"unknown message type {frame.msg_type}", ref_type=frame.msg_type
-        ) from None
-    try:
-        if msg_type in (MsgType.OK, MsgType.ERROR):
-            return Result.unpack(frame.body)
-        if msg_type in _JSON_TYPES:
-            return JsonBody(msg_type, json.loads(frame.body.decode("utf-8")))
-        if msg_type is MsgType.JSON_PART:
-            return JsonPart(frame.body)
-        return _FIXED[msg_type].unpack(frame.body)
-    except RecursionError:
-        raise ProtocolError(
-            Status.BAD_BODY,
-            f"{msg_type.name} body is nested too deeply",
-            ref_type=frame.msg_type,
-        ) from None
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(
-            Status.BAD_BODY,
-            f"{msg_type.name} body of {len(frame.body)} bytes is malformed: {exc}",
-            ref_type=frame.msg_type,
-        ) from None
-
-
-class FrameDecoder:
-    """Incremental decoder: feed bytes, take complete frames.
-
-    A bad magic or an oversized body makes the stream unusable (`ProtocolError` with
-    `fatal=True` semantics: the caller closes the connection); a wrong version is reported per
-    frame so the peer can be told which version we speak.
-
-    With `max_document` (the CLI's side) JSON_PART frames are joined to the frame that ends
-    their document, up to that many bytes; without it (the daemon's side) they are frames like
-    any other, which the daemon does not accept.
-    """
-
-    def __init__(self, *, max_document: int = 0) -> None:
-        self._buf = bytearray()
-        self._max_document = max_document
-        self._parts: dict[int, bytearray] = {}
-
-    def feed(self, data: bytes) -> list[Frame | ProtocolError]:
-        self._buf += data
-        out: list[Frame | ProtocolError] = []
-        while len(self._buf) >= HEADER.size:
-            magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(self._buf)
-            if magic != MAGIC:
-                raise ProtocolError(
-                    Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer"
-                )
-            if length > MAX_BODY:
-                raise ProtocolError(Status.BAD_BODY, f"frame body of {length} bytes is too large")
-            if len(self._buf) < HEADER.size + length:
-                break
-            body = bytes(self._buf[HEADER.size : HEADER.size + length])
-            del self._buf[: HEADER.size + length]
-            if version != VERSION:
-                out.append(
-                    ProtocolError(
-                        Status.BAD_VERSION,
-                        f"protocol version {version} is not supported (we speak {VERSION})",
-                        ref_type=msg_type,
-                    )
-                )
-                continue
-            if self._max_document and msg_type == MsgType.JSON_PART:
-                part = self._parts.setdefault(seq, bytearray())
-                part += body
-                if len(part) > self._max_document:
-                    raise ProtocolError(
-                        Status.BAD_BODY, f"a document of more than {self._max_document} bytes"
-                    )
-                continue
-            if seq in self._parts:
-                body = bytes(self._parts.pop(seq)) + body
-            out.append(Frame(msg_type, seq, body))
-        return out

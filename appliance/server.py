@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance import codec, framing
 from appliance import protocol as p
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
-from appliance.core.limits import HookLimits
 from appliance.identity import identify, is_admin, peer_credentials
-from appliance.policy.model import Limits
 from appliance.socket_claim import SocketClaim, claim_socket
 
 log = logging.getLogger("nvshare.server")
@@ -39,46 +38,6 @@ log = logging.getLogger("nvshare.server")
 MAX_WRITE_BUFFER = 1 << 20
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
-_STATUS = {
-    act.Outcome.DONE: p.Status.OK,
-    act.Outcome.INVALID: p.Status.INVALID,
-    act.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
-}
-_RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
-
-
-def wire_limits(limits: HookLimits) -> p.WireLimits:
-    return p.WireLimits(
-        mem_limit=limits.memory_bytes or 0,
-        core_limit=limits.core_percent,
-        mode=p.wire_mode(limits.mode),
-        backing=p.wire_backing(limits.backing),
-        flags=p.LIMIT_SINGLE_OVERSUB if limits.single_process_oversubscription else 0,
-    )
-
-
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
-
-
-# Each action for a hook as (client id, message, seq): the whole of what the core says to hooks.
-_TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
-    act.Registered: lambda a: (
-        a.client_id,
-        p.Registered(a.client_id, wire_limits(a.limits)),
-        a.seq,
-    ),
-    act.Grant: lambda a: (
-        a.client_id,
-        p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
-        a.seq,
-    ),
-    act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
-    act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
-    act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
-    act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),
-    act.PeersChanged: lambda a: (a.client_id, p.LedgerPeers(a.processes), 0),
-}
 
 
 @dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
@@ -103,7 +62,7 @@ class Connection:
             self.closed = True
             transport.abort()  # close() would wait to flush what it never reads
             return False
-        self.writer.write(p.encode(message, seq=seq))
+        self.writer.write(framing.encode(message, seq=seq))
         return True
 
     def close(self) -> None:
@@ -141,20 +100,15 @@ class SchedulerServer:
         # What each message a peer may send is turned into: greppable, no names built at run time.
         self._handlers: dict[type, Callable[[Connection, Any, int], None]] = {
             p.Register: self._on_register,
-            p.LockRequest: self._on_lock_request,
-            p.LockReleased: self._on_lock_released,
-            p.MemReserve: self._on_mem_reserve,
-            p.MemReturn: self._on_mem_return,
+            **{kind: self._on_hook_message for kind in codec.HOOK_EVENTS},
             p.Heartbeat: self._on_heartbeat,
-            p.SetTq: self._on_set_tq,
-            p.SetMode: self._on_set_mode,
-            p.LimitSet: self._on_limit_set,
+            **{kind: self._on_control for kind in codec.CONTROL},
             p.StatusRequest: self._on_status_request,
             p.JsonBody: self._on_query,
         }
 
     # The actions this server turns into frames (`send`).
-    ACTIONS: tuple[type, ...] = (*_TO_HOOKS, act.Reply)
+    ACTIONS: tuple[type, ...] = (*codec.TO_HOOKS, act.Reply)
 
     @property
     def path(self) -> Path:
@@ -188,10 +142,9 @@ class SchedulerServer:
             conn = self._connections.get(action.to.connection)
             if conn is not None:
                 ref = conn.asked.pop(action.to.seq, 0)
-                status = _STATUS[action.outcome]
-                conn.send(p.Result(status, ref, action.message), action.to.seq)
+                conn.send(codec.result(action, ref), action.to.seq)
             return
-        client_id, message, seq = _TO_HOOKS[type(action)](action)
+        client_id, message, seq = codec.TO_HOOKS[type(action)](action)
         if (conn := self._clients.get(client_id)) is not None:
             conn.send(message, seq)
 
@@ -213,7 +166,7 @@ class SchedulerServer:
             peer=_who(pid, uid),
         )
         self._connections[conn.number] = conn
-        decoder = p.FrameDecoder()
+        decoder = framing.FrameDecoder()
         try:
             while not conn.closed:
                 data = await reader.read(65536)
@@ -221,12 +174,12 @@ class SchedulerServer:
                     break
                 try:
                     items = decoder.feed(data)
-                except p.ProtocolError as exc:
+                except framing.ProtocolError as exc:
                     log.warning("%s sent garbage (%s); closing its connection", conn.peer, exc)
                     conn.send(p.Result(exc.status, exc.ref_type, str(exc)))
                     break
                 for item in items:
-                    if isinstance(item, p.ProtocolError):
+                    if isinstance(item, framing.ProtocolError):
                         conn.send(p.Result(item.status, item.ref_type, str(item)))
                         continue
                     self._on_frame(conn, item)
@@ -242,7 +195,7 @@ class SchedulerServer:
                 self._clients.pop(conn.client_id, None)
                 self._dispatch(ev.ClientGone(conn.client_id))
 
-    def _on_frame(self, conn: Connection, frame: p.Frame) -> None:
+    def _on_frame(self, conn: Connection, frame: framing.Frame) -> None:
         """Handle one frame; whatever happens, the peer gets an answer and the loop goes on."""
         try:
             self._handle_frame(conn, frame)
@@ -253,10 +206,10 @@ class SchedulerServer:
                 frame.seq,
             )
 
-    def _handle_frame(self, conn: Connection, frame: p.Frame) -> None:
+    def _handle_frame(self, conn: Connection, frame: framing.Frame) -> None:
         try:
-            msg = p.decode_body(frame)
-        except p.ProtocolError as exc:
+            msg = framing.decode_body(frame)
+        except framing.ProtocolError as exc:
             conn.send(p.Result(exc.status, exc.ref_type, str(exc)), frame.seq)
             return
         handler = self._handlers.get(type(msg))
@@ -318,21 +271,9 @@ class SchedulerServer:
             )
         )
 
-    def _on_lock_request(self, conn: Connection, msg: Any, seq: int) -> None:
-        if (cid := self._need_client(conn, seq, p.MsgType.LOCK_REQUEST)) is not None:
-            self._dispatch(ev.LockRequested(cid, seq))
-
-    def _on_lock_released(self, conn: Connection, msg: p.LockReleased, seq: int) -> None:
-        if (cid := self._need_client(conn, seq, p.MsgType.LOCK_RELEASED)) is not None:
-            self._dispatch(ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]))
-
-    def _on_mem_reserve(self, conn: Connection, msg: p.MemReserve, seq: int) -> None:
-        if (cid := self._need_client(conn, seq, p.MsgType.MEM_RESERVE)) is not None:
-            self._dispatch(ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used))
-
-    def _on_mem_return(self, conn: Connection, msg: p.MemReturn, seq: int) -> None:
-        if (cid := self._need_client(conn, seq, p.MsgType.MEM_RETURN)) is not None:
-            self._dispatch(ev.MemoryReturned(cid, msg.nbytes, msg.used))
+    def _on_hook_message(self, conn: Connection, msg: Any, seq: int) -> None:
+        if (cid := self._need_client(conn, seq, msg.TYPE)) is not None:
+            self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, cid, seq))
 
     def _on_heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:
         # Liveness only: the hook treats a daemon that stops answering as gone.
@@ -340,48 +281,12 @@ class SchedulerServer:
 
     # nvsharectl
 
-    def _control(self, conn: Connection, seq: int, ref: p.MsgType) -> ev.Requester:
-        """Where the core's reply to this request goes."""
-        conn.asked[seq] = ref
-        return ev.Requester(conn.number, seq)
-
-    def _on_set_tq(self, conn: Connection, msg: p.SetTq, seq: int) -> None:
-        if not self._need_admin(conn, seq, p.MsgType.SET_TQ, "set the time quantum"):
+    def _on_control(self, conn: Connection, msg: Any, seq: int) -> None:
+        control = codec.CONTROL[type(msg)]
+        if not self._need_admin(conn, seq, msg.TYPE, control.what):
             return
-        follow = bool(msg.flags & p.SET_FOLLOW_POLICY)
-        seconds = None if follow else float(msg.seconds)
-        to = self._control(conn, seq, p.MsgType.SET_TQ)
-        self._dispatch(ev.TimeQuantumSet(seconds, by=conn.peer, reply_to=to))
-
-    def _on_set_mode(self, conn: Connection, msg: p.SetMode, seq: int) -> None:
-        if not self._need_admin(conn, seq, p.MsgType.SET_MODE, "change the scheduling mode"):
-            return
-        mode = None if msg.flags & p.SET_FOLLOW_POLICY else p.mode_of(msg.mode)
-        to = self._control(conn, seq, p.MsgType.SET_MODE)
-        self._dispatch(ev.ModeSet(mode, msg.gpu_uuid, by=conn.peer, reply_to=to))
-
-    def _on_limit_set(self, conn: Connection, msg: p.LimitSet, seq: int) -> None:
-        if not self._need_admin(conn, seq, p.MsgType.LIMIT_SET, "change limits"):
-            return
-        if msg.pid:
-            target: ev.LimitTarget | None = ev.LimitTarget.pid(msg.pid)
-        elif msg.pod_name and msg.pod_namespace:
-            target = ev.LimitTarget.pod(msg.pod_namespace, msg.pod_name)
-        else:
-            target = None  # the core says what is missing
-        limits = Limits(
-            memory_bytes=msg.mem_limit if msg.flags & p.LIMIT_SET_HAS_MEM else None,
-            core_percent=msg.core_limit if msg.flags & p.LIMIT_SET_HAS_CORE else None,
-        )
-        event = ev.AdminLimitSet(
-            target,
-            limits,
-            clear_memory=bool(msg.flags & p.LIMIT_SET_CLEAR_MEM),
-            clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
-            by=conn.peer,
-            reply_to=self._control(conn, seq, p.MsgType.LIMIT_SET),
-        )
-        self._dispatch(event)
+        conn.asked[seq] = msg.TYPE  # the reply names the request it answers
+        self._dispatch(control.event(msg, conn.peer, ev.Requester(conn.number, seq)))
 
     def _on_status_request(self, conn: Connection, msg: Any, seq: int) -> None:
         status = views.to_json(self._status())
@@ -409,7 +314,7 @@ class SchedulerServer:
         """A JSON reply of any size up to MAX_DOCUMENT, streamed in frames."""
         if conn.closed:
             return
-        conn.writer.write(p.encode(reply, seq=seq))
+        conn.writer.write(framing.encode(reply, seq=seq))
         conn.flush = True
 
 

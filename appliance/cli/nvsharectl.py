@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import click
 
+from appliance import framing
 from appliance import protocol as p
 from appliance.cli.common import PACKAGE, OneLineErrors
 from appliance.client import ControlClient, DaemonUnavailable
@@ -76,7 +77,7 @@ def _request(ctx: click.Context, message: Any) -> Any:
             return conn.request(message)
         except TimeoutError:
             _fail(f"the scheduler at {conn.path} did not answer within {conn.timeout:g} s")
-        except (DaemonUnavailable, OSError, p.ProtocolError) as exc:
+        except (DaemonUnavailable, OSError, framing.ProtocolError) as exc:
             _fail(str(exc))
 
 

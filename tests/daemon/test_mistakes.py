@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance import framing
 from appliance import protocol as p
 from appliance.client import ControlClient
 
@@ -352,7 +353,7 @@ def test_status_with_thousands_of_clients_is_streamed(tmp_path: Path) -> None:
                 registered(d)
             r = ctl(d, "status", "--json")
             assert r.returncode == 0, r.stderr
-            assert len(r.stdout) > p.MAX_BODY
+            assert len(r.stdout) > framing.MAX_BODY
             assert len(json.loads(r.stdout)["clients"]) == clients
         finally:
             d.stop()

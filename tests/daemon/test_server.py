@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance import framing
 from appliance import protocol as p
 from appliance.client import ControlClient
 
@@ -69,8 +70,8 @@ def test_garbage_closes_only_that_connection(daemon: RunningDaemon) -> None:
     bad.connect(str(daemon.socket_dir / "scheduler.sock"))
     bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)))
     data = bad.recv(4096)
-    frames = p.FrameDecoder().feed(data)
-    reply = p.decode_body(frames[0])  # type: ignore[arg-type]
+    frames = framing.FrameDecoder().feed(data)
+    reply = framing.decode_body(frames[0])  # type: ignore[arg-type]
     assert isinstance(reply, p.Result) and "bad magic" in reply.message
     assert bad.recv(10) == b""  # closed
     assert isinstance(good.request(p.LockRequest()), p.LockGrant)
@@ -81,11 +82,11 @@ def test_unknown_type_and_bad_version_get_error_frames(daemon: RunningDaemon) ->
     s.connect(str(daemon.socket_dir / "scheduler.sock"))
     s.sendall(p.HEADER.pack(p.MAGIC, p.VERSION, 777, 0, 0, 1))
     s.sendall(p.HEADER.pack(p.MAGIC, 9, p.MsgType.LOCK_REQUEST, 0, 0, 2))
-    s.sendall(p.encode(p.LockRequest(), seq=3))
-    dec = p.FrameDecoder()
+    s.sendall(framing.encode(p.LockRequest(), seq=3))
+    dec = framing.FrameDecoder()
     replies: list[p.Result] = []
     while len(replies) < 3:
-        replies += [p.decode_body(f) for f in dec.feed(s.recv(4096))]  # type: ignore[arg-type]
+        replies += [framing.decode_body(f) for f in dec.feed(s.recv(4096))]  # type: ignore[arg-type]
     assert [r.status for r in replies] == [
         p.Status.UNKNOWN_TYPE,
         p.Status.BAD_VERSION,
@@ -100,7 +101,7 @@ def test_a_client_that_never_reads_does_not_stall_others(daemon: RunningDaemon) 
     hog.settimeout(5)
     try:
         for i in range(3000):  # thousands of status replies that nobody reads
-            hog.sendall(p.encode(p.StatusRequest(), seq=i))
+            hog.sendall(framing.encode(p.StatusRequest(), seq=i))
     except (BrokenPipeError, ConnectionResetError):
         pass  # the daemon gave up on the hog, as it should
     other, _ = register(daemon)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance import framing
 from appliance import protocol as p
 
 
@@ -52,7 +53,7 @@ class Client:
     def send(self, message: Any, seq: int = 0) -> None:
         with self.send_lock:
             try:
-                self.conn.sendall(p.encode(message, seq=seq))
+                self.conn.sendall(framing.encode(message, seq=seq))
             except OSError:
                 pass
 
@@ -211,8 +212,8 @@ class FakeScheduler:
 
     def _handle(self, c: Client, type_: int, seq: int, body: bytes) -> None:
         try:
-            msg = p.decode_body(p.Frame(type_, seq, body))
-        except p.ProtocolError as exc:
+            msg = framing.decode_body(framing.Frame(type_, seq, body))
+        except framing.ProtocolError as exc:
             msg = exc
         with self.mu:
             if isinstance(msg, p.Register):

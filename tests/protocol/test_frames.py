@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from appliance import framing
 from appliance import protocol as p
 
 
@@ -38,43 +39,43 @@ def test_round_trip_every_fixed_message() -> None:
         p.Result(p.Status.PERMISSION, 7, "only root may change the time quantum"),
         p.JsonBody(p.MsgType.QUERY, {"query": "policy"}),
     ]
-    data = b"".join(p.encode(m, seq=i) for i, m in enumerate(messages))
-    decoder = p.FrameDecoder()
+    data = b"".join(framing.encode(m, seq=i) for i, m in enumerate(messages))
+    decoder = framing.FrameDecoder()
     frames = []
     for i in range(0, len(data), 7):  # arbitrary split points
         frames += decoder.feed(data[i : i + 7])
     assert [f.seq for f in frames] == list(range(len(messages)))  # type: ignore[union-attr]
-    assert [p.decode_body(f) for f in frames] == messages  # type: ignore[arg-type]
+    assert [framing.decode_body(f) for f in frames] == messages  # type: ignore[arg-type]
 
 
 def test_long_strings_are_truncated_and_nul_terminated() -> None:
     reg = p.Register(pid=1, gpu_uuid="G" * 100, gpu_total_mem=0)
-    frame = p.FrameDecoder().feed(p.encode(reg))[0]
-    assert p.decode_body(frame).gpu_uuid == "G" * (p.UUID_LEN - 1)  # type: ignore[union-attr]
+    frame = framing.FrameDecoder().feed(framing.encode(reg))[0]
+    assert framing.decode_body(frame).gpu_uuid == "G" * (p.UUID_LEN - 1)  # type: ignore[union-attr]
 
 
 def test_unknown_type_and_bad_body_are_protocol_errors() -> None:
     raw = p.HEADER.pack(p.MAGIC, p.VERSION, 999, 0, 0, 5)
-    frame = p.FrameDecoder().feed(raw)[0]
-    with pytest.raises(p.ProtocolError) as exc:
-        p.decode_body(frame)  # type: ignore[arg-type]
+    frame = framing.FrameDecoder().feed(raw)[0]
+    with pytest.raises(framing.ProtocolError) as exc:
+        framing.decode_body(frame)  # type: ignore[arg-type]
     assert exc.value.status == p.Status.UNKNOWN_TYPE
     raw = p.HEADER.pack(p.MAGIC, p.VERSION, p.MsgType.SET_TQ, 0, 3, 6) + b"abc"
-    with pytest.raises(p.ProtocolError) as exc:
-        p.decode_body(p.FrameDecoder().feed(raw)[0])  # type: ignore[arg-type]
+    with pytest.raises(framing.ProtocolError) as exc:
+        framing.decode_body(framing.FrameDecoder().feed(raw)[0])  # type: ignore[arg-type]
     assert exc.value.status == p.Status.BAD_BODY and "SET_TQ" in str(exc.value)
 
 
 def test_wrong_version_is_reported_and_stream_continues() -> None:
     bad = p.HEADER.pack(p.MAGIC, 2, p.MsgType.LOCK_REQUEST, 0, 0, 1)
-    good = p.encode(p.LockRequest(), seq=2)
-    out = p.FrameDecoder().feed(bad + good)
-    assert isinstance(out[0], p.ProtocolError) and out[0].status == p.Status.BAD_VERSION
-    assert isinstance(out[1], p.Frame) and out[1].seq == 2
+    good = framing.encode(p.LockRequest(), seq=2)
+    out = framing.FrameDecoder().feed(bad + good)
+    assert isinstance(out[0], framing.ProtocolError) and out[0].status == p.Status.BAD_VERSION
+    assert isinstance(out[1], framing.Frame) and out[1].seq == 2
 
 
 def test_garbage_and_oversized_frames_are_fatal() -> None:
-    with pytest.raises(p.ProtocolError, match="bad magic"):
-        p.FrameDecoder().feed(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 10)
-    with pytest.raises(p.ProtocolError, match="too large"):
-        p.FrameDecoder().feed(p.HEADER.pack(p.MAGIC, 1, 1, 0, p.MAX_BODY + 1, 0))
+    with pytest.raises(framing.ProtocolError, match="bad magic"):
+        framing.FrameDecoder().feed(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 10)
+    with pytest.raises(framing.ProtocolError, match="too large"):
+        framing.FrameDecoder().feed(p.HEADER.pack(p.MAGIC, 1, 1, 0, framing.MAX_BODY + 1, 0))

@@ -1,0 +1,118 @@
+"""Between the core's words and the wire's: the socket server's translation tables.
+
+Frames from hooks become core events (`HOOK_EVENTS`), nvsharectl's state changes become control
+events (`CONTROL`), and the core's actions become message bodies (`TO_HOOKS`, `result`). Pure
+and in one place, so what the core hears and says on the wire can be read here at a glance; the
+server applies these per connection, after it has checked identity and permission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from appliance import protocol as p
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.limits import HookLimits
+from appliance.policy.model import Limits
+
+_RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
+_STATUS = {
+    act.Outcome.DONE: p.Status.OK,
+    act.Outcome.INVALID: p.Status.INVALID,
+    act.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
+}
+
+# A registered hook's message, its client id and the frame's seq -> the core's event.
+HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
+    p.LockRequest: lambda msg, cid, seq: ev.LockRequested(cid, seq),
+    p.LockReleased: lambda msg, cid, seq: ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]),
+    p.MemReserve: lambda msg, cid, seq: ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used),
+    p.MemReturn: lambda msg, cid, seq: ev.MemoryReturned(cid, msg.nbytes, msg.used),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A state change nvsharectl may ask for: what it is called in a refusal, and its event."""
+
+    what: str  # "only root may <what>; nothing changed"
+    event: Callable[[Any, str, ev.Requester], ev.Event]  # (message, who asked, reply to)
+
+
+def _set_tq(msg: p.SetTq, by: str, to: ev.Requester) -> ev.Event:
+    seconds = None if msg.flags & p.SET_FOLLOW_POLICY else float(msg.seconds)
+    return ev.TimeQuantumSet(seconds, by=by, reply_to=to)
+
+
+def _set_mode(msg: p.SetMode, by: str, to: ev.Requester) -> ev.Event:
+    mode = None if msg.flags & p.SET_FOLLOW_POLICY else p.mode_of(msg.mode)
+    return ev.ModeSet(mode, msg.gpu_uuid, by=by, reply_to=to)
+
+
+def _limit_set(msg: p.LimitSet, by: str, to: ev.Requester) -> ev.Event:
+    if msg.pid:
+        target: ev.LimitTarget | None = ev.LimitTarget.pid(msg.pid)
+    elif msg.pod_name and msg.pod_namespace:
+        target = ev.LimitTarget.pod(msg.pod_namespace, msg.pod_name)
+    else:
+        target = None  # the core says what is missing
+    return ev.AdminLimitSet(
+        target,
+        Limits(
+            memory_bytes=msg.mem_limit if msg.flags & p.LIMIT_SET_HAS_MEM else None,
+            core_percent=msg.core_limit if msg.flags & p.LIMIT_SET_HAS_CORE else None,
+        ),
+        clear_memory=bool(msg.flags & p.LIMIT_SET_CLEAR_MEM),
+        clear_core=bool(msg.flags & p.LIMIT_SET_CLEAR_CORE),
+        by=by,
+        reply_to=to,
+    )
+
+
+CONTROL: dict[type, Control] = {
+    p.SetTq: Control("set the time quantum", _set_tq),
+    p.SetMode: Control("change the scheduling mode", _set_mode),
+    p.LimitSet: Control("change limits", _limit_set),
+}
+
+
+def wire_limits(limits: HookLimits) -> p.WireLimits:
+    return p.WireLimits(
+        mem_limit=limits.memory_bytes or 0,
+        core_limit=limits.core_percent,
+        mode=p.wire_mode(limits.mode),
+        backing=p.wire_backing(limits.backing),
+        flags=p.LIMIT_SINGLE_OVERSUB if limits.single_process_oversubscription else 0,
+    )
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+# Each action for a hook as (client id, message, seq): the whole of what the core says to hooks.
+TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
+    act.Registered: lambda a: (
+        a.client_id,
+        p.Registered(a.client_id, wire_limits(a.limits)),
+        a.seq,
+    ),
+    act.Grant: lambda a: (
+        a.client_id,
+        p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
+        a.seq,
+    ),
+    act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
+    act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
+    act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
+    act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),
+    act.PeersChanged: lambda a: (a.client_id, p.LedgerPeers(a.processes), 0),
+}
+
+
+def result(reply: act.Reply, ref: int) -> p.Result:
+    """The OK or ERROR frame answering a control request of type `ref`."""
+    return p.Result(_STATUS[reply.outcome], ref, reply.message)

@@ -1,0 +1,66 @@
+"""The core's words on the wire: every action for a hook becomes a frame the hook reads, and
+every frame a hook or nvsharectl sends becomes the core's event."""
+
+from __future__ import annotations
+
+import typing
+
+from appliance import codec, framing
+from appliance import protocol as p
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.limits import HookLimits
+from appliance.policy.model import Backing, Mode
+
+LIMITS = HookLimits(None, 50, Mode.OFF, Backing.MANAGED, single_process_oversubscription=True)
+SAMPLES = [
+    act.Registered(7, 3, LIMITS),
+    act.Grant(7, 4, time_quantum_s=30, idle_release_s=0.25),
+    act.Drop(7),
+    act.LimitsChanged(7, LIMITS),
+    act.MemoryGranted(7, 5, 64 << 20, 128 << 20),
+    act.MemoryObserved(7, 1 << 30, 768 << 20),
+    act.PeersChanged(7, 2),
+]
+
+
+def test_every_action_the_core_returns_has_a_sink() -> None:
+    routed = {*codec.TO_HOOKS, act.Reply, act.PodWarning, act.ReplicasChanged}
+    assert set(typing.get_args(act.Action)) == routed
+    assert {type(a) for a in SAMPLES} == set(codec.TO_HOOKS) == set(act.HOOK_ACTIONS)
+
+
+def test_every_action_for_a_hook_becomes_the_frame_it_reads() -> None:
+    frames = []
+    for action in SAMPLES:
+        client_id, message, seq = codec.TO_HOOKS[type(action)](action)
+        assert client_id == 7
+        (frame,) = framing.FrameDecoder().feed(framing.encode(message, seq=seq))
+        frames.append(framing.decode_body(frame))
+    wire = p.WireLimits(0, 50, p.WireMode.OFF, p.WireBacking.MANAGED, p.LIMIT_SINGLE_OVERSUB)
+    assert frames == [
+        p.Registered(7, wire),
+        p.LockGrant(30_000, 250),
+        p.LockDrop(),
+        p.LimitUpdate(wire),
+        p.MemGrant(64 << 20, 128 << 20),
+        p.MemObserved(1 << 30, 768 << 20),
+        p.LedgerPeers(2),
+    ]
+
+
+def test_hook_and_control_frames_become_the_core_events() -> None:
+    released = codec.HOOK_EVENTS[p.LockReleased](p.LockReleased(p.ReleaseReason.UNDRAINED), 7, 9)
+    assert released == ev.LockReleased(7, ev.ReleaseReason.UNDRAINED)
+    to = ev.Requester(connection=2, seq=11)
+    follow = codec.CONTROL[p.SetMode].event(
+        p.SetMode(p.WireMode.AUTO, "GPU-1", flags=p.SET_FOLLOW_POLICY), "pid 1", to
+    )
+    assert follow == ev.ModeSet(None, "GPU-1", by="pid 1", reply_to=to)
+    pod = codec.CONTROL[p.LimitSet].event(
+        p.LimitSet(flags=p.LIMIT_SET_CLEAR_MEM, pod_namespace="ml", pod_name="a"), "pid 1", to
+    )
+    assert isinstance(pod, ev.AdminLimitSet) and pod.target == ev.LimitTarget.pod("ml", "a")
+    assert pod.clear_memory and not pod.clear_core
+    nobody = codec.CONTROL[p.LimitSet].event(p.LimitSet(flags=p.LIMIT_SET_HAS_CORE), "x", to)
+    assert isinstance(nobody, ev.AdminLimitSet) and nobody.target is None
