@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 from appliance import sdnotify
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.gpus import GpuFacts
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
 from appliance.gpu.nvml import Nvml
@@ -38,8 +37,8 @@ from appliance.socket_claim import SocketUnavailable
 
 if TYPE_CHECKING:
     from appliance.kube.deviceplugin import DevicePlugin
-    from appliance.kube.events import EventRecorder
     from appliance.kube.node_status import NodeStatusPublisher
+    from appliance.kube.recorder import EventRecorder
 
 log = logging.getLogger("nvshare.daemon")
 
@@ -96,8 +95,8 @@ class Daemon:
     # ------------------------------------------------------------ sources and sinks
 
     def _start_kube(self, policy: Policy) -> None:
-        from appliance.kube.events import EventRecorder
-        from appliance.kube.pods import PodWatcher  # only with --node-name
+        from appliance.kube.pod_watch import PodWatcher  # only with --node-name
+        from appliance.kube.recorder import EventRecorder
 
         assert self.config.node_name and self._api is not None and self.engine is not None
         api, engine = self._api, self.engine
@@ -192,10 +191,7 @@ class Daemon:
             log.error("refusing to start: %s", problem)
             return 2
         assert policy is not None
-        inventory = {
-            g.uuid: GpuFacts(uuid=g.uuid, index=g.index, model=g.name, total_memory=g.memory_total)
-            for g in (self.nvml.inventory() if self.nvml.available else [])
-        }
+        inventory = {g.uuid: g for g in (self.nvml.inventory() if self.nvml.available else [])}
         self.core = NodeCore(
             policy, inventory=inventory, watching_pods=self.config.node_name is not None
         )
@@ -240,7 +236,7 @@ class Daemon:
                 "not exist; mount it from the host (kubelet creates it) or leave the plugin off"
             )
         if config.node_name:
-            from appliance.kube.pods import KubeConfigError, api_client_from_env
+            from appliance.kube.api import KubeConfigError, api_client_from_env
 
             try:
                 self._api = api_client_from_env(config.kube_api)

@@ -30,7 +30,7 @@ from appliance import protocol as p
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
-from appliance.identity import identify, is_admin, peer_credentials
+from appliance.host.peer import identify, is_admin, peer_credentials
 from appliance.socket_claim import SocketClaim, claim_socket
 
 log = logging.getLogger("nvshare.server")

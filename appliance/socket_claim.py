@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.identity import peer_credentials
+from appliance.host.peer import peer_credentials
 from appliance.protocol import SOCKET_NAME
 
 LOCK_NAME = SOCKET_NAME + ".lock"

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from appliance.core.annotations import PodInfo, PodRef  # noqa: E402
-from appliance.kube.pods import PodWatcher, api_client_from_env  # noqa: E402
+from appliance.kube.api import api_client_from_env  # noqa: E402
+from appliance.kube.pod_watch import PodWatcher  # noqa: E402
 
 KEY = "bench.nvshare.com/seq"
 

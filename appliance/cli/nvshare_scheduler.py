@@ -125,7 +125,7 @@ def webhook(
     import logging
     import ssl
 
-    from appliance.kube.pods import KubeConfigError, api_client_from_env
+    from appliance.kube.api import KubeConfigError, api_client_from_env
     from appliance.kube.webhook import build_webhook_server, serve_webhook
 
     def die(message: str) -> NoReturn:

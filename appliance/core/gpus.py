@@ -1,4 +1,5 @@
-"""What the core knows of a physical GPU: its identity and size, as NVML or the hook reports it."""
+"""A physical GPU as everyone in the appliance knows it: NVML's inventory, the core's GPUs, the
+device plugin's and the node status publisher's. One type, so a fact about a GPU has one name."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class GpuFacts:
     uuid: str
-    index: int | None = None
-    model: str | None = None
-    total_memory: int = 0  # as the driver reports it
+    index: int | None = None  # NVML's; None where only a hook has named the GPU
+    model: str | None = None  # NVML's name, e.g. "NVIDIA H100 80GB HBM3"
+    memory_total: int = 0  # bytes, as the driver reports it
+    mig_enabled: bool = False

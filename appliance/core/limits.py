@@ -69,7 +69,7 @@ def gpu_rule_matches(rule: GpuRule, gpu: GpuFacts) -> bool:
 
 def gpu_settings(policy: Policy, gpu: GpuFacts) -> tuple[Mode, float, int]:
     """(mode, time quantum, memory size) of a GPU after the policy's `gpus` rules."""
-    mode, tq, memory = policy.scheduler.mode, policy.scheduler.time_quantum_s, gpu.total_memory
+    mode, tq, memory = policy.scheduler.mode, policy.scheduler.time_quantum_s, gpu.memory_total
     for rule in policy.gpus:
         if gpu_rule_matches(rule, gpu):
             mode = rule.mode or mode
@@ -111,7 +111,7 @@ def resolve_limits(
             exempt = rule.mode is Mode.OFF
             sources["mode"] = label
     _, _, gpu_memory = gpu_settings(policy, gpu)
-    if memory is None and gpu_memory and gpu_memory != gpu.total_memory:
+    if memory is None and gpu_memory and gpu_memory != gpu.memory_total:
         memory, sources["memory"] = gpu_memory, "declared GPU size (policy gpus)"
     if annotations is not None:
         if annotations.memory_bytes is not None:

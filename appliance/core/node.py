@@ -104,7 +104,7 @@ class NodeCore:
                 uuid=e.gpu_uuid,
                 index=base.index,
                 model=base.model,
-                total_memory=base.total_memory or e.gpu_total_memory,
+                memory_total=base.memory_total or e.gpu_total_memory,
             )
             s.gpus[e.gpu_uuid] = Gpu(facts=facts)
         c = Client(

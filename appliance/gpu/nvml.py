@@ -17,23 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.core.gpus import GpuFacts
+
 log = logging.getLogger(__name__)
 
 # XIDs caused by the application, not by the GPU: a CUDA program faulting must not take its
 # GPU out of the device plugin (13 graphics engine exception, 31 MMU fault, 43 GPU stopped
 # processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout).
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-
-@dataclass(frozen=True, slots=True)
-class GpuInfo:
-    """One physical GPU, as NVML names it."""
-
-    index: int
-    uuid: str
-    name: str
-    memory_total: int  # bytes
-    mig_enabled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +94,11 @@ class Nvml:
 
     # -- public surface -------------------------------------------------------------------
 
-    def inventory(self) -> list[GpuInfo]:
+    def inventory(self) -> list[GpuFacts]:
         """Every GPU NVML can see; a GPU that cannot be queried is left out (and logged)."""
         if not self.available:
             return []
-        gpus: list[GpuInfo] = []
+        gpus: list[GpuFacts] = []
         for index in range(self._count()):
             try:
                 handle = self._lib.nvmlDeviceGetHandleByIndex(index)
@@ -118,10 +109,10 @@ class Nvml:
                 self._log_once(f"inventory of GPU {index}", exc, "left out of the inventory")
                 continue
             gpus.append(
-                GpuInfo(
-                    index=index,
+                GpuFacts(
                     uuid=uuid,
-                    name=name,
+                    index=index,
+                    model=name,
                     memory_total=total,
                     mig_enabled=self._mig_enabled(handle),
                 )

@@ -42,7 +42,7 @@ import grpc  # type: ignore[import-untyped]
 import inotify_simple  # type: ignore[import-untyped]
 import yaml
 
-from appliance.gpu.nvml import GpuInfo
+from appliance.core.gpus import GpuFacts
 
 # The generated modules are untyped (typed protobuf stubs would need types-protobuf and a
 # plugin); loading them by name keeps mypy --strict out of generated code. Messages are
@@ -168,7 +168,7 @@ class DevicePlugin:
     def __init__(
         self,
         *,
-        gpus: Callable[[], list[GpuInfo]],
+        gpus: Callable[[], list[GpuFacts]],
         health: Callable[[str], bool],
         replicas_per_gpu: int,
         resource_name: str,

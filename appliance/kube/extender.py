@@ -419,9 +419,7 @@ def run_extender(
     """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
     import signal
 
-    from kubernetes.config import ConfigException
-
-    from appliance.kube.pods import api_client_from_env
+    from appliance.kube.api import KubeConfigError, api_client_from_env
     from appliance.policy.errors import PolicyLoadError
 
     logging.basicConfig(
@@ -429,12 +427,8 @@ def run_extender(
     )
     try:
         api_client = api_client_from_env(kube_api)
-    except ConfigException as exc:
-        log.error(
-            "no API server to read nodes from (%s): pass --kube-api URL, run in a pod, or set "
-            "KUBECONFIG",
-            exc,
-        )
+    except KubeConfigError as exc:  # it says what was tried and what to give
+        log.error("refusing to start: %s", exc)
         return 1
     try:
         server = build_extender_server(

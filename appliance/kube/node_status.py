@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from appliance.gpu.nvml import GpuInfo, GpuSample
+from appliance.core.gpus import GpuFacts
+from appliance.gpu.nvml import GpuSample
 from appliance.placement.status import (
     ANNOTATION,
     GpuStatus,
@@ -39,7 +40,7 @@ log = logging.getLogger("nvshare.node_status")
 def node_gpu_status(
     node: str,
     samples: Sequence[GpuSample],
-    inventory: Mapping[str, GpuInfo],
+    inventory: Mapping[str, GpuFacts],
     settings: NodeStatusSettings,
 ) -> NodeGpuStatus:
     """The document for one NVML sample of every GPU."""
@@ -49,8 +50,8 @@ def node_gpu_status(
         gpus.append(
             GpuStatus(
                 uuid=s.uuid,
-                index=info.index if info else len(gpus),
-                model=info.name if info else "",
+                index=info.index if info and info.index is not None else len(gpus),
+                model=(info.model or "") if info else "",
                 memory_total=s.memory_total,
                 memory_used=s.memory_used,
                 memory_free=s.memory_free,
@@ -86,7 +87,7 @@ class NodeStatusPublisher:
         *,
         api_client: client.ApiClient,
         node_name: str,
-        inventory: Sequence[GpuInfo],
+        inventory: Sequence[GpuFacts],
         settings: NodeStatusSettings,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,

@@ -233,7 +233,7 @@ def _say_failed(
 
 
 def _declared(gpu: GpuStatus, policy: Policy) -> int:
-    facts = GpuFacts(uuid=gpu.uuid, index=gpu.index, model=gpu.model, total_memory=gpu.memory_total)
+    facts = GpuFacts(uuid=gpu.uuid, index=gpu.index, model=gpu.model, memory_total=gpu.memory_total)
     return gpu_settings(policy, facts)[2]
 
 

@@ -14,7 +14,7 @@ FORBIDDEN = (
     "appliance.daemon",
     "appliance.cli",
     "appliance.metrics",
-    "appliance.identity",
+    "appliance.host",
     "appliance.kube",
     "appliance.gpu",
     "appliance.policy.watch",

@@ -9,7 +9,7 @@ from appliance.core.limits import resolve_limits
 from appliance.policy.model import GpuMatch, GpuRule, Limits, Mode, Policy, Rule, RuleMatch
 
 GiB = 1 << 30
-GPU = GpuFacts(uuid="GPU-1", index=0, model="NVIDIA H100 80GB HBM3", total_memory=80 * GiB)
+GPU = GpuFacts(uuid="GPU-1", index=0, model="NVIDIA H100 80GB HBM3", memory_total=80 * GiB)
 IDENT = ClientIdentity(
     pid=5,
     uid=1000,

@@ -156,6 +156,17 @@ def test_a_webhook_certificate_that_is_not_there_is_named(tmp_path: Path) -> Non
     )
 
 
+def test_an_extender_without_a_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "policy").mkdir()
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    r = run("nvshare-scheduler", "extender", "--policy-dir", str(tmp_path / "policy"), env=env)
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert "refusing to start: no way to reach the Kubernetes API server" in line
+    assert "--kube-api" in line
+
+
 def test_an_unreachable_api_server_is_logged_in_short_lines(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, args=["--node-name", "n1", "--kube-api", "http://127.0.0.1:9"])
     try:

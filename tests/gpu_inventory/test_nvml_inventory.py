@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from appliance.gpu.nvml import GpuInfo, Nvml
+from appliance.core.gpus import GpuFacts
+from appliance.gpu.nvml import Nvml
 
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,12 +133,8 @@ def test_inventory_lists_every_gpu_with_mig_mode() -> None:
     nvml = Nvml(library=ScriptedNvml(two_gpus()))
     assert nvml.available
     assert nvml.inventory() == [
-        GpuInfo(
-            index=0, uuid="GPU-aaaa", name="NVIDIA H200", memory_total=141 * GiB, mig_enabled=False
-        ),
-        GpuInfo(
-            index=1, uuid="GPU-bbbb", name="NVIDIA A100", memory_total=80 * GiB, mig_enabled=True
-        ),
+        GpuFacts("GPU-aaaa", index=0, model="NVIDIA H200", memory_total=141 * GiB),
+        GpuFacts("GPU-bbbb", index=1, model="NVIDIA A100", memory_total=80 * GiB, mig_enabled=True),
     ]
 
 
@@ -237,7 +234,7 @@ from appliance.gpu.nvml import Nvml
 nvml = Nvml()
 gpus = nvml.inventory()
 print(json.dumps({"available": nvml.available,
-                  "inventory": [[g.index, g.uuid, g.name, g.memory_total] for g in gpus],
+                  "inventory": [[g.index, g.uuid, g.model, g.memory_total] for g in gpus],
                   "samples": [[s.uuid, s.memory_used, s.memory_free, s.utilization_percent,
                                s.compute_processes, s.healthy] for s in nvml.sample()],
                   "healthy": [nvml.healthy(g.uuid) for g in gpus]}))

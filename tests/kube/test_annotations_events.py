@@ -11,7 +11,7 @@ from fakeapi import FakeApiServer
 from kubernetes import client
 
 from appliance.core.annotations import MEMORY_LIMIT, PodRef, resolve_overrides
-from appliance.kube.events import EventRecorder
+from appliance.kube.recorder import EventRecorder
 from appliance.policy.model import AnnotationPolicy
 
 
@@ -95,7 +95,7 @@ def test_an_unreachable_api_server_is_logged_not_raised(
 ) -> None:
     pod = pod_ref(fake_api, "p")
     fake_api.stop()
-    with caplog.at_level(logging.WARNING, logger="appliance.kube.events"):
+    with caplog.at_level(logging.WARNING, logger="appliance.kube.recorder"):
         recorder.warn(pod, "InvalidAnnotation", "lost")
         assert recorder.flush(timeout=60)
     assert any(

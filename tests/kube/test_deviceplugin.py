@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from appliance.gpu.nvml import GpuInfo
+from appliance.core.gpus import GpuFacts
 from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
 from appliance.kube._generated import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from appliance.kube.deviceplugin import DevicePlugin, preferred_devices
@@ -46,11 +46,11 @@ class Gpus:
         self.unhealthy: set[str] = set()
         self.load = {"GPU-a": 3, "GPU-b": 0}
 
-    def inventory(self) -> list[GpuInfo]:
+    def inventory(self) -> list[GpuFacts]:
         return [
-            GpuInfo(index=0, uuid="GPU-a", name="H200", memory_total=141 * GiB, mig_enabled=False),
-            GpuInfo(index=1, uuid="GPU-b", name="H200", memory_total=141 * GiB, mig_enabled=False),
-            GpuInfo(index=2, uuid="GPU-m", name="A100", memory_total=80 * GiB, mig_enabled=True),
+            GpuFacts("GPU-a", index=0, model="H200", memory_total=141 * GiB),
+            GpuFacts("GPU-b", index=1, model="H200", memory_total=141 * GiB),
+            GpuFacts("GPU-m", index=2, model="A100", memory_total=80 * GiB, mig_enabled=True),
         ]
 
     def healthy(self, uuid: str) -> bool:

@@ -32,7 +32,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 from test_node_status import sample
 
-from appliance.gpu.nvml import GpuInfo
+from appliance.core.gpus import GpuFacts
 from appliance.kube.extender import (
     ClusterView,
     Extender,
@@ -53,7 +53,7 @@ def publish(api_client: client.ApiClient, node: str, used: int, at: float | None
     publisher = NodeStatusPublisher(
         api_client=api_client,
         node_name=node,
-        inventory=[GpuInfo(0, uuid, "NVIDIA H100 80GB HBM3", 80 * GiB, False)],
+        inventory=[GpuFacts(uuid, 0, "NVIDIA H100 80GB HBM3", 80 * GiB)],
         settings=NodeStatusSettings(),
         registry=CollectorRegistry(),
     )

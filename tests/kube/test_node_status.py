@@ -20,7 +20,8 @@ from fakeapi import FakeApiServer
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from appliance.gpu.nvml import GpuInfo, GpuSample
+from appliance.core.gpus import GpuFacts
+from appliance.gpu.nvml import GpuSample
 from appliance.kube.node_status import NodeStatusPublisher
 from appliance.placement.status import ANNOTATION, decode
 from appliance.policy.model import NodeStatusSettings
@@ -28,7 +29,7 @@ from appliance.policy.model import NodeStatusSettings
 GiB = 1 << 30
 MiB = 1 << 20
 UUID = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"
-INVENTORY = [GpuInfo(0, UUID, "NVIDIA H100 80GB HBM3", 80 * GiB, False)]
+INVENTORY = [GpuFacts(UUID, 0, "NVIDIA H100 80GB HBM3", 80 * GiB)]
 SETTINGS = NodeStatusSettings(
     min_interval_s=5.0, refresh_interval_s=60.0, memory_change_bytes=256 * MiB
 )

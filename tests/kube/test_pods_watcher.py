@@ -11,7 +11,8 @@ from fakeapi import FakeApiServer
 from kubernetes import client
 
 from appliance.core.annotations import PodInfo, PodRef
-from appliance.kube.pods import PodWatcher, api_client_from_env
+from appliance.kube.api import api_client_from_env
+from appliance.kube.pod_watch import PodWatcher
 
 LIVENESS_S = 20.0  # how long a test waits for something that should happen at once
 

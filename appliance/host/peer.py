@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 
 from appliance.core.identity import ClientIdentity
-from appliance.kube.cgroup import cgroup_identity
+from appliance.host.cgroup import cgroup_identity
 
 _UCRED = struct.Struct("3i")
 

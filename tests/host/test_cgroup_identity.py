@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.kube.cgroup import CgroupIdentity, cgroup_identity
+from appliance.host.cgroup import CgroupIdentity, cgroup_identity
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -40,7 +40,6 @@ def test_identity_from_fake_proc_tree(
     proc = FIXTURES / tree / "proc"
     ident = cgroup_identity(pid, proc_root=proc)
     assert (ident.pod_uid, ident.container_id, ident.systemd_unit) == (pod_uid, container_id, unit)
-    assert ident.raw == (proc / str(pid) / "cgroup").read_text()
 
 
 def test_systemd_slice_uid_underscores_become_dashes() -> None:
@@ -57,4 +56,3 @@ def test_vanished_process_is_a_process_lookup_error(tmp_path: Path) -> None:
 def test_sanity_on_the_real_proc_for_this_test_process() -> None:
     ident = cgroup_identity(os.getpid())
     assert isinstance(ident, CgroupIdentity)
-    assert ident.raw == Path("/proc/self/cgroup").read_text()

@@ -38,7 +38,6 @@ class CgroupIdentity:
     pod_uid: str | None
     container_id: str | None  # the bare 64-hex ID, as in a pod status containerID suffix
     systemd_unit: str | None  # only for processes outside pods, e.g. "train.service"
-    raw: str  # the whole /proc/<pid>/cgroup text, for logs
 
 
 def cgroup_identity(pid: int, *, proc_root: Path = Path("/proc")) -> CgroupIdentity:
@@ -61,9 +60,8 @@ def parse_cgroup(raw: str) -> CgroupIdentity:
                 pod_uid=m.group(1).replace("_", "-"),
                 container_id=_container_id(path),
                 systemd_unit=None,
-                raw=raw,
             )
-    return CgroupIdentity(pod_uid=None, container_id=None, systemd_unit=_unit(paths), raw=raw)
+    return CgroupIdentity(pod_uid=None, container_id=None, systemd_unit=_unit(paths))
 
 
 def _paths(raw: str) -> list[str]:
