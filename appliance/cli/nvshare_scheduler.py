@@ -126,7 +126,7 @@ def webhook(
     import ssl
 
     from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.kube.webhook import build_webhook_server, serve_webhook
+    from appliance.kube.webhook_server import build_webhook_server, serve_webhook
 
     def die(message: str) -> NoReturn:
         click.echo(f"nvshare-scheduler webhook: {message}", err=True)
@@ -187,7 +187,7 @@ def extender(
     port: int, host: str, kube_api: str | None, policy_dir: Path, switch: bool | None
 ) -> None:
     """Serve the kube-scheduler extender that filters nodes on their GPUs' real free memory."""
-    from appliance.kube.extender import run_extender
+    from appliance.kube.extender_server import run_extender
 
     sys.exit(
         run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)

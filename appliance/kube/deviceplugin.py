@@ -28,138 +28,38 @@ background; a change is streamed to kubelet through ListAndWatch.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import inotify_simple  # type: ignore[import-untyped]
-import yaml
 
 from appliance.core.gpus import GpuFacts
-
-# The generated modules are untyped (typed protobuf stubs would need types-protobuf and a
-# plugin); loading them by name keeps mypy --strict out of generated code. Messages are
-# `Any` here, and the tests hold the shapes kubelet sees.
-pb: Any = importlib.import_module("appliance.kube._generated.deviceplugin_v1beta1_pb2")
-pb_grpc: Any = importlib.import_module("appliance.kube._generated.deviceplugin_v1beta1_pb2_grpc")
+from appliance.kube.devices import (
+    HOOK_CONTAINER_PATH,
+    SOCKET_CONTAINER_DIR,
+    Injection,
+    VirtualDevice,
+    cdi_device_names,
+    physical_uuid,
+    preferred_devices,
+    write_preload_file,
+)
+from appliance.kube.kubelet_api import pb, pb_grpc
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-HOOK_CONTAINER_PATH = "/usr/local/nvshare/lib/libnvshare.so"
-SOCKET_CONTAINER_DIR = "/var/run/nvshare"
-PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
-PRELOAD_FILE_NAME = "ld.so.preload"  # generated next to the hook on the host
 CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-NVIDIA_CDI_KIND = "nvidia.com/gpu"
 # Sockets of device plugins that hand out the same GPUs whole: NVIDIA's k8s-device-plugin.
 FOREIGN_PLUGIN_SOCKETS = ("nvidia-gpu.sock",)
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-_ID_SEPARATOR = "::"
-
-
-@dataclass(frozen=True, slots=True)
-class VirtualDevice:
-    """One schedulable slice of a physical GPU, as kubelet sees it."""
-
-    uuid: str
-    replica: int
-    healthy: bool
-
-    @property
-    def id(self) -> str:
-        return f"{self.uuid}{_ID_SEPARATOR}{self.replica}"
-
-
-def physical_uuid(device_id: str) -> str:
-    """`GPU-abc::3` -> `GPU-abc`; raises ValueError for an id this plugin never advertised."""
-    uuid, separator, replica = device_id.rpartition(_ID_SEPARATOR)
-    if not separator or not uuid or not replica.isdigit():
-        raise ValueError(f"device id {device_id!r} is not of the form <gpu-uuid>::<n>")
-    return uuid
-
-
-def cdi_device_names(spec_dirs: Sequence[Path]) -> dict[str, str]:
-    """NVIDIA GPU device names from the node's CDI specs: {"GPU-<uuid>" or "0": "kind=name"}.
-
-    `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit, the GPU Operator) names each GPU
-    by index, by UUID or both. A file that cannot be read or parsed is skipped and logged.
-    """
-    names: dict[str, str] = {}
-    for directory in spec_dirs:
-        for path in sorted(directory.glob("*")) if directory.is_dir() else []:
-            if path.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, yaml.YAMLError) as exc:
-                log.warning("CDI spec %s cannot be read (%s); skipped", path, exc)
-                continue
-            if not isinstance(spec, dict) or spec.get("kind") != NVIDIA_CDI_KIND:
-                continue
-            for device in spec.get("devices") or []:
-                name = str((device or {}).get("name", ""))
-                if name and name != "all":
-                    names[name] = f"{NVIDIA_CDI_KIND}={name}"
-    return names
-
-
-def write_preload_file(path: Path, hook: str) -> None:
-    """The `/etc/ld.so.preload` pods get: the hook's path inside the container, one line.
-
-    Written to a temporary name and renamed, so a container starting meanwhile mounts either
-    the old file or the new one, never half of one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.new")
-    temporary.write_text(f"{hook}\n", encoding="utf-8")
-    temporary.chmod(0o644)
-    os.replace(temporary, path)
-
-
-def preferred_devices(
-    *,
-    available: list[str],
-    must_include: list[str],
-    size: int,
-    load: Mapping[str, int],
-) -> list[str]:
-    """Pick `size` virtual devices: the must-includes, then one per GPU, least-loaded GPU first.
-
-    A request for several devices is spread over distinct GPUs before any GPU is used twice,
-    so `nvshare.com/gpu: 2` means "a share of two GPUs" where two exist. Load is the number of
-    clients the node scheduler sees per GPU; it breaks ties between GPUs, then the UUID does.
-    """
-    chosen = list(dict.fromkeys(must_include))[:size] if size > 0 else []
-    picked_per_gpu: dict[str, int] = {}
-    for device_id in chosen:
-        uuid = physical_uuid(device_id)
-        picked_per_gpu[uuid] = picked_per_gpu.get(uuid, 0) + 1
-    free_per_gpu: dict[str, list[str]] = {}
-    for device_id in available:
-        if device_id not in chosen:
-            free_per_gpu.setdefault(physical_uuid(device_id), []).append(device_id)
-    for ids in free_per_gpu.values():
-        ids.sort(key=lambda device_id: int(device_id.rpartition(_ID_SEPARATOR)[2]))
-    while len(chosen) < size and free_per_gpu:
-        uuid = min(
-            free_per_gpu,
-            key=lambda gpu: (picked_per_gpu.get(gpu, 0), load.get(gpu, 0), gpu),
-        )
-        chosen.append(free_per_gpu[uuid].pop(0))
-        picked_per_gpu[uuid] = picked_per_gpu.get(uuid, 0) + 1
-        if not free_per_gpu[uuid]:
-            del free_per_gpu[uuid]
-    return chosen
 
 
 class DevicePlugin:
@@ -192,15 +92,14 @@ class DevicePlugin:
         self._replicas = replicas_per_gpu
         self.resource_name = resource_name
         self.kubelet_dir = kubelet_dir
-        self._hook_host_path = hook_host_path
-        self._socket_host_dir = socket_host_dir
         self._load = load
         self.endpoint = endpoint
-        self._hook_container_path = hook_container_path
-        self._socket_container_dir = socket_container_dir
-        # The daemon sees the host's hook directory at the same path (the DaemonSet mounts it
-        # there), so the file it writes is the file kubelet mounts.
-        self._preload_host_path = str(Path(hook_host_path).with_name(PRELOAD_FILE_NAME))
+        self._injection = Injection(
+            hook_host_path=hook_host_path,
+            socket_host_dir=socket_host_dir,
+            hook_container_path=hook_container_path,
+            socket_container_dir=socket_container_dir,
+        )
         self._cdi_spec_dirs = tuple(cdi_spec_dirs)
         self._gpu_index = gpu_index
         self._foreign_sockets = tuple(foreign_sockets)
@@ -230,7 +129,8 @@ class DevicePlugin:
                 "mount it from the host (kubelet creates it) or turn the device plugin off"
             )
         self._stopping.clear()
-        write_preload_file(Path(self._preload_host_path), self._hook_container_path)
+        injection = self._injection
+        write_preload_file(Path(injection.preload_host_path), injection.hook_container_path)
         self._refresh_devices()
         self._serve()
         # The watch is in place before the first registration, so a kubelet that comes up
@@ -343,7 +243,7 @@ class DevicePlugin:
                 ]
             )
 
-    def _cdi_devices(self, uuids: list[str]) -> list[Any]:
+    def _cdi_devices(self, uuids: list[str]) -> list[str]:
         """CDI names for every GPU, or none at all when the node's spec lacks any of them."""
         known = cdi_device_names(self._cdi_spec_dirs)
         names = []
@@ -352,7 +252,7 @@ class DevicePlugin:
             name = known.get(uuid) or (known.get(str(index)) if index is not None else None)
             if name is None:
                 return []
-            names.append(pb.CDIDevice(name=name))
+            names.append(name)
         return names
 
     def allocate(self, request: Any, context: Any) -> Any:
@@ -362,36 +262,7 @@ class DevicePlugin:
                 uuids = list(dict.fromkeys(physical_uuid(i) for i in container.devices_ids))
             except ValueError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            responses.append(
-                pb.ContainerAllocateResponse(
-                    cdi_devices=self._cdi_devices(uuids),
-                    envs={
-                        "LD_PRELOAD": self._hook_container_path,
-                        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
-                        "NVSHARE_SOCKET_DIR": self._socket_container_dir,
-                    },
-                    mounts=[
-                        pb.Mount(
-                            container_path=self._hook_container_path,
-                            host_path=self._hook_host_path,
-                            read_only=True,
-                        ),
-                        # The directory, never the socket file: a daemon restart replaces
-                        # the socket, and a file bind mount would keep the dead one.
-                        pb.Mount(
-                            container_path=self._socket_container_dir,
-                            host_path=self._socket_host_dir,
-                            read_only=True,
-                        ),
-                        # Loads the hook even when the pod sets its own LD_PRELOAD.
-                        pb.Mount(
-                            container_path=PRELOAD_CONTAINER_PATH,
-                            host_path=self._preload_host_path,
-                            read_only=True,
-                        ),
-                    ],
-                )
-            )
+            responses.append(self._injection.response(uuids, self._cdi_devices(uuids)))
         return pb.AllocateResponse(container_responses=responses)
 
     def preferred_allocation(self, request: Any, context: Any) -> Any:

@@ -26,23 +26,18 @@ of us.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter
 
-from appliance.kube.informer import NodesAndBoundPods
-from appliance.kube.resources import pod_request
-from appliance.kube.serving import CacheBackedServer, ProbedHandler
-from appliance.placement.demand import HAMI_GPUS, HAMI_MEMORY, pod_demand
-from appliance.placement.fit import Basis, NodeJudge, NodeVerdict, NodeView, check_mode, scores
-from appliance.placement.status import ANNOTATION, NodeGpuStatus, StatusError, decode
+from appliance.kube.cluster_view import ClusterView
+from appliance.placement.demand import pod_demand
+from appliance.placement.fit import Basis, NodeJudge, NodeVerdict, check_mode, scores
 from appliance.policy.model import Policy, RealtimeCheckMode
 from appliance.policy.quantity import format_bytes
 
@@ -117,113 +112,7 @@ def priority_list(node_scores: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"Host": node, "Score": score} for node, score in node_scores.items()]
 
 
-# ---------------------------------------------------------------- caches
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """A Node as the extender keeps it: its published status, or why there is none."""
-
-    status: NodeGpuStatus | None
-    error: str | None
-
-
-def node_record(node: Obj) -> NodeRecord:
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    text = annotations.get(ANNOTATION)
-    if text is None:
-        return NodeRecord(None, f"no {ANNOTATION} annotation on the node")
-    try:
-        return NodeRecord(decode(str(text)), None)
-    except StatusError as exc:
-        return NodeRecord(None, f"{ANNOTATION} is unreadable: {exc}")
-
-
-@dataclass(frozen=True, slots=True)
-class BoundPod:
-    """A bound, unfinished pod holding GPU resources, slimmed to what its need depends on."""
-
-    node: str
-    pod: Obj
-
-
-def bound_pod(pod: Obj) -> BoundPod | None:
-    node = (pod.get("spec") or {}).get("nodeName") or ""
-    wanted = ("nvshare.com/gpu", HAMI_GPUS, HAMI_MEMORY)
-    if not node or not any(pod_request(pod, r) for r in wanted):
-        return None
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    slim = {
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta
-        },
-        "spec": {
-            kind: [{"resources": c.get("resources") or {}} for c in spec.get(kind) or []]
-            for kind in ("containers", "initContainers")
-        },
-    }
-    return BoundPod(node=str(node), pod=slim)
-
-
-class ClusterView(NodesAndBoundPods[NodeRecord, BoundPod]):
-    """Nodes' published GPU status and bound GPU pods, from two informers."""
-
-    def __init__(self, *, api_client: Any, page_size: int = 500, **informer_options: Any) -> None:
-        self._lock = threading.Lock()
-        self._last_good: dict[str, NodeGpuStatus] = {}
-        self._pods_by_node: dict[str, dict[str, Obj]] = {}
-        self._where: dict[str, str] = {}  # pod uid -> node
-        super().__init__(
-            api_client=api_client, name="extender", page_size=page_size, **informer_options
-        )
-
-    def convert_node(self, node: Obj) -> NodeRecord:
-        return node_record(node)
-
-    def convert_pod(self, pod: Obj) -> BoundPod | None:
-        return bound_pod(pod)
-
-    def view(self, name: str, policy: Policy) -> NodeView:
-        record = self.nodes.items().get(name)
-        with self._lock:
-            last_good = self._last_good.get(name)
-            pods = list(self._pods_by_node.get(name, {}).values())
-        bound = 0
-        for pod in pods:
-            demand = pod_demand(pod, policy)
-            bound += (demand.memory_bytes or 0) * demand.gpus
-        if record is None:
-            return NodeView(name, None, "the node is not in the extender's cache", last_good, bound)
-        return NodeView(name, record.status, record.error, last_good, bound)
-
-    def node_set(self, name: str, record: NodeRecord) -> None:
-        if record.status is not None:
-            with self._lock:
-                self._last_good[name] = record.status
-
-    def node_gone(self, name: str, record: NodeRecord) -> None:
-        with self._lock:
-            self._last_good.pop(name, None)
-
-    def pod_set(self, uid: str, pod: BoundPod) -> None:
-        with self._lock:
-            old = self._where.get(uid)
-            if old is not None and old != pod.node:
-                self._pods_by_node.get(old, {}).pop(uid, None)
-            self._where[uid] = pod.node
-            self._pods_by_node.setdefault(pod.node, {})[uid] = pod.pod
-
-    def pod_gone(self, uid: str, pod: BoundPod) -> None:
-        with self._lock:
-            self._where.pop(uid, None)
-            on_node = self._pods_by_node.get(pod.node, {})
-            on_node.pop(uid, None)
-            if not on_node:
-                self._pods_by_node.pop(pod.node, None)
-
-
-# ---------------------------------------------------------------- the extender
+# ---------------------------------------------------------------- decisions
 
 
 class Extender:
@@ -309,146 +198,3 @@ class Extender:
             log.exception("prioritize failed; scoring every node 0")
             return priority_list(dict.fromkeys(args.node_names, 0))
         return priority_list(scores(verdicts))
-
-
-# ---------------------------------------------------------------- HTTP
-
-
-class _Handler(ProbedHandler):
-    server: ExtenderServer
-    log_as = "extender"
-    log = log
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.answer_probe():
-            return
-        if self.path == "/metrics":
-            self.send(200, generate_latest(self.server.registry), "text/plain; version=0.0.4")
-        else:
-            self.send(404, b"not found\n")
-
-    def do_POST(self) -> None:  # noqa: N802
-        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
-        extender = self.server.extender
-        handlers = {"filter": extender.filter, "prioritize": extender.prioritize}
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length))
-            if verb not in handlers:
-                self.send(404, f"no verb {verb!r}: POST .../filter or .../prioritize\n".encode())
-                return
-            answer = handlers[verb](body)
-        except (ValueError, UnicodeDecodeError) as exc:  # BadRequest, bad JSON, bad length
-            log.warning("extender: bad %s request from %s: %s", verb, self.client_address[0], exc)
-            self.send(400, f"expected an ExtenderArgs: {exc}\n".encode())
-            return
-        self.send(200, json.dumps(answer).encode(), "application/json")
-
-
-class ExtenderServer(CacheBackedServer):
-    """Plain HTTP: /filter, /prioritize (POST, under any prefix), /healthz, /readyz, /metrics."""
-
-    def __init__(
-        self,
-        *,
-        extender: Extender,
-        registry: CollectorRegistry,
-        host: str = "0.0.0.0",
-        port: int = 8888,
-        ready: Callable[[], bool] = lambda: True,
-        sources: Sequence[Any] = (),
-    ) -> None:
-        super().__init__((host, port), _Handler, ready=ready, sources=sources)
-        self.extender = extender
-        self.registry = registry
-
-
-def build_extender_server(
-    *,
-    policy_dir: Path,
-    api_client: Any,
-    switch: bool | None,
-    port: int,
-    host: str = "0.0.0.0",
-) -> ExtenderServer:
-    """The production extender, bound but not serving; its caches and policy watch started.
-
-    An invalid policy at start raises PolicyLoadError (the caller reports it); later, an
-    invalid policy keeps the last good one, as in the node daemon.
-    """
-    from appliance.policy.watch import PolicyWatcher
-
-    watcher = PolicyWatcher(
-        Path(policy_dir),
-        on_policy=lambda policy: None,  # read through `last_good`, the newest valid policy
-        on_error=lambda errors: None,  # the watcher logs them
-    )
-    first = watcher.start()
-    registry = CollectorRegistry()
-    cluster = ClusterView(api_client=api_client)
-    extender = Extender(
-        cluster=cluster,
-        policy=lambda: watcher.last_good or first,
-        switch=switch,
-        registry=registry,
-    )
-    server = ExtenderServer(
-        extender=extender,
-        registry=registry,
-        host=host,
-        port=port,
-        ready=lambda: cluster.synced,
-        sources=[cluster, watcher],
-    )
-    cluster.start()
-    return server
-
-
-def serve_extender(server: ExtenderServer) -> None:
-    host, port = server.server_address[:2]
-    log.info("scheduler extender listening on http://%s:%d", host, port)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-
-
-def run_extender(
-    *, policy_dir: Path, kube_api: str | None, switch: bool | None, host: str, port: int
-) -> int:
-    """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
-    import signal
-
-    from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.policy.errors import PolicyLoadError
-
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        api_client = api_client_from_env(kube_api)
-    except KubeConfigError as exc:  # it says what was tried and what to give
-        log.error("refusing to start: %s", exc)
-        return 1
-    try:
-        server = build_extender_server(
-            policy_dir=policy_dir,
-            api_client=api_client,
-            switch=switch,
-            host=host,
-            port=port,
-        )
-    except PolicyLoadError as exc:
-        log.error("refusing to start: the policy in %s is invalid:", policy_dir)
-        for err in exc.errors:
-            log.error("  %s", err)
-        return 2
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
-        return 1
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    try:
-        serve_extender(server)
-    except KeyboardInterrupt:
-        pass
-    return 0

@@ -116,21 +116,35 @@ class PolicyWatcher:
         Raises `PolicyLoadError` (and watches nothing) when the first load is invalid, so a
         daemon never starts without a policy.
         """
-        if self._thread is not None:
-            raise RuntimeError("PolicyWatcher.start() called twice")
-        self._inotify = INotify()
-        self._wake_r, self._wake_w = os.pipe()
-        self._watch_parent()
-        self._watch_directory()  # before the first read, so no change slips in between
+        self._open()
         try:
             self._reload("start", first=True)
         except PolicyLoadError:
             self._close()
             raise
-        self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
-        self._thread.start()
+        self._start_thread()
         assert self.last_good is not None
         return self.last_good
+
+    def watch(self) -> None:
+        """Watch without requiring a valid policy first: one that is invalid (or a directory that
+        does not exist yet) is reported, and applied once it is fixed. For servers that must
+        answer meanwhile, like the admission webhook, which then changes no pod."""
+        self._open()
+        self._reload("start")
+        self._start_thread()
+
+    def _open(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("PolicyWatcher started twice")
+        self._inotify = INotify()
+        self._wake_r, self._wake_w = os.pipe()
+        self._watch_parent()
+        self._watch_directory()  # before the first read, so no change slips in between
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
+        self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop watching and wait for the thread; safe to call twice."""

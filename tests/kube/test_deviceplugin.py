@@ -15,7 +15,8 @@ import pytest
 from appliance.core.gpus import GpuFacts
 from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
 from appliance.kube._generated import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from appliance.kube.deviceplugin import DevicePlugin, preferred_devices
+from appliance.kube.deviceplugin import DevicePlugin
+from appliance.kube.devices import preferred_devices
 
 GiB = 1 << 30
 WAIT = 20.0  # an upper bound for things that happen in milliseconds; never a measurement

@@ -29,17 +29,9 @@ from certs import issue
 from fakeapi import FakeApiServer, json_patch
 from kubernetes import client
 
-from appliance.kube.webhook import (
-    OPT_OUT_LABEL,
-    OPT_OUT_VALUE,
-    MigFallbackWebhook,
-    MigInventory,
-    PolicyChains,
-    WebhookServer,
-    build_webhook_server,
-    policy_chains,
-    warning_text,
-)
+from appliance.kube.mig_inventory import MigInventory
+from appliance.kube.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE, MigFallbackWebhook, warning_text
+from appliance.kube.webhook_server import PolicyChains, WebhookServer, build_webhook_server
 
 MIG = "nvidia.com/mig-"
 CHAINS = [["3g.40gb", "2g.20gb", "1g.10gb"]]
@@ -397,10 +389,35 @@ def test_chains_come_from_the_policy_dir_and_a_bad_edit_keeps_the_last_good(
     (tmp_path / "10-mig.yaml").write_text(
         'migFallback:\n  chains:\n    - ["3g.40gb", "2g.20gb"]\n', encoding="utf-8"
     )
-    chains = PolicyChains(policy_dir=tmp_path, load=policy_chains, ttl_s=0.0)
-    assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
+    chains = PolicyChains(tmp_path)
+    chains.start()
+    try:
+        assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
+        (tmp_path / "10-mig.yaml").write_text("migFallback:\n  chains: 3\n", encoding="utf-8")
+        assert chains.watcher.reload_now() == "invalid"
+        assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
+        (tmp_path / "10-mig.yaml").write_text(
+            'migFallback:\n  chains:\n    - ["7g.80gb", "3g.40gb"]\n', encoding="utf-8"
+        )
+        eventually(lambda: [list(c) for c in chains()] == [["7g.80gb", "3g.40gb"]], "hot reload")
+    finally:
+        chains.stop()
+
+
+def test_a_policy_invalid_from_the_start_means_no_chains_until_it_is_fixed(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "10-mig.yaml").write_text("migFallback:\n  chains: 3\n", encoding="utf-8")
-    assert [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]]
+    chains = PolicyChains(tmp_path)
+    chains.start()  # the webhook still serves, changing no pod
+    try:
+        assert chains() == ()
+        (tmp_path / "10-mig.yaml").write_text(
+            'migFallback:\n  chains:\n    - ["3g.40gb", "2g.20gb"]\n', encoding="utf-8"
+        )
+        eventually(lambda: [list(c) for c in chains()] == [["3g.40gb", "2g.20gb"]], "fixed")
+    finally:
+        chains.stop()
 
 
 def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_the_api(

@@ -1,0 +1,163 @@
+"""The scheduler extender as a plain HTTP server: /filter and /prioritize under any prefix,
+probes and /metrics, the caches and the policy (the same `PolicyWatcher` as the node daemon),
+and `nvshare-scheduler extender`'s start and stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from appliance.kube.cluster_view import ClusterView
+from appliance.kube.extender import Extender
+from appliance.kube.serving import CacheBackedServer, ProbedHandler
+
+log = logging.getLogger("nvshare.extender")  # one logger for the extender program
+
+Obj = Mapping[str, Any]
+
+
+class _Handler(ProbedHandler):
+    server: ExtenderServer
+    log_as = "extender"
+    log = log
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.answer_probe():
+            return
+        if self.path == "/metrics":
+            self.send(200, generate_latest(self.server.registry), "text/plain; version=0.0.4")
+        else:
+            self.send(404, b"not found\n")
+
+    def do_POST(self) -> None:  # noqa: N802
+        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
+        extender = self.server.extender
+        handlers = {"filter": extender.filter, "prioritize": extender.prioritize}
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length))
+            if verb not in handlers:
+                self.send(404, f"no verb {verb!r}: POST .../filter or .../prioritize\n".encode())
+                return
+            answer = handlers[verb](body)
+        except (ValueError, UnicodeDecodeError) as exc:  # BadRequest, bad JSON, bad length
+            log.warning("extender: bad %s request from %s: %s", verb, self.client_address[0], exc)
+            self.send(400, f"expected an ExtenderArgs: {exc}\n".encode())
+            return
+        self.send(200, json.dumps(answer).encode(), "application/json")
+
+
+class ExtenderServer(CacheBackedServer):
+    """Plain HTTP: /filter, /prioritize (POST, under any prefix), /healthz, /readyz, /metrics."""
+
+    def __init__(
+        self,
+        *,
+        extender: Extender,
+        registry: CollectorRegistry,
+        host: str = "0.0.0.0",
+        port: int = 8888,
+        ready: Callable[[], bool] = lambda: True,
+        sources: Sequence[Any] = (),
+    ) -> None:
+        super().__init__((host, port), _Handler, ready=ready, sources=sources)
+        self.extender = extender
+        self.registry = registry
+
+
+def build_extender_server(
+    *,
+    policy_dir: Path,
+    api_client: Any,
+    switch: bool | None,
+    port: int,
+    host: str = "0.0.0.0",
+) -> ExtenderServer:
+    """The production extender, bound but not serving; its caches and policy watch started.
+
+    An invalid policy at start raises PolicyLoadError (the caller reports it); later, an
+    invalid policy keeps the last good one, as in the node daemon.
+    """
+    from appliance.policy.watch import PolicyWatcher
+
+    watcher = PolicyWatcher(
+        Path(policy_dir),
+        on_policy=lambda policy: None,  # read through `last_good`, the newest valid policy
+        on_error=lambda errors: None,  # the watcher logs them
+    )
+    first = watcher.start()
+    registry = CollectorRegistry()
+    cluster = ClusterView(api_client=api_client)
+    extender = Extender(
+        cluster=cluster,
+        policy=lambda: watcher.last_good or first,
+        switch=switch,
+        registry=registry,
+    )
+    server = ExtenderServer(
+        extender=extender,
+        registry=registry,
+        host=host,
+        port=port,
+        ready=lambda: cluster.synced,
+        sources=[cluster, watcher],
+    )
+    cluster.start()
+    return server
+
+
+def serve_extender(server: ExtenderServer) -> None:
+    host, port = server.server_address[:2]
+    log.info("scheduler extender listening on http://%s:%d", host, port)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def run_extender(
+    *, policy_dir: Path, kube_api: str | None, switch: bool | None, host: str, port: int
+) -> int:
+    """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
+    import signal
+
+    from appliance.kube.api import KubeConfigError, api_client_from_env
+    from appliance.policy.errors import PolicyLoadError
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        api_client = api_client_from_env(kube_api)
+    except KubeConfigError as exc:  # it says what was tried and what to give
+        log.error("refusing to start: %s", exc)
+        return 1
+    try:
+        server = build_extender_server(
+            policy_dir=policy_dir,
+            api_client=api_client,
+            switch=switch,
+            host=host,
+            port=port,
+        )
+    except PolicyLoadError as exc:
+        log.error("refusing to start: the policy in %s is invalid:", policy_dir)
+        for err in exc.errors:
+            log.error("  %s", err)
+        return 2
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    try:
+        serve_extender(server)
+    except KeyboardInterrupt:
+        pass
+    return 0
