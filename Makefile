@@ -51,8 +51,10 @@ $(HOOK): $(wildcard ld_hook/*.c ld_hook/*.h ld_hook/Makefile ld_hook/tests/*.c)
 	$(MAKE) -C ld_hook
 
 lint: venv
-	$(BIN)/ruff check appliance tests bench
+	$(BIN)/ruff check appliance tests bench scripts
+	$(BIN)/ruff format --check appliance tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo --no-cache
 
 # Bare-metal install (root): hook, venv, systemd unit, default policy. INSTALL_ARGS=--preload
 # also adds the hook to /etc/ld.so.preload. `make uninstall` removes exactly what was installed.

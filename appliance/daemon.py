@@ -269,7 +269,7 @@ class Daemon:
                 self._start_device_plugin(policy)
             if self.nvml.available:
                 self._start_nvml_sampler()
-        except Exception as exc:  # noqa: BLE001 - one line, then stop cleanly
+        except Exception as exc:
             log.error("stopping: %s", exc)
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):

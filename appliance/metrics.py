@@ -140,7 +140,7 @@ def _policy(policy: PolicyStatus) -> Iterator[Metric]:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

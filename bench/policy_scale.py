@@ -135,7 +135,7 @@ def main() -> None:
                     f"| {rss:.0f} MiB | {outcome} |",
                     flush=True,
                 )
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # daemons inherit it
     print("\n| status | tree | time | outcome |\n|---|---|---:|---|")
     for n in args.clients:

@@ -26,7 +26,7 @@ from kubernetes import client
 from appliance import protocol as p
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kube"))
-from fakeapi import FakeApiServer  # noqa: E402
+from fakeapi import FakeApiServer
 
 GiB = 1 << 30
 

@@ -189,7 +189,7 @@ class PodTable:
 # Each parser returns the value, None for "no annotation", or a str saying why it was refused.
 
 
-def _memory(raw: str | None, *, policy: AnnotationPolicy) -> int | None | str:
+def _memory(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -215,7 +215,7 @@ def _memory_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
     return policy.max_memory_bytes is None or value <= policy.max_memory_bytes
 
 
-def _core(raw: str | None, *, policy: AnnotationPolicy) -> int | None | str:
+def _core(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -240,7 +240,7 @@ def _core_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
     return policy.min_core_percent <= value <= policy.max_core_percent
 
 
-def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | None | str:
+def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | str | None:
     if raw is None:
         return None
     if not policy.allowed:

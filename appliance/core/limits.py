@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from appliance.core.annotations import PodInfo, PodOverrides
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
-from appliance.policy.model import Backing, GpuRule, Limits, Mode, Policy, Rule, RuleMatch
+from appliance.policy.model import Backing, GpuRule, Limits, Mode, Policy, RuleMatch
 from appliance.policy.quantity import format_bytes
 
 
@@ -82,6 +82,21 @@ def _source(policy: Policy, path: str) -> str:
     return policy.sources.get(path, "default")
 
 
+@dataclass(slots=True)
+class _Layers:
+    """Limits being resolved, lowest layer first; each layer wins where it says something."""
+
+    memory: int | None
+    core: int
+    sources: dict[str, str]
+
+    def over(self, memory: int | None, core: int | None, source: str) -> None:
+        if memory is not None:
+            self.memory, self.sources["memory"] = memory, source
+        if core is not None:
+            self.core, self.sources["core"] = core, source
+
+
 def resolve_limits(
     *,
     policy: Policy,
@@ -93,41 +108,36 @@ def resolve_limits(
     env_memory_bytes: int = 0,
     env_core_percent: int = 0,
 ) -> EffectiveLimits:
-    memory = policy.defaults.memory_bytes
-    core = policy.defaults.core_percent or 100
-    sources = {
-        "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
-        "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
-    }
+    limits = _Layers(
+        policy.defaults.memory_bytes,
+        policy.defaults.core_percent or 100,
+        {
+            "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
+            "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
+        },
+    )
     exempt = False
-    matched: list[Rule] = [r for r in policy.rules if rule_matches(r.match, ident, pod)]
-    for rule in matched:
+    for rule in (r for r in policy.rules if rule_matches(r.match, ident, pod)):
         label = f"rule {rule.name!r} ({rule.source})" if rule.source else f"rule {rule.name!r}"
-        if rule.limits.memory_bytes is not None:
-            memory, sources["memory"] = rule.limits.memory_bytes, label
-        if rule.limits.core_percent is not None:
-            core, sources["core"] = rule.limits.core_percent, label
+        limits.over(rule.limits.memory_bytes, rule.limits.core_percent, label)
         if rule.mode is not None:
             exempt = rule.mode is Mode.OFF
-            sources["mode"] = label
+            limits.sources["mode"] = label
     _, _, gpu_memory = gpu_settings(policy, gpu)
-    if memory is None and gpu_memory and gpu_memory != gpu.memory_total:
-        memory, sources["memory"] = gpu_memory, "declared GPU size (policy gpus)"
+    if limits.memory is None and gpu_memory and gpu_memory != gpu.memory_total:
+        limits.over(gpu_memory, None, "declared GPU size (policy gpus)")
     if annotations is not None:
-        if annotations.memory_bytes is not None:
-            memory, sources["memory"] = annotations.memory_bytes, "annotation"
-        if annotations.core_percent is not None:
-            core, sources["core"] = annotations.core_percent, "annotation"
+        limits.over(annotations.memory_bytes, annotations.core_percent, "annotation")
     if admin is not None:
-        if admin.memory_bytes is not None:
-            memory, sources["memory"] = admin.memory_bytes, "nvsharectl limit set"
-        if admin.core_percent is not None:
-            core, sources["core"] = admin.core_percent, "nvsharectl limit set"
-    if env_memory_bytes and (memory is None or env_memory_bytes < memory):
-        memory, sources["memory"] = env_memory_bytes, "env NVSHARE_GPU_MEMORY_LIMIT"
-    if env_core_percent and env_core_percent < core:
-        core, sources["core"] = env_core_percent, "env NVSHARE_GPU_CORE_LIMIT"
-    return EffectiveLimits(memory_bytes=memory, core_percent=core, exempt=exempt, sources=sources)
+        limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")
+    # A limit the process set for itself can only lower what the layers above decided.
+    if env_memory_bytes and (limits.memory is None or env_memory_bytes < limits.memory):
+        limits.over(env_memory_bytes, None, "env NVSHARE_GPU_MEMORY_LIMIT")
+    if env_core_percent and env_core_percent < limits.core:
+        limits.over(None, env_core_percent, "env NVSHARE_GPU_CORE_LIMIT")
+    return EffectiveLimits(
+        memory_bytes=limits.memory, core_percent=limits.core, exempt=exempt, sources=limits.sources
+    )
 
 
 def describe(limits: EffectiveLimits) -> dict[str, str]:

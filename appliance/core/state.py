@@ -28,7 +28,9 @@ class Phase(enum.Enum):
     DRAINING = "draining"  # told to drop, still synchronising
 
 
-_UNSET = HookLimits(memory_bytes=None, core_percent=100, mode=Mode.ON)  # until registered
+# What a client has until its registration resolves its limits.
+_UNRESOLVED = EffectiveLimits(memory_bytes=None, core_percent=100, exempt=False)
+_UNSET = HookLimits(memory_bytes=None, core_percent=100, mode=Mode.ON)
 
 
 @dataclass(slots=True)
@@ -38,7 +40,7 @@ class Client:
     gpu: str
     env_memory: int
     env_core: int
-    limits: EffectiveLimits = EffectiveLimits(None, 100, False)
+    limits: EffectiveLimits = _UNRESOLVED
     enforced: HookLimits = _UNSET  # what its hook was last told
     phase: Phase = Phase.IDLE
     request_seq: int = 0

@@ -126,7 +126,7 @@ class Informer(Generic[T]):
         if resp is not None:
             try:
                 resp.shutdown()
-            except Exception:  # noqa: BLE001 - already closed or never connected
+            except Exception:
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
@@ -163,7 +163,7 @@ class Informer(Generic[T]):
                     )
                 else:  # a server without bookmarks over a quiet collection looks the same
                     log.debug("%s: a quiet watch (no bookmarks); reopening", self.name)
-            except Exception as e:  # noqa: BLE001 - any failure means: back off, reconnect
+            except Exception as e:
                 if self._stop.is_set():
                     break
                 failures += 1
@@ -288,15 +288,7 @@ class Informer(Generic[T]):
         if kind == "BOOKMARK":
             self._bookmarks_seen = True
         elif kind in ("ADDED", "MODIFIED"):
-            key, value = self._key(obj), self._convert(obj)
-            with self._lock:
-                old = self._known.get(key)
-            if value is None:
-                if old is not None:
-                    self._delete(key)
-                    self._emit(self._on_delete, key, old)
-            elif old != value:
-                self._set(key, value)
+            self._changed(obj)
         elif kind == "DELETED":
             key = self._key(obj)
             with self._lock:
@@ -305,6 +297,18 @@ class Informer(Generic[T]):
                 self._emit(self._on_delete, key, old)
         if rv:
             self._rv = str(rv)
+
+    def _changed(self, obj: Obj) -> None:
+        """An object appeared or changed; one its converter drops now counts as deleted."""
+        key, value = self._key(obj), self._convert(obj)
+        with self._lock:
+            old = self._known.get(key)
+        if value is None:
+            if old is not None:
+                self._delete(key)
+                self._emit(self._on_delete, key, old)
+        elif old != value:
+            self._set(key, value)
 
     def _set(self, key: str, value: T) -> None:
         with self._lock:
@@ -318,7 +322,7 @@ class Informer(Generic[T]):
     def _emit(self, callback: Callable[[str, T], None], key: str, value: T) -> None:
         try:
             callback(key, value)
-        except Exception:  # noqa: BLE001 - a consumer's bug must not stop the watch
+        except Exception:
             log.exception("%s: a callback failed for %s", self.name, self._describe(key, value))
 
 

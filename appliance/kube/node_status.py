@@ -173,7 +173,7 @@ class NodeStatusPublisher:
                 _content_type="application/merge-patch+json",
                 _request_timeout=(5.0, 10.0),
             )
-        except Exception as exc:  # noqa: BLE001 - any failure: count, say once, retry later
+        except Exception as exc:
             self._failures.inc()
             said = _describe(exc)
             if said != self._failing:

@@ -90,7 +90,7 @@ class EventRecorder:
                     )
                     self._thread.start()
                 self._cond.notify_all()
-        except Exception:  # noqa: BLE001 - a sink must not break the caller
+        except Exception:
             log.exception("could not queue an event for pod %s", pod)
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -124,7 +124,7 @@ class EventRecorder:
                 self._busy = True
             try:
                 self._send(item)
-            except Exception as e:  # noqa: BLE001 - log, keep going
+            except Exception as e:
                 log.warning(
                     "could not record event %s on pod %s (%s): %s",
                     item.reason,

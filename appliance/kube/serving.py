@@ -25,7 +25,7 @@ class ProbedHandler(BaseHTTPRequestHandler):
     log_as = "http"  # what the debug log calls this service
     log = logging.getLogger("nvshare")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         self.log.debug(f"{self.log_as} %s: " + format, self.client_address[0], *args)
 
     def answer_probe(self) -> bool:

@@ -146,41 +146,36 @@ def validate_paths(
     environ = {} if environ is None else environ
     errors: list[PolicyError] = []
     for raw in paths:
-        path = Path(raw)
-        snapshots: list[PolicySnapshot] = []
-        if path.is_dir():
-            snapshots.append(read_policy_dir(path, label_prefix=f"{path}/"))
-        else:
-            try:
-                content = path.read_bytes()
-            except OSError as e:
-                errors.append(PolicyError(str(path), None, "", f"cannot read: {e.strerror}"))
-                continue
-            found = None
-            if path.suffix in (".yaml", ".yml"):
-                try:
-                    found = configmap_files(path, content.decode("utf-8"))
-                except UnicodeDecodeError:
-                    found = None
-            if found is None:
-                f = PolicyFile(path.name, content, str(path))
-                snapshots.append(PolicySnapshot(str(path), (f,), (), content_hash((f,))))
-            else:
-                groups, manifest_errors = found
-                errors += manifest_errors
-                if not groups and not manifest_errors:
-                    errors.append(
-                        PolicyError(
-                            str(path), None, "", "holds Kubernetes manifests but no ConfigMap"
-                        )
-                    )
-                for group in groups:
-                    snapshots.append(
-                        PolicySnapshot(str(path), tuple(group), (), content_hash(group))
-                    )
+        snapshots, read_errors = _snapshots(Path(raw))
+        errors += read_errors
         for snapshot in snapshots:
             try:
                 build_policy(snapshot, environ=environ)
             except PolicyLoadError as e:
                 errors += e.errors
     return errors
+
+
+def _snapshots(path: Path) -> tuple[list[PolicySnapshot], list[PolicyError]]:
+    """What one path given to `validate_paths` holds, as the directories the daemon would read,
+    and the errors found reading it."""
+    if path.is_dir():
+        return [read_policy_dir(path, label_prefix=f"{path}/")], []
+    try:
+        content = path.read_bytes()
+    except OSError as e:
+        return [], [PolicyError(str(path), None, "", f"cannot read: {e.strerror}")]
+    found = None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            found = configmap_files(path, content.decode("utf-8"))
+        except UnicodeDecodeError:
+            found = None
+    if found is None:
+        f = PolicyFile(path.name, content, str(path))
+        return [PolicySnapshot(str(path), (f,), (), content_hash((f,)))], []
+    groups, errors = found
+    if not groups and not errors:
+        errors = [PolicyError(str(path), None, "", "holds Kubernetes manifests but no ConfigMap")]
+    snapshots = [PolicySnapshot(str(path), tuple(g), (), content_hash(g)) for g in groups]
+    return snapshots, errors

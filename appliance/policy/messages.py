@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -74,42 +74,53 @@ def _message(error: jsonschema.ValidationError, json_path: str) -> str:
             kind_problem(str(title), error.instance)
             or f"{short(error.instance)} {_KIND_HINTS[title]}"
         )
-    if error.validator == "anyOf":
-        useful = [
-            c
-            for c in error.context or ()
-            if not (c.validator == "type" and c.validator_value == "null")
-        ]
-        titled = [
-            c for c in useful if isinstance(c.schema, dict) and c.schema.get("title") in _KIND_HINTS
-        ]
-        if titled or useful:
-            return _message((titled or useful)[0], json_path)
-    if error.validator == "enum":
-        choices = ", ".join(str(v) for v in error.validator_value)
-        return f"{short(error.instance)} is not one of: {choices}"
-    if error.validator == "const":
-        return f"{short(error.instance)} is not supported (the only policy version is 1)"
+    if error.validator == "anyOf" and (alternative := _telling_alternative(error)) is not None:
+        return _message(alternative, json_path)
     if error.validator == "type":
-        wanted = (
-            error.validator_value
-            if isinstance(error.validator_value, list)
-            else [error.validator_value]
-        )
-        expected = " or ".join(_JSON_TYPES.get(str(w), str(w)) for w in wanted)
-        if json_path == "":
-            got = _describe_type(error.instance)
-            return f"expected a mapping of policy settings at the top level, got {got}"
-        return f"expected {expected}, got {_describe_type(error.instance)} {short(error.instance)}"
-    if error.validator == "pattern":
-        hint = _PATTERN_HINTS.get(pattern_path(json_path))
-        if hint:
-            return f"{short(error.instance)} is not {hint}"
-    if error.validator == "maxItems":
-        return f"{len(error.instance):,} entries; at most {error.validator_value:,}"
+        return _type_message(error, json_path)
+    if error.validator == "pattern" and (hint := _PATTERN_HINTS.get(pattern_path(json_path))):
+        return f"{short(error.instance)} is not {hint}"
     if error.validator == "minItems" and pattern_path(json_path) == "/migFallback/chains/*":
         return "a fallback chain needs at least two profiles"
+    if error.validator in _BY_VALIDATOR:
+        return _BY_VALIDATOR[error.validator](error)
     return str(error.message)
+
+
+_BY_VALIDATOR: dict[str, Callable[[Any], str]] = {
+    "enum": lambda e: (
+        f"{short(e.instance)} is not one of: {', '.join(str(v) for v in e.validator_value)}"
+    ),
+    "const": lambda e: f"{short(e.instance)} is not supported (the only policy version is 1)",
+    "maxItems": lambda e: f"{len(e.instance):,} entries; at most {e.validator_value:,}",
+}
+
+
+def _telling_alternative(error: jsonschema.ValidationError) -> Any:
+    """Of a failed anyOf, the branch whose message says most: a size or duration before the
+    rest, never "is not null"."""
+    useful = [
+        c
+        for c in error.context or ()
+        if not (c.validator == "type" and c.validator_value == "null")
+    ]
+    titled = [
+        c for c in useful if isinstance(c.schema, dict) and c.schema.get("title") in _KIND_HINTS
+    ]
+    return (titled or useful or [None])[0]
+
+
+def _type_message(error: jsonschema.ValidationError, json_path: str) -> str:
+    wanted = (
+        error.validator_value
+        if isinstance(error.validator_value, list)
+        else [error.validator_value]
+    )
+    got = _describe_type(error.instance)
+    if json_path == "":
+        return f"expected a mapping of policy settings at the top level, got {got}"
+    expected = " or ".join(_JSON_TYPES.get(str(w), str(w)) for w in wanted)
+    return f"expected {expected}, got {got} {short(error.instance)}"
 
 
 def schema_problems(value: Any) -> list[tuple[str, str]]:

@@ -110,50 +110,61 @@ class _Frame:
     height: int = 0  # of its deepest child so far
 
 
-def check_bounds(text: str) -> None:
-    """Raise `TooBig` if the YAML stream, aliases expanded, is too deep or holds too much."""
-    loader = PolicyYamlLoader(text)
-    stack: list[_Frame] = []
-    sizes: dict[str, tuple[int, int]] = {}  # anchor -> (values, height) of what it names
-    values = 0
-    line = 0
+@dataclass(slots=True)
+class _Bounds:
+    """How deep and how large a YAML event stream is so far, aliases expanded."""
 
-    def child(height: int) -> None:
-        if len(stack) + height > MAX_DEPTH:
-            raise TooBig(f"nested deeper than {MAX_DEPTH} levels (a policy needs at most 5)", line)
-        if values > MAX_VALUES:
+    stack: list[_Frame] = field(default_factory=list)
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # anchor -> (values, height)
+    values: int = 0
+    line: int = 0
+
+    def see(self, event: yaml.Event) -> None:
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.AliasEvent):
+            count, height = self.sizes.get(str(anchor), (1, 0))
+            self.values += count
+            self._child(height)
+        elif isinstance(event, yaml.ScalarEvent):
+            self.values += 1
+            if anchor is not None:
+                self.sizes[anchor] = (1, 0)
+            self._child(0)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            self.values += 1
+            self._child(1)
+            self.stack.append(_Frame(anchor, self.values - 1))
+        elif isinstance(event, yaml.CollectionEndEvent):
+            frame = self.stack.pop()
+            height = frame.height + 1
+            if frame.anchor is not None:
+                self.sizes[frame.anchor] = (self.values - frame.first_value, height)
+            self._child(height)
+
+    def _child(self, height: int) -> None:
+        if len(self.stack) + height > MAX_DEPTH:
+            raise TooBig(
+                f"nested deeper than {MAX_DEPTH} levels (a policy needs at most 5)", self.line
+            )
+        if self.values > MAX_VALUES:
             raise TooBig(
                 f"holds more than {MAX_VALUES:,} values once YAML aliases are expanded; "
                 "write the repeated parts out, or split the policy",
-                line,
+                self.line,
             )
-        if stack:
-            stack[-1].height = max(stack[-1].height, height)
+        if self.stack:
+            self.stack[-1].height = max(self.stack[-1].height, height)
 
+
+def check_bounds(text: str) -> None:
+    """Raise `TooBig` if the YAML stream, aliases expanded, is too deep or holds too much."""
+    loader = PolicyYamlLoader(text)
+    bounds = _Bounds()
     try:
         while loader.check_event():
             event = loader.get_event()
-            line = event.start_mark.line + 1
-            anchor = getattr(event, "anchor", None)
-            if isinstance(event, yaml.AliasEvent):
-                count, height = sizes.get(str(anchor), (1, 0))
-                values += count
-                child(height)
-            elif isinstance(event, yaml.ScalarEvent):
-                values += 1
-                if anchor is not None:
-                    sizes[anchor] = (1, 0)
-                child(0)
-            elif isinstance(event, yaml.CollectionStartEvent):
-                values += 1
-                child(1)
-                stack.append(_Frame(anchor, values - 1))
-            elif isinstance(event, yaml.CollectionEndEvent):
-                frame = stack.pop()
-                height = frame.height + 1
-                if frame.anchor is not None:
-                    sizes[frame.anchor] = (values - frame.first_value, height)
-                child(height)
+            bounds.line = event.start_mark.line + 1
+            bounds.see(event)
     finally:
         loader.dispose()
 
@@ -208,52 +219,53 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _refused(line: int | None, message: str) -> ParsedDocument:
+    return ParsedDocument(None, problems=[Problem(line, "", message)])
+
+
 def parse_policy_text(text: str, *, is_json: bool, line_offset: int = 0) -> ParsedDocument:
     """One policy document. Syntax problems come back in `problems`, never as an exception.
 
     An empty file is an empty policy ({}), so a drop-in can be emptied to switch it off.
     """
     if is_json:
-        try:
-            value = json.loads(text, object_pairs_hook=_reject_duplicates) if text.strip() else {}
-        except json.JSONDecodeError as e:
-            return ParsedDocument(
-                None, problems=[Problem(e.lineno + line_offset, "", f"not valid JSON: {e.msg}")]
-            )
-        except RecursionError:
-            deep = f"nested deeper than {MAX_DEPTH} levels (a policy needs at most 5)"
-            return ParsedDocument(None, problems=[Problem(None, "", deep)])
-        except ValueError as e:
-            return ParsedDocument(None, problems=[Problem(None, "", f"not valid JSON: {e}")])
-        if (problem := _json_shape_problem(value)) is not None:
-            return ParsedDocument(None, problems=[Problem(None, "", problem)])
-        doc = ParsedDocument(value)
-        try:  # JSON is (almost always) YAML: borrow the YAML composer for line numbers
-            doc.lines = parse_yaml_documents(text, line_offset=line_offset)[0].lines
-        except (yaml.YAMLError, TooBig, IndexError):
-            doc.lines = {}
-        return doc
+        return _parse_json(text, line_offset)
     try:
         docs = parse_yaml_documents(text, line_offset=line_offset)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 + line_offset if mark is not None else None
         what = " ".join(p for p in (e.context, e.problem) if p)
-        return ParsedDocument(None, problems=[Problem(line, "", f"not valid YAML: {what}")])
+        return _refused(line, f"not valid YAML: {what}")
     except yaml.YAMLError as e:
-        return ParsedDocument(None, problems=[Problem(None, "", f"not valid YAML: {e}")])
+        return _refused(None, f"not valid YAML: {e}")
     except TooBig as e:
-        line = None if e.line is None else e.line + line_offset
-        return ParsedDocument(None, problems=[Problem(line, "", str(e))])
+        return _refused(None if e.line is None else e.line + line_offset, str(e))
     if not docs:
         return ParsedDocument({}, {"": 1 + line_offset})
     if len(docs) > 1:
         second = min((line for path, line in docs[1].lines.items()), default=None)
-        return ParsedDocument(
-            None,
-            problems=[Problem(second, "", "a policy file holds one YAML document, found several")],
-        )
+        return _refused(second, "a policy file holds one YAML document, found several")
     doc = docs[0]
     if doc.value is None:
         doc.value = {}
+    return doc
+
+
+def _parse_json(text: str, line_offset: int) -> ParsedDocument:
+    try:
+        value = json.loads(text, object_pairs_hook=_reject_duplicates) if text.strip() else {}
+    except json.JSONDecodeError as e:
+        return _refused(e.lineno + line_offset, f"not valid JSON: {e.msg}")
+    except RecursionError:
+        return _refused(None, f"nested deeper than {MAX_DEPTH} levels (a policy needs at most 5)")
+    except ValueError as e:
+        return _refused(None, f"not valid JSON: {e}")
+    if (problem := _json_shape_problem(value)) is not None:
+        return _refused(None, problem)
+    doc = ParsedDocument(value)
+    try:  # JSON is (almost always) YAML: borrow the YAML composer for line numbers
+        doc.lines = parse_yaml_documents(text, line_offset=line_offset)[0].lines
+    except (yaml.YAMLError, TooBig, IndexError):
+        doc.lines = {}
     return doc

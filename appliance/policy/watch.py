@@ -309,29 +309,35 @@ class PolicyWatcher:
             return True
         if event_wd == self._dir_wd:
             if mask & (flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED):
-                if mask & flags.MOVE_SELF and self._inotify is not None:
-                    try:  # the watch follows the moved inode; the path is what we care about
-                        self._inotify.rm_watch(event_wd)
-                    except OSError:
-                        pass
-                self._dir_wd = None
-                self._writing.clear()
-                self._watch_directory()  # a replacement may already be there
+                self._directory_gone(event_wd, mask)
                 return True
-            if name == "..data":  # kubelet's swap: every visible file changed at once
-                return True
-            if name.startswith(".") or not name.endswith(POLICY_SUFFIXES):
-                return False  # editors' temporary files, kubelet's timestamped directories
-            if mask & flags.MODIFY:
-                self._writing.setdefault(name, time.monotonic())
-            elif mask & (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE):
-                self._writing.pop(name, None)
-            return True
+            return self._in_directory(mask, name)
         if event_wd == self._parent_wd and name == self.directory.name:
             self._writing.clear()
             self._watch_directory()
             return True
         return False
+
+    def _directory_gone(self, event_wd: int, mask: int) -> None:
+        if mask & flags.MOVE_SELF and self._inotify is not None:
+            try:  # the watch follows the moved inode; the path is what we care about
+                self._inotify.rm_watch(event_wd)
+            except OSError:
+                pass
+        self._dir_wd = None
+        self._writing.clear()
+        self._watch_directory()  # a replacement may already be there
+
+    def _in_directory(self, mask: int, name: str) -> bool:
+        if name == "..data":  # kubelet's swap: every visible file changed at once
+            return True
+        if name.startswith(".") or not name.endswith(POLICY_SUFFIXES):
+            return False  # editors' temporary files, kubelet's timestamped directories
+        if mask & flags.MODIFY:
+            self._writing.setdefault(name, time.monotonic())
+        elif mask & (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE):
+            self._writing.pop(name, None)
+        return True
 
     def _drain(self) -> bool:
         """Handle every queued event; True (and the debounce restarted) if any mattered."""

@@ -209,7 +209,7 @@ def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDae
 
 
 def test_pod_limit_is_shared_by_its_processes(cluster: tuple[FakeApiServer, RunningDaemon]) -> None:
-    api, d = cluster
+    _api, d = cluster
     first, second = Probe(d, "team", "pod-b"), Probe(d, "team", "pod-b")  # 3Gi together
     assert first.ask("init") == "ok" and second.ask("init") == "ok"
     wait_for(first, 4 * GiB, OOM)

@@ -907,8 +907,15 @@ def realtime_extender() -> None:
     (tmp / "extender-policy" / "policy.yaml").write_text("realtimeCheck: {mode: strict}\n")
     ext_log = tmp / "extender.log"
     extender = subprocess.Popen(
-        [sys.executable, "-m", "appliance", "extender", f"--port={port}", "--host=127.0.0.1"]
-        + [f"--policy-dir={tmp / 'extender-policy'}"],
+        [
+            sys.executable,
+            "-m",
+            "appliance",
+            "extender",
+            f"--port={port}",
+            "--host=127.0.0.1",
+            f"--policy-dir={tmp / 'extender-policy'}",
+        ],
         env={**os.environ, "KUBECONFIG": kubeconfig("nvshare-extender")},
         cwd=ROOT,
         stdout=ext_log.open("w"),

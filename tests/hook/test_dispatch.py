@@ -38,7 +38,7 @@ def _symbols(variant: Variant) -> str:
     return out.stdout
 
 
-def test_cuGetProcAddress_v2_honours_per_thread_flags(variant: Variant) -> None:
+def test_cu_get_proc_address_v2_honours_per_thread_flags(variant: Variant) -> None:
     rows = re.findall(r"^gpa (\S+) (\d) (\S+) (\S+)$", _symbols(variant), re.M)
     got = {(name, int(flags)): (lib, sym) for name, flags, lib, sym in rows}
     hook = "libnvshare.so"

@@ -4,6 +4,7 @@ lock holder, and limits changed live through the policy directory."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -55,7 +56,7 @@ def test_mode_on_serialises_and_the_quantum_hands_over(
     assert overlaps(a, b) == 0
     # the quantum moved the GPU between them more than once: their kernels interleave in runs
     merged = sorted([(s, 0) for s, _ in a] + [(s, 1) for s, _ in b])
-    switches = sum(1 for x, y in zip(merged, merged[1:], strict=False) if x[1] != y[1])
+    switches = sum(1 for x, y in itertools.pairwise(merged) if x[1] != y[1])
     assert switches >= 2
     assert "Traceback" not in d.output()
 

@@ -517,7 +517,7 @@ class MutatingAdmission:
                 continue
             try:
                 response = self._call(hook, plural, obj, user)
-            except Exception as e:  # noqa: BLE001 - every failure goes to failurePolicy
+            except Exception as e:
                 why = f'failed calling webhook "{hook.spec["name"]}": {type(e).__name__}: {e}'
                 if hook.spec.get("failurePolicy", "Fail") == "Fail":
                     raise ApiError(
@@ -785,7 +785,7 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _HttpServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: tests read `FakeApiServer.requests` instead
 
     def setup(self) -> None:
@@ -799,19 +799,19 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
     def _body(self) -> Any:
@@ -885,7 +885,7 @@ def _route(path: str) -> tuple[str, str, str, str]:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
     name = rest[1] if len(rest) > 1 else ""
     sub = rest[2] if len(rest) > 2 else ""
-    if sub and (plural, sub) not in SUBRESOURCES or len(rest) > 3:
+    if (sub and (plural, sub) not in SUBRESOURCES) or len(rest) > 3:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
     if RESOURCES[plural][1] is False:
         namespace = ""

@@ -357,6 +357,6 @@ def test_a_missing_kubelet_directory_is_a_clear_error(tmp_path: Path, gpus: Gpus
         socket_host_dir="/var/run/nvshare",
         load=dict,
     )
-    with pytest.raises(FileNotFoundError, match="device-plugins directory .* does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"device-plugins directory .* does not exist"):
         plugin.start()
     plugin.stop()

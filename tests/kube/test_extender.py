@@ -198,8 +198,15 @@ def annotate(api: FakeApiServer, node: str, value: str) -> None:
     """As an operator (or a broken node) would, with kubectl where it is installed."""
     if shutil.which("kubectl"):
         subprocess.run(
-            ["kubectl", f"--server={api.url}", "annotate", "node", node, f"{ANNOTATION}={value}"]
-            + ["--overwrite"],
+            [
+                "kubectl",
+                f"--server={api.url}",
+                "annotate",
+                "node",
+                node,
+                f"{ANNOTATION}={value}",
+                "--overwrite",
+            ],
             check=True,
             capture_output=True,
             timeout=30,

@@ -461,8 +461,16 @@ def test_standalone_process_serves_seeded_pods(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with subprocess.Popen(
-        [sys.executable, str(HERE / "fakeapi.py"), "--port", str(port)]
-        + ["--seed-node", "n1", "--seed-pods", "3"],
+        [
+            sys.executable,
+            str(HERE / "fakeapi.py"),
+            "--port",
+            str(port),
+            "--seed-node",
+            "n1",
+            "--seed-pods",
+            "3",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     ) as proc:

@@ -195,7 +195,7 @@ def test_survives_410_with_a_correct_diff(
         ("pod", "arrives"),
         ("pod", "changes"),
     ]
-    changed = [x for k, x in recorder.seen if x.name == "changes"][0]
+    changed = next(x for k, x in recorder.seen if x.name == "changes")
     assert changed.annotations == {"a": "2"}  # type: ignore[union-attr]
     assert watcher.relists == 2
     assert int(watcher.resource_version) == fake_api.resource_version
