@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
+F = TypeVar("F", bound=Callable[..., Any])
 PACKAGE = "nvshare-appliance"
 
 
@@ -26,3 +28,38 @@ class OneLineErrors(click.Group):
                 raise
             click.echo(f"{ctx.command_path.split()[0]}: {exc or type(exc).__name__}", err=True)
             ctx.exit(1)
+
+
+def program(name: str) -> Callable[[Callable[..., Any]], click.Group]:
+    """A program's top-level command group: -h/--help, --version, one-line errors."""
+
+    def decorate(main: Callable[..., Any]) -> click.Group:
+        main = click.version_option(package_name=PACKAGE, prog_name=name)(main)
+        return click.group(
+            cls=OneLineErrors,
+            invoke_without_command=True,
+            context_settings={"help_option_names": ["-h", "--help"]},
+        )(main)
+
+    return decorate
+
+
+def policy_dir_option(
+    help_text: str, *, envvar: str | None = "NVSHARE_POLICY_DIR"
+) -> Callable[[F], F]:
+    return click.option(
+        "--policy-dir",
+        type=click.Path(path_type=Path),
+        envvar=envvar,
+        default=DEFAULT_POLICY_DIR,
+        show_default=True,
+        help=help_text + (f" [env {envvar}]." if envvar else "."),
+    )
+
+
+kube_api_option: Callable[[F], F] = click.option(
+    "--kube-api",
+    envvar="NVSHARE_KUBE_API",
+    default=None,
+    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
+)

@@ -15,23 +15,11 @@ from typing import NoReturn
 import click
 
 from appliance import protocol as p
-from appliance.cli.common import DEFAULT_POLICY_DIR, PACKAGE, OneLineErrors
+from appliance.cli.common import kube_api_option, policy_dir_option, program
 
 
-@click.group(
-    cls=OneLineErrors,
-    invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-@click.version_option(package_name=PACKAGE, prog_name="nvshare-scheduler")
-@click.option(
-    "--policy-dir",
-    type=click.Path(path_type=Path),
-    envvar="NVSHARE_POLICY_DIR",
-    default=DEFAULT_POLICY_DIR,
-    show_default=True,
-    help="Directory of policy files (a mounted ConfigMap) [env NVSHARE_POLICY_DIR].",
-)
+@program("nvshare-scheduler")
+@policy_dir_option("Directory of policy files (a mounted ConfigMap)")
 @click.option(
     "--socket-dir",
     type=click.Path(path_type=Path),
@@ -51,12 +39,7 @@ from appliance.cli.common import DEFAULT_POLICY_DIR, PACKAGE, OneLineErrors
     default=None,
     help="Watch this node's pods [env NODE_NAME]; without it, no pod watch.",
 )
-@click.option(
-    "--kube-api",
-    envvar="NVSHARE_KUBE_API",
-    default=None,
-    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
-)
+@kube_api_option
 @click.option(
     "--device-plugin/--no-device-plugin",
     default=False,
@@ -102,22 +85,11 @@ def scheduler_main(
 
 
 @scheduler_main.command("webhook")
-@click.option(
-    "--policy-dir",
-    type=click.Path(path_type=Path),
-    default=DEFAULT_POLICY_DIR,
-    show_default=True,
-    help="Policy directory holding migFallback chains.",
-)
+@policy_dir_option("Policy directory holding migFallback chains", envvar=None)
 @click.option("--cert-file", type=click.Path(path_type=Path), required=True)
 @click.option("--key-file", type=click.Path(path_type=Path), required=True)
 @click.option("--port", type=int, default=8443, show_default=True)
-@click.option(
-    "--kube-api",
-    envvar="NVSHARE_KUBE_API",
-    default=None,
-    help="API server URL; default in-cluster or kubeconfig.",
-)
+@kube_api_option
 def webhook(
     policy_dir: Path, cert_file: Path, key_file: Path, port: int, kube_api: str | None
 ) -> None:
@@ -126,7 +98,7 @@ def webhook(
     import ssl
 
     from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.kube.webhook_server import build_webhook_server, serve_webhook
+    from appliance.kube.webhook_server import build_webhook_server
 
     def die(message: str) -> NoReturn:
         click.echo(f"nvshare-scheduler webhook: {message}", err=True)
@@ -153,26 +125,16 @@ def webhook(
     except OSError as exc:
         die(f"cannot serve on port {port}: {exc.strerror or exc}")
     logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
-    serve_webhook(server)
+    server.serve_until_stopped(
+        "MIG fallback webhook on https", logging.getLogger("nvshare.webhook")
+    )
 
 
 @scheduler_main.command("extender")
 @click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option(
-    "--kube-api",
-    envvar="NVSHARE_KUBE_API",
-    default=None,
-    help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
-)
-@click.option(
-    "--policy-dir",
-    type=click.Path(path_type=Path),
-    envvar="NVSHARE_POLICY_DIR",
-    default=DEFAULT_POLICY_DIR,
-    show_default=True,
-    help="Policy directory: realtimeCheck, annotation caps, rules [env NVSHARE_POLICY_DIR].",
-)
+@kube_api_option
+@policy_dir_option("Policy directory: realtimeCheck, annotation caps, rules")
 @click.option(
     "--enable-realtime-check",
     "switch",

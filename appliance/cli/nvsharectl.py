@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from appliance import framing
 from appliance import protocol as p
-from appliance.cli.common import PACKAGE, OneLineErrors
+from appliance.cli.common import program
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.views import (
     ExplainView,
@@ -31,6 +31,7 @@ from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 FOLLOW_POLICY = "policy"
+V = TypeVar("V")
 
 
 def _fail(message: str) -> NoReturn:
@@ -81,12 +82,7 @@ def _request(ctx: click.Context, message: Any) -> Any:
             _fail(str(exc))
 
 
-@click.group(
-    cls=OneLineErrors,
-    invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-@click.version_option(package_name=PACKAGE, prog_name="nvsharectl")
+@program("nvsharectl")
 @click.option(
     "-T",
     "--set-tq",
@@ -290,11 +286,9 @@ def limit_clear(
 @click.pass_context
 def limit_list(ctx: click.Context, as_json: bool) -> None:
     """List what nvsharectl set: limits, time quantum, modes."""
-    doc = _query(ctx, "overrides")
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    view = _view(ctx, "overrides", OverridesView, as_json=as_json)
+    if view is None:
         return
-    view = from_json(OverridesView, doc)
     if view.time_quantum_s is not None:
         click.echo(f"time quantum: {view.time_quantum_s:g} s (policy: `nvsharectl -T policy`)")
     for gpu, mode in sorted(view.modes.items()):
@@ -337,16 +331,23 @@ def _query(ctx: click.Context, name: str, **args: Any) -> Any:
     return reply.doc
 
 
+def _view(ctx: click.Context, name: str, kind: type[V], *, as_json: bool) -> V | None:
+    """The daemon's answer to a query as a typed view; None once printed as JSON instead."""
+    doc = _query(ctx, name)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return None
+    return from_json(kind, doc)
+
+
 @policy.command("show")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def policy_show(ctx: click.Context, as_json: bool) -> None:
     """The running daemon's policy, and what set each value."""
-    doc = _query(ctx, "policy")
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    view = _view(ctx, "policy", PolicyView, as_json=as_json)
+    if view is None:
         return
-    view = from_json(PolicyView, doc)
     click.echo(
         f"# policy from {view.dir} (hash {view.hash[:12]}; files: "
         f"{', '.join(view.files) or 'none'})"

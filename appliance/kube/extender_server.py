@@ -113,15 +113,6 @@ def build_extender_server(
     return server
 
 
-def serve_extender(server: ExtenderServer) -> None:
-    host, port = server.server_address[:2]
-    log.info("scheduler extender listening on http://%s:%d", host, port)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-
-
 def run_extender(
     *, policy_dir: Path, kube_api: str | None, switch: bool | None, host: str, port: int
 ) -> int:
@@ -157,7 +148,7 @@ def run_extender(
         return 1
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
-        serve_extender(server)
+        server.serve_until_stopped("scheduler extender", log)
     except KeyboardInterrupt:
         pass
     return 0

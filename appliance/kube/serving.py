@@ -51,6 +51,7 @@ class CacheBackedServer(ThreadingHTTPServer):
     """A threaded server whose caches (`sources`, started elsewhere) stop when it closes."""
 
     daemon_threads = True
+    SCHEME = "http"
 
     def __init__(
         self,
@@ -72,3 +73,12 @@ class CacheBackedServer(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    def serve_until_stopped(self, what: str, log: logging.Logger) -> None:
+        """Serve until shut down or interrupted, then close, stopping the caches too."""
+        host, port = self.server_address[:2]
+        log.info("%s listening on %s://%s:%d", what, self.SCHEME, host, port)
+        try:
+            self.serve_forever()
+        finally:
+            self.server_close()

@@ -108,6 +108,8 @@ class _ReviewHandler(ProbedHandler):
 class WebhookServer(CacheBackedServer):
     """HTTPS server answering AdmissionReviews on any POST path, /healthz and /readyz on GET."""
 
+    SCHEME = "https"
+
     def __init__(
         self,
         *,
@@ -184,13 +186,3 @@ def build_webhook_server(
     inventory.start()
     chains.start()
     return server
-
-
-def serve_webhook(server: WebhookServer) -> None:
-    """Run a built webhook server until interrupted."""
-    host, port = server.server_address[:2]
-    log.info("MIG fallback webhook listening on https://%s:%d", host, port)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()

@@ -10,7 +10,6 @@ installed and with the real kubernetes client otherwise.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -20,9 +19,8 @@ from pathlib import Path
 
 import pytest
 from daemon.conftest import BIN, RunningDaemon, start_daemon
-from kube import manifests
+from kube import as_operator, manifests
 from kube.fakeapi import FakeApiServer
-from kubernetes import client
 
 from appliance import protocol as p
 from appliance.client import ControlClient
@@ -119,28 +117,7 @@ def cluster() -> Iterator[tuple[FakeApiServer, RunningDaemon]]:
 
 
 def annotate(api: FakeApiServer, value: str | None) -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl:
-        arg = f"{KEY}={value}" if value is not None else f"{KEY}-"
-        subprocess.run(
-            [
-                kubectl,
-                f"--server={api.url}",
-                "--namespace=team",
-                "annotate",
-                "pod",
-                "pod-a",
-                arg,
-                "--overwrite",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-            env={**os.environ, "KUBECONFIG": "/dev/null"},
-        )
-    else:
-        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
-        core.patch_namespaced_pod("pod-a", "team", {"metadata": {"annotations": {KEY: value}}})
+    as_operator.annotate(api.url, "pod", "pod-a", KEY, value, namespace="team")
 
 
 def wait_for(probe: Probe, n: int, want: str, timeout: float = 5.0) -> float:

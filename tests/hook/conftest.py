@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from . import fake_scheduler as fs
+
 ROOT = Path(__file__).resolve().parents[2]
 LD_HOOK = ROOT / "ld_hook"
 SANITIZER_ENV = {
@@ -72,6 +74,13 @@ def variant(request: pytest.FixtureRequest, built: Path) -> Variant:
     if name == "plain":
         return Variant(name, built, "")
     return Variant(name, built / name, _runtime(f"lib{name}.so"))
+
+
+@pytest.fixture
+def sched(sock_dir: str) -> Iterator[fs.FakeScheduler]:
+    """A fake scheduler with its default settings on `sock_dir`; dies with the test."""
+    with fs.FakeScheduler(sock_dir) as scheduler:
+        yield scheduler
 
 
 @pytest.fixture

@@ -36,44 +36,36 @@ def overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 def test_a_process_that_never_calls_cuinit_stays_asleep(
-    plain: Variant, start_probe, sock_dir: str
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1")
-        p = start_probe(plain, env, "no-cuinit")
-        rc, err = p.finish()
-        assert rc == 0 and err == ""  # no log line, not even under NVSHARE_DEBUG
-        assert sched.events == []  # no connection reached the listening socket
-    finally:
-        sched.stop()
+    env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1")
+    p = start_probe(plain, env, "no-cuinit")
+    rc, err = p.finish()
+    assert rc == 0 and err == ""  # no log line, not even under NVSHARE_DEBUG
+    assert sched.events == []  # no connection reached the listening socket
 
 
 def test_registration_carries_identity_and_env_limits(
-    plain: Variant, start_probe, sock_dir: str
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        env = plain.env(
-            NVSHARE_SOCKET_DIR=sock_dir,
-            NVSHARE_GPU_MEMORY_LIMIT="1Gi",
-            NVSHARE_POD_NAMESPACE="ml",
-            NVSHARE_POD_NAME="trainer-0",
-            NVSHARE_FAKE_GPU_UUID="GPU-0123abcd-4567-89ef-0123-456789abcdef",
-            NVSHARE_FAKE_GPU_MEM=str(80 << 30),
-        )
-        p = start_probe(plain, env)
-        p.ok("init")
-        p.ok("launch 1")
-        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
-        (c,) = sched.clients
-        assert c.uuid == "GPU-0123abcd-4567-89ef-0123-456789abcdef"
-        assert (c.env_mem_limit, c.gpu_total_mem) == (1 << 30, 80 << 30)
-        assert c.pod == ("ml", "trainer-0")
-        assert c.pid == p.proc.pid
-        assert_clean(*p.finish())
-    finally:
-        sched.stop()
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=sock_dir,
+        NVSHARE_GPU_MEMORY_LIMIT="1Gi",
+        NVSHARE_POD_NAMESPACE="ml",
+        NVSHARE_POD_NAME="trainer-0",
+        NVSHARE_FAKE_GPU_UUID="GPU-0123abcd-4567-89ef-0123-456789abcdef",
+        NVSHARE_FAKE_GPU_MEM=str(80 << 30),
+    )
+    p = start_probe(plain, env)
+    p.ok("init")
+    p.ok("launch 1")
+    assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
+    (c,) = sched.clients
+    assert c.uuid == "GPU-0123abcd-4567-89ef-0123-456789abcdef"
+    assert (c.env_mem_limit, c.gpu_total_mem) == (1 << 30, 80 << 30)
+    assert c.pod == ("ml", "trainer-0")
+    assert c.pid == p.proc.pid
+    assert_clean(*p.finish())
 
 
 def run_pair(
@@ -136,21 +128,19 @@ def test_mode_off_runs_concurrently(
     assert sched.count(MsgType.LOCK_REQUEST) == 0  # mode off: never asks for the lock
 
 
-def test_idle_holder_releases_early(plain: Variant, start_probe, sock_dir: str) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="100")
-        p = start_probe(plain, env)
-        p.ok("init")
-        p.ok("launch 3")
-        assert sched.wait_for(
-            lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
-        )
-        p.ok("launch 1")  # asks again after an early release
-        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
-        assert_clean(*p.finish())
-    finally:
-        sched.stop()
+def test_idle_holder_releases_early(
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
+) -> None:
+    env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_IDLE_RELEASE_MS="100")
+    p = start_probe(plain, env)
+    p.ok("init")
+    p.ok("launch 3")
+    assert sched.wait_for(
+        lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
+    )
+    p.ok("launch 1")  # asks again after an early release
+    assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
+    assert_clean(*p.finish())
 
 
 def test_without_a_daemon_the_program_runs_and_says_so_once(
@@ -198,75 +188,59 @@ def test_daemon_death_while_holding_the_lock_then_reconnect(
 
 
 def test_fork_child_without_cuda_stays_silent_and_with_cuda_registers(
-    plain: Variant, start_probe, sock_dir: str
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
-        p.ok("init")
-        p.ok("launch 1")
-        assert p.do("fork 0") == "ok 0"
-        assert sched.count(MsgType.REGISTER) == 1
-        assert p.do("fork 1") == "ok 0"
-        assert sched.wait_for(lambda: sched.count(MsgType.REGISTER) == 2)
-        pids = {c for c, t, f in sched.events if t == MsgType.REGISTER}
-        assert len(pids) == 2
-        p.ok("launch 1")  # the parent's own connection is intact
-        assert_clean(*p.finish())
-    finally:
-        sched.stop()
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+    p.ok("init")
+    p.ok("launch 1")
+    assert p.do("fork 0") == "ok 0"
+    assert sched.count(MsgType.REGISTER) == 1
+    assert p.do("fork 1") == "ok 0"
+    assert sched.wait_for(lambda: sched.count(MsgType.REGISTER) == 2)
+    pids = {c for c, t, f in sched.events if t == MsgType.REGISTER}
+    assert len(pids) == 2
+    p.ok("launch 1")  # the parent's own connection is intact
+    assert_clean(*p.finish())
 
 
 @pytest.mark.parametrize("ms", [300])
 def test_unknown_frames_and_errors_do_not_stop_the_program(
-    plain: Variant, start_probe, sock_dir: str, ms: int
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str, ms: int
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1"))
-        p.ok("init")
-        p.ok("launch 1")
-        assert sched.wait_for(lambda: len(sched.clients) == 1)
-        sched.send_raw(99, b"\x01\x02")
-        sched.clients[0].send(Result(Status.INVALID, 99, "nope"), 7)
-        p.ok(f"launchfor {ms}")
-        rc, err = p.finish()
-        assert_clean(rc, err)
-        assert "ignoring frame type 99" in err and "nope" in err
-    finally:
-        sched.stop()
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_DEBUG="1"))
+    p.ok("init")
+    p.ok("launch 1")
+    assert sched.wait_for(lambda: len(sched.clients) == 1)
+    sched.send_raw(99, b"\x01\x02")
+    sched.clients[0].send(Result(Status.INVALID, 99, "nope"), 7)
+    p.ok(f"launchfor {ms}")
+    rc, err = p.finish()
+    assert_clean(rc, err)
+    assert "ignoring frame type 99" in err and "nope" in err
 
 
 def test_a_process_on_the_second_gpu_registers_and_gates_only_that_gpu(
-    plain: Variant, start_probe, sock_dir: str
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_COUNT="2"))
-        p.ok("init 1")
-        p.ok("launch 3")
-        p.ok("alloc mem 1")
-        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
-        assert [c.uuid for c in sched.clients] == ["GPU-10111213-1415-1617-1819-1a1b1c1d1e20"]
-        assert_clean(*p.finish())
-    finally:
-        sched.stop()
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_COUNT="2"))
+    p.ok("init 1")
+    p.ok("launch 3")
+    p.ok("alloc mem 1")
+    assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
+    assert [c.uuid for c in sched.clients] == ["GPU-10111213-1415-1617-1819-1a1b1c1d1e20"]
+    assert_clean(*p.finish())
 
 
 def test_while_the_lock_is_held_submissions_need_no_round_trip(
-    plain: Variant, start_probe, sock_dir: str
+    plain: Variant, start_probe, sched: fs.FakeScheduler, sock_dir: str
 ) -> None:
-    sched = fs.FakeScheduler(sock_dir)
-    try:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
-        p.ok("init")
-        for _ in range(20):
-            p.ok("launch 50")
-            p.ok("copy")
-        assert sched.count(MsgType.LOCK_REQUEST) == 1
-        assert_clean(*p.finish())
-    finally:
-        sched.stop()
+    p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+    p.ok("init")
+    for _ in range(20):
+        p.ok("launch 50")
+        p.ok("copy")
+    assert sched.count(MsgType.LOCK_REQUEST) == 1
+    assert_clean(*p.finish())
 
 
 def test_switching_the_mode_off_lets_a_waiting_client_run(

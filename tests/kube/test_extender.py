@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from as_operator import annotate as operator_annotates
 from extender_client import (
     EXTENDER_ARGS,
     LEGACY_ARGS,
@@ -195,27 +195,8 @@ def test_the_policy_rule_for_the_pod_sets_its_need(cluster: Cluster) -> None:
 
 
 def annotate(api: FakeApiServer, node: str, value: str) -> None:
-    """As an operator (or a broken node) would, with kubectl where it is installed."""
-    if shutil.which("kubectl"):
-        subprocess.run(
-            [
-                "kubectl",
-                f"--server={api.url}",
-                "annotate",
-                "node",
-                node,
-                f"{ANNOTATION}={value}",
-                "--overwrite",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-            env={**os.environ, "KUBECONFIG": "/dev/null"},
-        )
-    else:
-        client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url))).patch_node(
-            node, {"metadata": {"annotations": {ANNOTATION: value}}}
-        )
+    """As an operator (or a broken node) would."""
+    operator_annotates(api.url, "node", node, ANNOTATION, value)
 
 
 def fallback_lines(caplog: pytest.LogCaptureFixture, node: str) -> list[str]:

@@ -9,6 +9,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,17 @@ class Recorder:
         with self.cond:
             self.results.append(result)
             self.cond.notify_all()
+
+    def watcher(self, directory: Path, **options: Any) -> PolicyWatcher:
+        """A watcher of `directory` that reports here: no environment, a short debounce."""
+        settings: dict[str, Any] = {"environ": {}, "debounce_s": 0.02, **options}
+        return PolicyWatcher(
+            directory,
+            on_policy=self.on_policy,
+            on_error=self.on_error,
+            on_reload=self.on_reload,
+            **settings,
+        )
 
     def wait(self, predicate: Callable[[], bool], what: str) -> None:
         with self.cond:
@@ -82,14 +94,7 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def watcher(policy_dir: Path, recorder: Recorder) -> Iterator[PolicyWatcher]:
-    w = PolicyWatcher(
-        policy_dir,
-        on_policy=recorder.on_policy,
-        on_error=recorder.on_error,
-        on_reload=recorder.on_reload,
-        environ={},
-        debounce_s=0.02,
-    )
+    w = recorder.watcher(policy_dir)
     w.start()
     yield w
     w.stop()
@@ -127,13 +132,7 @@ def test_kubelet_configmap_update_reaches_on_policy(tmp_path: Path, recorder: Re
     mount.mkdir()
     kubelet = Kubelet(mount)
     kubelet.project({"policy.yaml": "scheduler: {timeQuantum: 20s}\n"})
-    with PolicyWatcher(
-        mount,
-        on_policy=recorder.on_policy,
-        on_error=recorder.on_error,
-        environ={},
-        debounce_s=0.02,
-    ) as watcher:
+    with recorder.watcher(mount) as watcher:
         assert watcher.last_good is not None
         assert watcher.last_good.scheduler.time_quantum_s == 20.0
         kubelet.project({"policy.yaml": "scheduler: {timeQuantum: 25s}\n"})
@@ -265,13 +264,7 @@ def test_periodic_rehash_is_a_safety_net(tmp_path: Path, recorder: Recorder) -> 
     elsewhere = tmp_path / "site-policy.yaml"
     elsewhere.write_text("scheduler: {timeQuantum: 60s}\n")
     (directory / "50-site.yaml").symlink_to(elsewhere)
-    with PolicyWatcher(
-        directory,
-        on_policy=recorder.on_policy,
-        on_error=recorder.on_error,
-        environ={},
-        rehash_interval_s=0.05,
-    ):
+    with recorder.watcher(directory, rehash_interval_s=0.05):
         write_atomically(elsewhere, "scheduler: {timeQuantum: 62s}\n")
         recorder.wait_tq(62.0)
 
@@ -294,9 +287,7 @@ def test_start_refuses_an_invalid_directory(tmp_path: Path, recorder: Recorder) 
     directory = tmp_path / "policy.d"
     directory.mkdir()
     (directory / "10-bad.yaml").write_text("scheduler:\n  mode: sometimes\n")
-    watcher = PolicyWatcher(
-        directory, on_policy=recorder.on_policy, on_error=recorder.on_error, environ={}
-    )
+    watcher = recorder.watcher(directory)
     with pytest.raises(PolicyLoadError) as raised:
         watcher.start()
     assert str(raised.value.errors[0]) == (
@@ -358,15 +349,7 @@ def test_names_that_dangle_are_in_flux_never_an_empty_directory(
     mount.mkdir()
     kubelet = Kubelet(mount)
     kubelet.project({"policy.yaml": "defaults: {memoryLimit: 2Gi}\n"})
-    with PolicyWatcher(
-        mount,
-        on_policy=recorder.on_policy,
-        on_error=recorder.on_error,
-        on_reload=recorder.on_reload,
-        environ={},
-        debounce_s=0.02,
-        flux_grace_s=0.5,
-    ) as watcher:
+    with recorder.watcher(mount, flux_grace_s=0.5) as watcher:
         (mount / "..data").unlink()  # policy.yaml -> ..data/policy.yaml now points at nothing
         recorder.wait(lambda: bool(recorder.errors), "the dangling name to be reported")
         assert "policy.yaml: is a symlink to a file that does not exist" in str(
@@ -395,13 +378,7 @@ def test_a_loader_failure_is_reported_and_the_watch_goes_on(
     policy_dir: Path, recorder: Recorder
 ) -> None:
     environ = FlakyEnviron()
-    with PolicyWatcher(
-        policy_dir,
-        on_policy=recorder.on_policy,
-        on_error=recorder.on_error,
-        environ=environ,
-        debounce_s=0.02,
-    ) as watcher:
+    with recorder.watcher(policy_dir, environ=environ) as watcher:
         environ.broken = True
         write_atomically(policy_dir / "10-base.yaml", "scheduler: {timeQuantum: 41s}\n")
         recorder.wait(lambda: bool(recorder.errors), "the failure to be reported")
