@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +190,19 @@ def start_probe(probes: list[Probe], tmp_path: Path):  # type: ignore[no-untyped
         return p
 
     return start
+
+
+def holder_and_waiter(
+    start_probe: Callable[..., Probe], variant: Variant, env: dict[str, str]
+) -> tuple[Probe, Probe]:
+    """Two programs on one GPU: the holder launched and holds the lock; the waiter's launch is
+    sent and blocks at the gate (its answer is read later)."""
+    holder, waiter = start_probe(variant, env), start_probe(variant, env)
+    holder.ok("init")
+    holder.ok("launch 1")
+    waiter.ok("init")
+    waiter.send("launch 1")
+    return holder, waiter
 
 
 def assert_clean(rc: int, stderr: str) -> None:

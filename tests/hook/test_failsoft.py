@@ -12,7 +12,7 @@ import time
 from appliance.protocol import MsgType
 
 from . import fake_scheduler as fs
-from .conftest import Variant, assert_clean
+from .conftest import Variant, assert_clean, holder_and_waiter
 
 MiB = 1 << 20
 OOM = "err 2"
@@ -54,11 +54,7 @@ def test_a_waiter_stops_waiting_when_the_scheduler_hangs(
             NVSHARE_DAEMON_TIMEOUT_MS="500",
             NVSHARE_IDLE_RELEASE_MS="3600000",
         )
-        holder, waiter = start_probe(plain, env), start_probe(plain, env)
-        holder.ok("init")
-        holder.ok("launch 1")
-        waiter.ok("init")
-        waiter.send("launch 1")
+        holder, waiter = holder_and_waiter(start_probe, plain, env)
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) == 2)
         sched.silent.set()
         assert waiter.answer() == "ok"  # its heartbeat went unanswered

@@ -19,7 +19,7 @@ from daemon.conftest import RunningDaemon, start_daemon
 from appliance.client import ControlClient
 from appliance.protocol import StatusRequest
 
-from .conftest import Variant, assert_clean
+from .conftest import Variant, assert_clean, holder_and_waiter
 from .test_gate import intervals, overlaps, run_pair
 
 MiB = 1 << 20
@@ -92,11 +92,7 @@ def test_killing_the_holder_hands_the_lock_over(
     # A quantum of an hour: only the holder's death can hand the GPU over before the test times out.
     d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1h}\n")
     env = plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir), NVSHARE_IDLE_RELEASE_MS="3600000")
-    holder, waiter = start_probe(plain, env), start_probe(plain, env)
-    holder.ok("init")
-    holder.ok("launch 1")
-    waiter.ok("init")
-    waiter.send("launch 1")  # blocks at the gate
+    holder, waiter = holder_and_waiter(start_probe, plain, env)
     os.kill(holder.proc.pid, signal.SIGKILL)
     assert waiter.answer() == "ok"
     assert_clean(*waiter.finish())
@@ -153,11 +149,7 @@ def test_policy_idle_release_reaches_the_hook(
         for k, v in plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)).items()
         if k != "NVSHARE_IDLE_RELEASE_MS"
     }
-    holder, waiter = start_probe(plain, env), start_probe(plain, env)
-    holder.ok("init")
-    holder.ok("launch 1")  # holds the lock, then does nothing
-    waiter.ok("init")
-    waiter.send("launch 1")
+    holder, waiter = holder_and_waiter(start_probe, plain, env)
     ready = waiter.answered(3.0)
     assert not ready, "the idle holder let go before the policy's idle release"
     assert_clean(*holder.finish())  # the holder exits: now the waiter runs
@@ -220,11 +212,7 @@ def test_a_stopped_daemon_is_treated_as_gone_until_it_continues(
         NVSHARE_DAEMON_TIMEOUT_MS="500",
         NVSHARE_IDLE_RELEASE_MS="3600000",
     )
-    holder, waiter = start_probe(plain, env), start_probe(plain, env)
-    holder.ok("init")
-    holder.ok("launch 1")
-    waiter.ok("init")
-    waiter.send("launch 1")  # blocks at the gate
+    holder, waiter = holder_and_waiter(start_probe, plain, env)
     time.sleep(0.2)
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
