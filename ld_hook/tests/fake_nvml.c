@@ -5,8 +5,11 @@
  *
  * What the devices look like in use comes from the file named by NVSHARE_FAKE_NVML_STATE, read
  * at every query so a test can change it while a daemon runs: one line per device,
- * "INDEX USED_BYTES PROCESSES UTILIZATION_PERCENT" ('#' starts a comment). A device without a
- * line, or no file at all, is idle: nothing used, no processes, 0%.
+ * "INDEX USED_BYTES PROCESSES UTILIZATION_PERCENT [PID[:BYTES] ...]" ('#' starts a comment).
+ * The compute-process list has PROCESSES entries: the PIDs given first (a test's real
+ * processes, each holding BYTES or an equal share of USED_BYTES), then made-up PIDs
+ * 40000 + 100 * INDEX + n. A device without a line, or no file at all, is idle: nothing used,
+ * no processes, 0%.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -38,11 +41,31 @@ typedef struct {
     unsigned int computeInstanceId;
 } fake_nvml_process_info_t;
 
+#define FAKE_NVML_MAX_LISTED 16
+
 struct fake_usage {
     unsigned long long used;
     unsigned processes;
     unsigned utilization;
+    unsigned listed; /* how many of pids[] the line named */
+    unsigned pids[FAKE_NVML_MAX_LISTED];
+    unsigned long long held[FAKE_NVML_MAX_LISTED]; /* 0: an equal share of used */
 };
+
+/* The "PID[:BYTES]" words after the four counts, as many as fit. */
+static void parse_listed(const char *rest, struct fake_usage *u)
+{
+    int consumed = 0;
+    unsigned pid;
+    while (u->listed < FAKE_NVML_MAX_LISTED && sscanf(rest, " %u%n", &pid, &consumed) == 1) {
+        rest += consumed;
+        unsigned long long bytes = 0;
+        if (*rest == ':' && sscanf(rest + 1, "%llu%n", &bytes, &consumed) == 1) rest += 1 + consumed;
+        u->pids[u->listed] = pid;
+        u->held[u->listed] = bytes;
+        u->listed++;
+    }
+}
 
 static unsigned long long total(void)
 {
@@ -61,7 +84,7 @@ static unsigned device_index(nvmlDevice_t dev) { return (unsigned)((uintptr_t)de
 
 static struct fake_usage usage(nvmlDevice_t dev)
 {
-    struct fake_usage u = {0, 0, 0};
+    struct fake_usage u = {0};
     const char *path = getenv("NVSHARE_FAKE_NVML_STATE");
     FILE *f = path != NULL && *path ? fopen(path, "r") : NULL;
     if (f == NULL) return u;
@@ -69,12 +92,17 @@ static struct fake_usage usage(nvmlDevice_t dev)
     while (fgets(line, sizeof line, f) != NULL) {
         unsigned index, processes, utilization;
         unsigned long long used;
+        int consumed = 0;
         if (line[0] == '#') continue;
-        if (sscanf(line, "%u %llu %u %u", &index, &used, &processes, &utilization) == 4 &&
+        if (sscanf(line, "%u %llu %u %u%n", &index, &used, &processes, &utilization, &consumed) ==
+                4 &&
             index == device_index(dev)) {
+            u = (struct fake_usage){0};
             u.used = used < total() ? used : total();
             u.processes = processes;
             u.utilization = utilization <= 100 ? utilization : 100;
+            parse_listed(line + consumed, &u);
+            if (u.listed > u.processes) u.listed = u.processes;
         }
     }
     fclose(f);
@@ -187,8 +215,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, un
         return FAKE_NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned i = 0; i < u.processes; i++) {
-        infos[i].pid = 40000 + 100 * device_index(dev) + i;
-        infos[i].usedGpuMemory = u.used / u.processes;
+        int listed = i < u.listed;
+        infos[i].pid = listed ? u.pids[i] : 40000 + 100 * device_index(dev) + i;
+        infos[i].usedGpuMemory = listed && u.held[i] ? u.held[i] : u.used / u.processes;
         infos[i].gpuInstanceId = 0xFFFFFFFFu;
         infos[i].computeInstanceId = 0xFFFFFFFFu;
     }

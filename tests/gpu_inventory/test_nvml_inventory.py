@@ -236,7 +236,8 @@ gpus = nvml.inventory()
 print(json.dumps({"available": nvml.available,
                   "inventory": [[g.index, g.uuid, g.model, g.memory_total] for g in gpus],
                   "samples": [[s.uuid, s.memory_used, s.memory_free, s.utilization_percent,
-                               s.compute_processes, s.healthy] for s in nvml.sample()],
+                               s.compute_processes, s.healthy, sorted(s.processes.items())]
+                              for s in nvml.sample()],
                   "healthy": [nvml.healthy(g.uuid) for g in gpus]}))
 """
 
@@ -245,11 +246,14 @@ def test_the_real_pynvml_reads_the_fake_nvml_library(tmp_path: Path) -> None:
     """What the node daemon sees on a CPU-only machine with ld_hook's fake libnvidia-ml.so.1.
 
     pynvml opens "libnvidia-ml.so.1" by name, so the library is chosen by LD_LIBRARY_PATH in a
-    fresh process; the fake's devices take their use from a state file a test can rewrite.
+    fresh process; the fake's devices take their use from a state file a test can rewrite,
+    naming real PIDs where a test needs NVML to list its own processes.
     """
     subprocess.run(["make", "-s", "-C", str(ROOT / "ld_hook")], check=True)
     state = tmp_path / "nvml-state"
-    state.write_text("# index used processes utilization\n1 3221225472 2 64\n")
+    state.write_text(
+        "# index used processes utilization [pid[:bytes]...]\n1 3221225472 3 64 4242:1048576 77\n"
+    )
     env = {
         **os.environ,
         "LD_LIBRARY_PATH": str(ROOT / "ld_hook" / "build" / "fake"),
@@ -265,7 +269,9 @@ def test_the_real_pynvml_reads_the_fake_nvml_library(tmp_path: Path) -> None:
     assert [g[0] for g in seen["inventory"]] == [0, 1]
     assert all(g[2] == "NVIDIA Fake GPU" and g[3] == 16 * GiB for g in seen["inventory"])
     idle, busy = seen["samples"]
-    assert idle[1:] == [0, 16 * GiB, 0, 0, True]
-    assert busy[1:] == [3 * GiB, 13 * GiB, 64, 2, True]
+    assert idle[1:] == [0, 16 * GiB, 0, 0, True, []]
+    assert busy[1:-1] == [3 * GiB, 13 * GiB, 64, 3, True]
+    # The named PIDs first (one with its own size, one with an equal share), then a made-up one.
+    assert busy[-1] == [[77, GiB], [4242, 1 << 20], [40102, GiB]]
     assert seen["healthy"] == [True, True]
     assert "NVML error" not in done.stderr  # every call the daemon makes is implemented
