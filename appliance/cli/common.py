@@ -63,3 +63,11 @@ kube_api_option: Callable[[F], F] = click.option(
     default=None,
     help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
 )
+
+socket_dir_option: Callable[[F], F] = click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_SOCKET_DIR",
+    default=None,
+    help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
+)

@@ -15,18 +15,12 @@ from typing import NoReturn
 import click
 
 from appliance import protocol as p
-from appliance.cli.common import kube_api_option, policy_dir_option, program
+from appliance.cli.common import kube_api_option, policy_dir_option, program, socket_dir_option
 
 
 @program("nvshare-scheduler")
 @policy_dir_option("Directory of policy files (a mounted ConfigMap)")
-@click.option(
-    "--socket-dir",
-    type=click.Path(path_type=Path),
-    envvar="NVSHARE_SOCKET_DIR",
-    default=None,
-    help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
-)
+@socket_dir_option
 @click.option(
     "--admin-group",
     envvar="NVSHARE_ADMIN_GROUP",

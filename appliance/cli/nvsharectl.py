@@ -17,7 +17,7 @@ import click
 
 from appliance import framing
 from appliance import protocol as p
-from appliance.cli.common import program
+from appliance.cli.common import program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.views import (
     ExplainView,
@@ -100,13 +100,7 @@ def _request(ctx: click.Context, message: Any) -> Any:
     help="Turn anti-thrashing (strict serialisation) on or off on every GPU (nvshare's flag), "
     "or 'policy' to follow the policy's mode again.",
 )
-@click.option(
-    "--socket-dir",
-    type=click.Path(path_type=Path),
-    envvar="NVSHARE_SOCKET_DIR",
-    default=None,
-    help="Where scheduler.sock lives [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
-)
+@socket_dir_option
 @click.pass_context
 def nvsharectl(
     ctx: click.Context, set_tq: int | str | None, anti_thrash: str | None, socket_dir: Path | None
