@@ -32,6 +32,8 @@ _COUNTERS = (
     ("limit_updates", "Limit updates pushed to hooks"),
     ("realtime_warnings", "Real-time checks that would have refused (warning mode)"),
     ("realtime_refusals", "Reservations refused by the real-time check"),
+    ("drops_overdue", "Holders passed over: not released within scheduler.dropDeadline"),
+    ("releases_late", "Releases that arrived after the drop deadline had passed"),
 )
 
 
@@ -89,13 +91,19 @@ def _clients(status: StatusView) -> Iterator[Metric]:
     holding = GaugeMetricFamily(
         "nvshare_client_holding_lock", "1 while holding the lock", labels=labels
     )
+    late = GaugeMetricFamily(
+        "nvshare_client_late_drops",
+        "Drops the client did not release within scheduler.dropDeadline",
+        labels=labels,
+    )
     for c in status.clients:
         label = [str(c.id), str(c.pid), c.pod, c.gpu]
         used.add_metric(label, c.memory_used)
         limit.add_metric(label, c.memory_limit or 0)
         core.add_metric(label, c.core_limit)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
-    yield from (used, limit, core, holding)
+        late.add_metric(label, c.late_drops)
+    yield from (used, limit, core, holding, late)
 
 
 def _scheduler(status: StatusView) -> Iterator[Metric]:

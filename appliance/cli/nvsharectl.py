@@ -152,6 +152,7 @@ def _print_status(status: StatusView) -> None:
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
             f"{c.core_limit:>4}% {c.gpu}"
+            + (f"  late drops: {c.late_drops}" if c.late_drops else "")
         )
 
 

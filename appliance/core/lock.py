@@ -7,6 +7,11 @@ Rules, per GPU (keyed by UUID):
   waits, and the time quantum then serialises until it fits again.
 - A holder is asked to drop only when someone eligible waits and its quantum has run out, or
   when its compute quota for the window is spent. A client that disconnects frees everything.
+- A drop has a deadline (`scheduler.dropDeadline`): a holder that has not released by then
+  (a hostile client, a hook wedged in a synchronisation) no longer holds the GPU hostage. It is
+  taken off the holders, so the next client is granted; it is marked as an offender (status,
+  metrics, log, a Warning Event on its pod) and queued behind every client that drops in time,
+  until it completes a drop in time itself.
 
 Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a client whose
 budget is spent waits for its next window.
@@ -24,6 +29,7 @@ from appliance.policy.model import Mode
 log = logging.getLogger("nvshare.scheduler")
 
 EPSILON_S = 1e-6  # float slack on quota arithmetic
+LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
 
 
 class Lock:
@@ -41,13 +47,11 @@ class Lock:
             # Not gated, or already holding: answer at once so the hook never blocks on us.
             return [self.grant_message(c, e.seq)]
         c.request_seq = e.seq
-        if c.phase is Phase.DRAINING:  # asked again before its release arrived: queue it then
-            c.requeue = True
+        if c.phase in (Phase.DRAINING, Phase.OVERDUE):
+            c.requeue = True  # asked again before its release arrived: queue it then
             return []
         if c.phase is not Phase.WAITING:
-            c.phase = Phase.WAITING
-            c.requested_at = now
-            gpu.queue.append(c.id)
+            self._enqueue(gpu, c, now)
         return self.schedule(gpu, now)
 
     def released(self, e: ev.LockReleased, now: float) -> list[act.Action]:
@@ -56,17 +60,37 @@ class Lock:
             return []
         gpu = self._s.gpus[c.gpu]
         if c.id in gpu.holders:
+            if c.phase is Phase.DRAINING:
+                c.offender = False  # dropped in time: back in line like everyone else
             self._bill(c, now)
             gpu.holders.discard(c.id)
             self._s.counters[f"releases_{e.reason.value}"] += 1
+        elif c.phase is Phase.OVERDUE:
+            self._s.counters["releases_late"] += 1
+            log.info(
+                "client %d (pid %d) released the lock %.1fs after it was told to drop",
+                c.id,
+                c.ident.pid,
+                now - c.dropped_at,
+            )
         elif c.id in gpu.queue:  # gave up waiting (e.g. exiting)
             gpu.queue.remove(c.id)
         c.phase = Phase.IDLE
         if c.requeue:
             c.requeue = False
-            c.phase, c.requested_at = Phase.WAITING, now
-            gpu.queue.append(c.id)
+            self._enqueue(gpu, c, now)
         return self.schedule(gpu, now)
+
+    def _enqueue(self, gpu: Gpu, c: Client, now: float) -> None:
+        """Wait in line: behind everyone, except that offenders wait behind every client that
+        drops in time."""
+        c.phase, c.requested_at = Phase.WAITING, now
+        if c.offender:
+            gpu.queue.append(c.id)
+            return
+        clients = self._s.clients
+        at = next((i for i, q in enumerate(gpu.queue) if clients[q].offender), len(gpu.queue))
+        gpu.queue.insert(at, c.id)
 
     def leave(self, c: Client) -> bool:
         """Take a client that is gone out of its GPU's queue and holders; True if it held."""
@@ -107,10 +131,39 @@ class Lock:
     def schedule(self, gpu: Gpu, now: float) -> list[act.Action]:
         """Drop spent quotas, grant whoever may run, and preempt for whoever waits."""
         return [
+            *self._pass_over_late_holders(gpu, now),
             *self._drop_spent_quotas(gpu, now),
             *self._grant_waiting(gpu, now),
             *self._preempt_for_waiters(gpu, now),
         ]
+
+    def _pass_over_late_holders(self, gpu: Gpu, now: float) -> list[act.Action]:
+        """A holder still draining past the drop deadline no longer holds the GPU."""
+        deadline = self._s.policy.scheduler.drop_deadline_s
+        out: list[act.Action] = []
+        for h in [self._s.clients[h] for h in gpu.holders]:
+            if h.phase is Phase.DRAINING and now >= h.dropped_at + deadline - EPSILON_S:
+                out += self._pass_over(gpu, h, now)
+        return out
+
+    def _pass_over(self, gpu: Gpu, c: Client, now: float) -> list[act.Action]:
+        self._bill(c, now)
+        gpu.holders.discard(c.id)
+        c.phase = Phase.OVERDUE
+        c.offender = True
+        c.late_drops += 1
+        self._s.counters["drops_overdue"] += 1
+        message = (
+            f"client {c.id} (pid {c.ident.pid}) did not release GPU {gpu.facts.uuid} within "
+            f"{self._s.policy.scheduler.drop_deadline_s:g}s of being told to drop "
+            "it (scheduler.dropDeadline); the next client is granted, and this one waits behind "
+            "every client that drops in time"
+        )
+        log.warning("%s", message)
+        pod, _ = self._s.pods.pod_of(c.ident)
+        if pod is None:
+            return []
+        return [act.PodWarning(pod.ref, LOCK_NOT_RELEASED, message)]
 
     def _drop_spent_quotas(self, gpu: Gpu, now: float) -> list[act.Action]:
         """A holder whose quota is spent drops, even if nobody waits."""
@@ -182,6 +235,7 @@ class Lock:
     def _drop(self, c: Client, now: float, why: str) -> act.Drop:
         self._bill(c, now)
         c.phase = Phase.DRAINING
+        c.dropped_at = now
         self._s.counters[f"drops_{why}"] += 1
         log.debug("drop client %d (pid %d): %s", c.id, c.ident.pid, why)
         return act.Drop(c.id)
@@ -196,8 +250,8 @@ class Lock:
     # ------------------------------------------------------------ deadlines
 
     def next_deadline(self, now: float) -> float | None:
-        """When the lock must be looked at again: a quantum or a quota running out, or a
-        waiting client's next quota window."""
+        """When the lock must be looked at again: a quantum, a quota or a drop deadline running
+        out, or a waiting client's next quota window."""
         times = [t for gpu in self._s.gpus.values() for t in self._deadlines(gpu, now)]
         return min(times) if times else None
 
@@ -217,6 +271,8 @@ class Lock:
                 oldest = min(h.granted_at for h in active)
                 times.append(oldest + self._s.time_quantum(gpu.facts.uuid))
         for h in holding:
+            if h.phase is Phase.DRAINING:
+                times.append(h.dropped_at + settings.drop_deadline_s)
             if h.quota is not None and h.phase is Phase.HOLDING:
                 # A grant lasts at least one sample interval, so a tiny budget cannot
                 # turn into grant/drop ping-pong; otherwise the deadline is exact.

@@ -26,6 +26,7 @@ class Phase(enum.Enum):
     WAITING = "waiting"
     HOLDING = "holding"
     DRAINING = "draining"  # told to drop, still synchronising
+    OVERDUE = "overdue"  # told to drop and past the drop deadline: no longer counted as holding
 
 
 # What a client has until its registration resolves its limits.
@@ -51,6 +52,9 @@ class Client:
     used: int = 0
     quota: QuotaAccount | None = None
     requeue: bool = False  # asked for the lock again while draining
+    dropped_at: float = 0.0  # when it was last told to drop
+    late_drops: int = 0  # drops it did not finish within the drop deadline
+    offender: bool = False  # overran its last drop: queued behind everyone who did not
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
     nvml_used: int | None = None  # what NVML last showed its process holding

@@ -63,6 +63,7 @@ class ClientView:
     held_for_s: float | None
     waiting_for_s: float | None
     limits_from: Mapping[str, str]
+    late_drops: int = 0  # drops it did not release within scheduler.dropDeadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         held_for_s=round(now - c.granted_at, 3) if c.phase is Phase.HOLDING else None,
         waiting_for_s=round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
         limits_from=dict(c.limits.sources),
+        late_drops=c.late_drops,
     )
 
 

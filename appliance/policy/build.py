@@ -61,6 +61,7 @@ def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
         carry_over_percent=sch["carryOverPercent"],
         drop_tail_billing_percent=sch["dropTailBillingPercent"],
         idle_release_s=parse_seconds(sch["idleRelease"]),
+        drop_deadline_s=parse_seconds(sch["dropDeadline"]),
     )
 
 

@@ -50,6 +50,7 @@ class SchedulerSettings:
     carry_over_percent: int = 10
     drop_tail_billing_percent: int = 50
     idle_release_s: float = 1.0
+    drop_deadline_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
