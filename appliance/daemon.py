@@ -26,7 +26,8 @@ from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
 from appliance.gpu.nvml import Nvml
-from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled
+from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
+from appliance.host.process import ProcessIdentities
 from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
@@ -59,9 +60,12 @@ class DaemonConfig:
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
+    def __init__(
+        self, config: DaemonConfig, *, nvml: Nvml | None = None, proc_root: Path = Path("/proc")
+    ) -> None:
         self.config = config
         self.nvml = nvml or Nvml()
+        self.proc_root = proc_root
         self.loop: asyncio.AbstractEventLoop | None = None
         self.watcher = PolicyWatcher(
             config.policy_dir,
@@ -161,7 +165,11 @@ class Daemon:
     def _start_nvml_sampler(self) -> None:
         assert self.engine is not None
         engine = self.engine
-        consumers: list[Consumer] = [lambda samples: engine.submit(gpu_sampled(samples))]
+        identities = ProcessIdentities(proc_root=self.proc_root)
+        consumers: list[Consumer] = [
+            lambda samples: engine.submit(gpu_sampled(samples)),
+            lambda samples: engine.submit(processes_seen(samples, identities)),
+        ]
         if self.node_status is not None:
             consumers.append(self.node_status.offer)
         sampler = NvmlSampler(self.nvml, consumers)
@@ -209,6 +217,7 @@ class Daemon:
             status=self.answers.status,
             queries=self.answers.queries,
             admin_group=self.config.admin_group,
+            proc_root=self.proc_root,
         )
         self.engine.connect(self.server.send, *SchedulerServer.ACTIONS)
         try:

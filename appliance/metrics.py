@@ -44,6 +44,7 @@ class ApplianceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         status = self._snapshot()
         yield from _gpus(status)
+        yield from _unhooked(status)
         yield from _clients(status)
         yield from _scheduler(status)
         if status.policy is not None:
@@ -75,6 +76,22 @@ def _gpus(status: StatusView) -> Iterator[Metric]:
         holders.add_metric(label, len(g.holders))
         queue.add_metric(label, len(g.queue))
     yield from (mode, tq, mem, holders, queue)
+
+
+def _unhooked(status: StatusView) -> Iterator[Metric]:
+    """Per GPU, so the label set stays as small as the node's GPUs whatever runs on them."""
+    count = GaugeMetricFamily(
+        "nvshare_gpu_unhooked_processes",
+        "Compute processes NVML lists that never registered with the scheduler (unshared)",
+        labels=["gpu_uuid"],
+    )
+    per_gpu = dict.fromkeys((g.uuid for g in status.gpus), 0)
+    for process in status.unhooked:
+        for gpu in process.gpus:
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
+    for uuid, n in sorted(per_gpu.items()):
+        count.add_metric([uuid], n)
+    yield count
 
 
 def _clients(status: StatusView) -> Iterator[Metric]:

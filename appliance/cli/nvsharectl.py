@@ -142,7 +142,7 @@ def _print_status(status: StatusView) -> None:
             f"memory {_fmt_mem(g.memory_total)}"
         )
         click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
-    if status.clients:
+    if status.clients or status.unhooked:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
             f"{'MEM LIMIT':>9} {'CORE':>5} GPU"
@@ -153,6 +153,17 @@ def _print_status(status: StatusView) -> None:
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
             f"{c.core_limit:>4}% {c.gpu}"
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
+        )
+    # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.
+    for u in status.unhooked:
+        click.echo(
+            f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
+            f"{'-':>9} {'-':>5} {','.join(u.gpus)}"
+        )
+    if status.unhooked:
+        click.echo(
+            f"{len(status.unhooked)} GPU process(es) run without the hook (unshared, "
+            "unlimited); the daemon's log says why each is likely"
         )
 
 

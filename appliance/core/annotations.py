@@ -53,6 +53,7 @@ class PodInfo:
     node: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    resources: frozenset[str] = frozenset()  # extended resources its containers ask for
 
     @property
     def ref(self) -> PodRef:
@@ -69,7 +70,20 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         node=str((obj.get("spec") or {}).get("nodeName") or ""),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
+        resources=_extended_resources(obj.get("spec") or {}),
     )
+
+
+def _extended_resources(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The extended resources (names with a domain, like nvshare.com/gpu) any container of the
+    pod requests or limits."""
+    names: set[str] = set()
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            resources = container.get("resources") or {}
+            for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+                names.update(str(name) for name in amounts if "/" in str(name))
+    return frozenset(names)
 
 
 @dataclass(frozen=True, slots=True)

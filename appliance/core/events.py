@@ -100,6 +100,24 @@ class GpuFreeMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process NVML lists on a GPU, and who the kernel says it is (`/proc`)."""
+
+    gpu_uuid: str
+    ident: ClientIdentity
+    memory_bytes: int | None  # what NVML shows it holding there; None where NVML does not say
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessesSeen:
+    """Every compute process on the GPUs whose processes NVML could list (`gpus`), hooked or
+    not. A GPU NVML could not list is missing from `gpus`: nothing is known about it."""
+
+    gpus: frozenset[str]
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """The deadline the core asked for (`NodeCore.next_deadline`) has passed."""
 
@@ -181,6 +199,7 @@ Event = (
     | PodSeen
     | PodRemoved
     | GpuFreeMemory
+    | GpuProcessesSeen
     | Tick
     | TimeQuantumSet
     | ModeSet

@@ -8,7 +8,8 @@ This module routes each event to the part whose job it is (an explicit table) an
 they share: who is registered, and what every hook must enforce, pushed to exactly the hooks
 whose limits changed. The parts: `lock` (queues, modes, quanta, quotas), `ledger` (memory and
 the real-time check), `admin` (nvsharectl's commands), `annotations.PodTable` (pods and what
-their annotations ask for), `views` (what status and metrics show).
+their annotations ask for), `unhooked` (GPU processes without the hook), `views` (what status
+and metrics show).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from appliance.core.limits import describe
 from appliance.core.lock import Lock
 from appliance.core.quota import QuotaAccount
 from appliance.core.state import Client, Gpu, NodeState
+from appliance.core.unhooked import REGISTERED, UnhookedWatch
 from appliance.policy.model import Mode, Policy
 from appliance.policy.quantity import format_bytes
 
@@ -50,6 +52,7 @@ class NodeCore:
         self.lock = Lock(self.state)
         self.ledger = Ledger(self.state, self.lock)
         self.admin = Admin(self.state, refresh=self._refresh_all)
+        self.unhooked = UnhookedWatch(self.state)
         self._deadline: float | None = None
         self._claim_noted = False
         self._handlers: dict[type, Callable[[Any, float], list[act.Action]]] = {
@@ -60,6 +63,7 @@ class NodeCore:
             ev.MemoryReserveRequested: self.ledger.reserve,
             ev.MemoryReturned: self.ledger.returned,
             ev.GpuFreeMemory: self.ledger.sampled,
+            ev.GpuProcessesSeen: self.unhooked.seen,
             ev.PolicyChanged: self._on_policy,
             ev.PodSeen: self._on_pod_seen,
             ev.PodRemoved: self._on_pod_removed,
@@ -115,6 +119,7 @@ class NodeCore:
             env_core=e.env_core_percent,
         )
         s.clients[c.id] = c
+        self.unhooked.forget(c.ident.pid, why=REGISTERED)
         c.pod_source = s.pods.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
         self._note_claim(c)

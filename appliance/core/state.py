@@ -77,6 +77,16 @@ class Gpu:
 
 
 @dataclass(slots=True)
+class UnhookedProcess:
+    """A compute process NVML lists with no registered hook of its PID (`core.unhooked`)."""
+
+    ident: ClientIdentity
+    first_seen: float
+    memory: dict[str, int | None]  # GPU uuid -> what NVML shows it holding there
+    reported: bool = False  # listed past the grace period, and said so
+
+
+@dataclass(slots=True)
 class Overrides:
     """What nvsharectl set over the policy; `admin` changes it, a scheduling policy reload
     clears the time quantum and modes."""
@@ -107,6 +117,7 @@ class NodeState:
     pods: PodTable = field(default_factory=PodTable)
     overrides: Overrides = field(default_factory=Overrides)
     counters: Counter[str] = field(default_factory=Counter)
+    unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
 
     # ------------------------------------------------------------------ GPUs
 

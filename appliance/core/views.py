@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from appliance.core.limits import describe
-from appliance.core.state import Client, NodeState, Phase
+from appliance.core.state import Client, NodeState, Phase, UnhookedProcess
 from appliance.policy.model import Mode, Policy
 
 T = TypeVar("T")
@@ -67,6 +67,19 @@ class ClientView:
 
 
 @dataclass(frozen=True, slots=True)
+class UnhookedView:
+    """A GPU process NVML lists that never registered with the scheduler: it runs unshared."""
+
+    pid: int
+    uid: int
+    pod: str  # NAMESPACE/NAME, "pod UID" for a pod this node does not know, "-" for none
+    executable: str | None
+    gpus: tuple[str, ...]
+    memory_used: int | None  # on all its GPUs, as NVML shows it; None where NVML does not say
+    seen_for_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyStatus:
     """How the policy directory's hot reload is doing."""
 
@@ -90,6 +103,7 @@ class StatusView:
     default_time_quantum_s: float
     policy: PolicyStatus | None = None  # the daemon adds what the core does not know
     nvml: bool | None = None
+    unhooked: tuple[UnhookedView, ...] = ()
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
@@ -130,6 +144,24 @@ def gpu_view(s: NodeState, uuid: str) -> GpuView:
     )
 
 
+def unhooked_view(s: NodeState, p: UnhookedProcess, now: float) -> UnhookedView:
+    ident = p.ident
+    pod = s.pods.pods.get(ident.pod_uid) if ident.pod_uid else None
+    label = (
+        f"{pod.namespace}/{pod.name}" if pod else f"pod {ident.pod_uid}" if ident.pod_uid else "-"
+    )
+    known = [n for n in p.memory.values() if n is not None]
+    return UnhookedView(
+        pid=ident.pid,
+        uid=ident.uid,
+        pod=label,
+        executable=ident.executable,
+        gpus=tuple(sorted(p.memory)),
+        memory_used=sum(known) if known else None,
+        seen_for_s=round(now - p.first_seen, 3),
+    )
+
+
 def status(s: NodeState, now: float) -> StatusView:
     return StatusView(
         gpus=tuple(gpu_view(s, uuid) for uuid in sorted(s.gpus)),
@@ -137,6 +169,9 @@ def status(s: NodeState, now: float) -> StatusView:
         counters=dict(s.counters),
         default_mode=s.policy.scheduler.mode,
         default_time_quantum_s=s.overrides.time_quantum_s or s.policy.scheduler.time_quantum_s,
+        unhooked=tuple(
+            unhooked_view(s, p, now) for _, p in sorted(s.unhooked.items()) if p.reported
+        ),
     )
 
 

@@ -40,6 +40,7 @@ class GpuSample:
     time: float
     processes: Mapping[int, int] = field(default_factory=dict)  # pid -> bytes it holds here
     compute_processes: int | None = None  # how many, hooked or not; None: NVML cannot say
+    pids: tuple[int, ...] | None = None  # every compute process's pid; None: NVML cannot say
 
 
 def _default_library() -> Any:
@@ -149,7 +150,7 @@ class Nvml:
                     )
                 )
                 continue
-            held, count = self._processes(handle, uuid)
+            held, pids = self._processes(handle, uuid)
             samples.append(
                 GpuSample(
                     uuid=uuid,
@@ -160,7 +161,8 @@ class Nvml:
                     healthy=uuid not in self._xid_unhealthy,
                     time=now,
                     processes=held,
-                    compute_processes=count,
+                    compute_processes=None if pids is None else len(pids),
+                    pids=pids,
                 )
             )
         return samples
@@ -218,11 +220,11 @@ class Nvml:
                 self._log_once(f"utilization of GPU {uuid}", exc, "utilization unknown")
             return None
 
-    def _processes(self, handle: Any, uuid: str) -> tuple[dict[int, int], int | None]:
-        """What each compute process holds on this GPU, and how many there are.
+    def _processes(self, handle: Any, uuid: str) -> tuple[dict[int, int], tuple[int, ...] | None]:
+        """What each compute process holds on this GPU, and every one's pid.
 
-        A process whose memory NVML does not report is counted but not in the map; where NVML
-        cannot list them at all, the map is empty and the count None (unknown, not zero).
+        A process whose memory NVML does not report is listed but not in the map; where NVML
+        cannot list them at all, the map is empty and the pids None (unknown, not none).
         """
         try:
             running = self._lib.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -234,7 +236,7 @@ class Nvml:
             for proc in running
             if getattr(proc, "usedGpuMemory", None) is not None
         }
-        return held, len(running)
+        return held, tuple(int(proc.pid) for proc in running)
 
     def _register_xid_events(self) -> None:
         """Ask NVML to queue critical XID errors; a board that cannot is checked by queries only."""

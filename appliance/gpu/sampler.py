@@ -1,4 +1,5 @@
-"""The NVML source: every second, what each GPU has free and what each process holds there.
+"""The NVML source: every second, what each GPU has free, what each process holds there, and
+who those processes are.
 
 NVML calls can block for a while on a busy or failing GPU, so sampling runs on a thread of its
 own and hands each sample to its consumers (the core, through the engine, and the node status
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from appliance.core import events as ev
+from appliance.core.identity import ClientIdentity
 from appliance.gpu.nvml import GpuSample, Nvml
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,8 @@ log = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 1.0
 
 Consumer = Callable[[Sequence[GpuSample]], None]
+# The kernel's identity of each pid that can be read (host.process.ProcessIdentities).
+Identify = Callable[[Collection[int]], Mapping[int, ClientIdentity]]
 
 
 def gpu_sampled(samples: Sequence[GpuSample]) -> ev.GpuFreeMemory:
@@ -26,6 +30,24 @@ def gpu_sampled(samples: Sequence[GpuSample]) -> ev.GpuFreeMemory:
     return ev.GpuFreeMemory(
         {s.uuid: s.memory_free for s in samples},
         processes={s.uuid: s.processes for s in samples},
+    )
+
+
+def processes_seen(samples: Sequence[GpuSample], identify: Identify) -> ev.GpuProcessesSeen:
+    """The core's event for every compute process of the GPUs whose processes NVML listed.
+
+    A process whose identity cannot be read (it exited since NVML listed it) is left out.
+    """
+    listed = [s for s in samples if s.pids is not None]
+    idents = identify({pid for s in listed for pid in s.pids or ()})
+    return ev.GpuProcessesSeen(
+        gpus=frozenset(s.uuid for s in listed),
+        processes=tuple(
+            ev.GpuProcess(s.uuid, idents[pid], s.processes.get(pid))
+            for s in listed
+            for pid in s.pids or ()
+            if pid in idents
+        ),
     )
 
 

@@ -29,6 +29,9 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
         scheduler=_scheduler(doc["scheduler"]),
         memory=_memory(doc["memory"]),
         realtime_check=_realtime_check(doc["realtimeCheck"]),
+        unhooked_processes=model.UnhookedProcesses(
+            grace_s=parse_seconds(doc["unhookedProcesses"]["grace"])
+        ),
         defaults=_limits(doc["defaults"]),
         rules=tuple(
             _rule(rule, merge.locate(f"/rules/{i}")) for i, rule in enumerate(doc["rules"])

@@ -28,6 +28,11 @@ _MIN_SECONDS = {
     "/scheduler/quotaSampleInterval": (0.0, False, "the sample interval must be longer than 0"),
     "/realtimeCheck/maxSampleAge": (0.0, False, "the sample age must be longer than 0"),
     "/scheduler/dropDeadline": (0.1, True, "the drop deadline must be at least 100ms"),
+    "/unhookedProcesses/grace": (
+        1.0,
+        True,
+        "the grace must be at least 1s (a process needs a moment to register after it starts)",
+    ),
     "/realtimeCheck/nodeStatus/refreshInterval": (
         1.0,
         True,

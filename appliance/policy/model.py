@@ -81,6 +81,13 @@ class RealtimeCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class UnhookedProcesses:
+    """How GPU processes without the hook are reported (`appliance.core.unhooked`)."""
+
+    grace_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """A partial set of limits; None means "not set here"."""
 
@@ -158,6 +165,7 @@ class Policy:
     scheduler: SchedulerSettings = SchedulerSettings()
     memory: MemorySettings = MemorySettings()
     realtime_check: RealtimeCheck = RealtimeCheck()
+    unhooked_processes: UnhookedProcesses = UnhookedProcesses()
     defaults: Limits = Limits(core_percent=100)
     rules: tuple[Rule, ...] = ()
     gpus: tuple[GpuRule, ...] = ()

@@ -25,67 +25,11 @@ from kube.fakeapi import FakeApiServer
 from appliance import protocol as p
 from appliance.client import ControlClient
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "ld_hook" / "build"
+from .probes import Probe
+
 GiB = 1 << 30
 KEY = "nvshare.com/gpu-memory-limit"
 OOM = "err 2"
-
-
-class Probe:
-    def __init__(self, daemon: RunningDaemon, namespace: str, name: str) -> None:
-        env = {
-            **daemon.env,
-            "LD_PRELOAD": str(BUILD / "libnvshare.so"),
-            "LD_LIBRARY_PATH": str(BUILD / "fake"),
-            "NVSHARE_FAKE_GPU_MEM": str(16 * GiB),
-            "NVSHARE_POD_NAMESPACE": namespace,
-            "NVSHARE_POD_NAME": name,
-        }
-        self.proc = subprocess.Popen(
-            [str(BUILD / "probe"), "run"],
-            env=env,
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        PROBES.append(self)
-
-    def ask(self, line: str) -> str:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
-
-    def try_alloc(self, n: int) -> str:
-        """Allocate and free at once; "ok" or "err 2" (CUDA_ERROR_OUT_OF_MEMORY)."""
-        got = self.ask(f"alloc mem {n}")
-        if got.startswith("ok"):
-            assert self.ask(f"free {got.split()[1]}") == "ok"
-            return "ok"
-        return got
-
-    def close(self) -> int:
-        assert self.proc.stdin and self.proc.stdout
-        if not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            return self.proc.wait(10)
-        finally:
-            self.proc.stdout.close()
-
-
-PROBES: list[Probe] = []
-
-
-@pytest.fixture(autouse=True)
-def _reap_probes() -> Iterator[None]:
-    yield
-    while PROBES:
-        probe = PROBES.pop()
-        if probe.proc.poll() is None:
-            probe.proc.kill()
-        probe.close()
 
 
 @pytest.fixture
