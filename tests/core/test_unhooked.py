@@ -10,8 +10,9 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.annotations import PodInfo
 from appliance.core.identity import ClientIdentity
+from appliance.core.node import NodeCore
 from appliance.core.unhooked import HOOK_MIN_GLIBC, WARNING_REASON
-from appliance.policy.model import Policy
+from appliance.policy.model import Policy, UnhookedProcesses
 
 from .conftest import GPU, GiB, Harness, of
 
@@ -159,3 +160,11 @@ def test_host_processes_are_told_how_to_start_under_the_hook(
     assert of(out, act.PodWarning) == []
     [logged] = [r.getMessage() for r in caplog.records if "pid 60" in r.getMessage()]
     assert "train.service" in logged and "LD_PRELOAD" in logged
+
+
+def test_the_grace_period_comes_from_the_policy() -> None:
+    h = Harness(NodeCore(Policy(unhooked_processes=UnhookedProcesses(grace_s=5.0))))
+    every_second(h, 4, process(70))
+    assert unhooked_pids(h) == []
+    every_second(h, 2, process(70))
+    assert unhooked_pids(h) == [70]

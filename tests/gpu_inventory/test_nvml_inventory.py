@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,9 @@ from typing import Any
 import pytest
 
 from appliance.core.gpus import GpuFacts
+from appliance.core.identity import ClientIdentity
 from appliance.gpu.nvml import Nvml
+from appliance.gpu.sampler import processes_seen
 
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,8 +157,31 @@ def test_sample_reports_what_each_process_holds_where_nvml_can_say() -> None:
     first, second = Nvml(library=library).sample()
     assert first.processes == {4242: 3 * GiB}
     assert first.compute_processes == 2  # counted even where its memory is not reported
+    assert first.pids == (4242, 4343)  # and listed: a process without the hook is found by pid
     assert second.processes == {} and second.healthy  # unknown, not an unhealthy GPU
-    assert second.compute_processes is None  # unknown, not zero
+    assert second.compute_processes is None and second.pids is None  # unknown, not none
+
+
+def test_the_core_hears_every_listed_process_with_its_identity_and_nothing_of_unlisted_gpus() -> (
+    None
+):
+    gpus = two_gpus()
+    gpus[0]["processes"] = {4242: 3 * GiB, 4343: None, 4444: GiB}
+    library = ScriptedNvml(gpus)
+    library.fail[("processes", 1)] = library.NVML_ERROR_NOT_SUPPORTED
+    asked: list[set[int]] = []
+
+    def identify(pids: Collection[int]) -> dict[int, ClientIdentity]:
+        asked.append(set(pids))
+        return {pid: ClientIdentity(pid, 0, 0) for pid in pids if pid != 4444}  # 4444 exited
+
+    seen = processes_seen(Nvml(library=library).sample(), identify)
+    assert asked == [{4242, 4343, 4444}]
+    assert seen.gpus == {"GPU-aaaa"}  # GPU-bbbb's processes could not be listed
+    assert [(p.gpu_uuid, p.ident.pid, p.memory_bytes) for p in seen.processes] == [
+        ("GPU-aaaa", 4242, 3 * GiB),
+        ("GPU-aaaa", 4343, None),
+    ]
 
 
 def test_sample_keeps_going_when_one_gpu_fails_and_logs_each_error_once(
