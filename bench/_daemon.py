@@ -17,7 +17,10 @@ GPU = "GPU-bench000-0000-0000-0000-000000000000"
 
 
 class BenchDaemon:
-    def __init__(self, policy: str, *, args: list[str] | None = None) -> None:
+    def __init__(
+        self, policy: str, *, args: list[str] | None = None, tree: Path | None = None
+    ) -> None:
+        """`tree`: run the appliance of another checkout (an older commit, side by side)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="nvs-bench-"))
         self.policy_dir = self.tmp / "policy"
         self.policy_dir.mkdir()
@@ -25,6 +28,8 @@ class BenchDaemon:
         self.socket_dir = self.tmp / "run"
         self.log = self.tmp / "daemon.log"
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [
@@ -36,6 +41,7 @@ class BenchDaemon:
                     *(args or []),
                 ],
                 env=env,
+                cwd=tree,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

@@ -109,14 +109,17 @@ void nvs_config_load(void)
         load_debug();
         load_socket_path();
         load_memory_limit();
-        uint64_t core = 0, idle = 0, timeout = NVS_DEFAULT_DAEMON_TIMEOUT_MS;
+        uint64_t core = 0, idle = 0, timeout = NVS_DEFAULT_DAEMON_TIMEOUT_MS, oversub = 0;
         whole_env("NVSHARE_GPU_CORE_LIMIT", 1, 100, &core, "a whole percentage",
                   "the scheduler's core limit applies");
         whole_env("NVSHARE_IDLE_RELEASE_MS", 1, 86400000, &idle, "a whole number of milliseconds",
                   "the policy's idle release applies");
         whole_env("NVSHARE_DAEMON_TIMEOUT_MS", 100, 600000, &timeout,
                   "a whole number of milliseconds", "5000 applies");
+        whole_env("NVSHARE_ENABLE_SINGLE_OVERSUB", 0, 1, &oversub, "0 or 1",
+                  "no process goes past the GPU's size unless the policy says so");
         nvs_cfg.env_core_limit = (uint32_t)core;
+        nvs_cfg.single_oversub = oversub == 1;
         nvs_cfg.idle_release_ms = (uint32_t)idle;
         nvs_cfg.daemon_timeout_ms = (uint32_t)timeout;
         text_env(nvs_cfg.pod_namespace, sizeof nvs_cfg.pod_namespace, "NVSHARE_POD_NAMESPACE",

@@ -20,6 +20,7 @@ struct nvs_config {
     uint32_t env_core_limit;   /* NVSHARE_GPU_CORE_LIMIT, 0 = none */
     uint32_t idle_release_ms;  /* NVSHARE_IDLE_RELEASE_MS, 0 = the daemon's policy decides */
     uint32_t daemon_timeout_ms; /* NVSHARE_DAEMON_TIMEOUT_MS: silence after which the daemon is gone */
+    int single_oversub;        /* NVSHARE_ENABLE_SINGLE_OVERSUB=1: past the GPU's size (managed only) */
     char pod_namespace[NVS_NAME_LEN];
     char pod_name[NVS_NAME_LEN];
 };

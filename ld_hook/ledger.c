@@ -2,8 +2,9 @@
  * The memory ledger (see ledger.h).
  *
  * Limits: the process's own view is the smaller of NVSHARE_GPU_MEMORY_LIMIT and the daemon's
- * mem_limit (managed backing without single-process oversubscription is also capped at the
- * GPU's size). While the daemon is unreachable a process of a pod with several processes keeps
+ * mem_limit (managed backing is also capped at the GPU's size, unless the policy allows every
+ * process past it or this one asks with NVSHARE_ENABLE_SINGLE_OVERSUB=1: the policy's managed
+ * backing is what allows it, since device memory cannot go past the GPU at all). While the daemon is unreachable a process of a pod with several processes keeps
  * what it had reserved and may grow to an equal share of the pod's limit, not to all of it.
  *
  * Reservations: the daemon's grants carry the client's whole reservation, and that absolute
@@ -55,7 +56,7 @@ static uint64_t effective_limit(const struct nvs_gpu *g, const struct ledger *l)
 {
     uint64_t limit = min_limit(nvs_cfg.env_mem_limit, l->have_limits ? l->limits.mem_limit : 0);
     if (l->have_limits && l->limits.backing == NVS_BACKING_MANAGED &&
-        !(l->limits.flags & NVS_LIMIT_SINGLE_OVERSUB))
+        !(l->limits.flags & NVS_LIMIT_SINGLE_OVERSUB) && !nvs_cfg.single_oversub)
         limit = min_limit(limit, g->total_mem);
     if (!l->registered) limit = min_limit(limit, l->offline_cap);
     return limit;

@@ -13,8 +13,13 @@ Rules, per GPU (keyed by UUID):
   metrics, log, a Warning Event on its pod) and queued behind every client that drops in time,
   until it completes a drop in time itself.
 
-Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a client whose
-budget is spent waits for its next window.
+Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a quota holder is
+dropped early enough for its drain to end on its budget, and a client whose budget is spent waits
+for its next window.
+
+Every client's lock time is accounted exactly here (`state.LockUsage`): how long it held the lock
+(from the grant to the release, the drain included), how long it waited for it, and why it was
+dropped; status, `nvsharectl top` and the metrics read it.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ import logging
 
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gpu, NodeState, Phase
 from appliance.policy.model import Mode
 
 log = logging.getLogger("nvshare.scheduler")
 
-EPSILON_S = 1e-6  # float slack on quota arithmetic
 LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
 
 
@@ -63,6 +68,7 @@ class Lock:
             if c.phase is Phase.DRAINING:
                 c.offender = False  # dropped in time: back in line like everyone else
             self._bill(c, now)
+            self._end_hold(c, now)
             gpu.holders.discard(c.id)
             self._s.counters[f"releases_{e.reason.value}"] += 1
         elif c.phase is Phase.OVERDUE:
@@ -92,22 +98,26 @@ class Lock:
         at = next((i for i, q in enumerate(gpu.queue) if clients[q].offender), len(gpu.queue))
         gpu.queue.insert(at, c.id)
 
-    def leave(self, c: Client) -> bool:
+    def leave(self, c: Client, now: float) -> bool:
         """Take a client that is gone out of its GPU's queue and holders; True if it held."""
         gpu = self._s.gpus[c.gpu]
         held = c.id in gpu.holders
+        if held:
+            self._end_hold(c, now)
         gpu.holders.discard(c.id)
         if c.id in gpu.queue:
             gpu.queue.remove(c.id)
         return held
 
-    def ungate(self, c: Client) -> list[act.Action]:
+    def ungate(self, c: Client, now: float) -> list[act.Action]:
         """A client that is no longer gated: a waiting one is answered at once."""
         gpu = self._s.gpus[c.gpu]
         out: list[act.Action] = []
         if c.phase is Phase.WAITING:
             gpu.queue.remove(c.id)
             out.append(self.grant_message(c, c.request_seq))
+        if c.id in gpu.holders:
+            self._end_hold(c, now)
         gpu.holders.discard(c.id)
         c.phase = Phase.IDLE
         return out
@@ -148,6 +158,7 @@ class Lock:
 
     def _pass_over(self, gpu: Gpu, c: Client, now: float) -> list[act.Action]:
         self._bill(c, now)
+        self._end_hold(c, now)
         gpu.holders.discard(c.id)
         c.phase = Phase.OVERDUE
         c.offender = True
@@ -174,7 +185,7 @@ class Lock:
                 self._bill(h, now)
                 h.quota.roll(now, settings)
                 min_hold = h.granted_at + settings.quota_sample_interval_s
-                if h.quota.remaining_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
+                if h.quota.hold_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
                     out.append(self._drop(h, now, "quota"))
         return out
 
@@ -215,7 +226,7 @@ class Lock:
         if c.quota is None:
             return True
         c.quota.roll(now, self._s.policy.scheduler)
-        return c.quota.remaining_s(self._s.policy.scheduler) > EPSILON_S
+        return c.quota.may_start(self._s.policy.scheduler)
 
     def _fits(self, gpu: Gpu, c: Client) -> bool:
         limit = self._s.gpu_memory(gpu.facts.uuid) - self._s.policy.memory.reserve_bytes
@@ -227,8 +238,8 @@ class Lock:
         gpu.holders.add(c.id)
         c.phase = Phase.HOLDING
         c.granted_at = c.billed_until = now
+        c.usage.waited_s += now - c.requested_at
         self._s.counters["grants"] += 1
-        self._s.counters["wait_seconds_total_us"] += int((now - c.requested_at) * 1e6)
         log.debug("grant gpu %s -> client %d (pid %d)", gpu.facts.uuid, c.id, c.ident.pid)
         return self.grant_message(c, c.request_seq)
 
@@ -236,16 +247,23 @@ class Lock:
         self._bill(c, now)
         c.phase = Phase.DRAINING
         c.dropped_at = now
+        c.usage.drops[why] += 1
         self._s.counters[f"drops_{why}"] += 1
         log.debug("drop client %d (pid %d): %s", c.id, c.ident.pid, why)
         return act.Drop(c.id)
 
     def _bill(self, c: Client, now: float) -> None:
+        """Bill a quota holder up to now; a draining one is billed its whole drain at once,
+        at its release, so its drain estimate learns the drop-to-release time."""
         settings = self._s.policy.scheduler
-        if c.quota is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
-            c.quota.roll(c.billed_until, settings)
-            c.quota.bill(now - c.billed_until, tail=c.phase is Phase.DRAINING, settings=settings)
+        if c.quota is not None and c.phase is Phase.DRAINING:
+            c.quota.bill_drain(c.billed_until, now, settings)
+        elif c.quota is not None and c.phase is Phase.HOLDING:
+            c.quota.bill(c.billed_until, now, settings)
         c.billed_until = now
+
+    def _end_hold(self, c: Client, now: float) -> None:
+        c.usage.held_s += max(0.0, now - c.granted_at)
 
     # ------------------------------------------------------------ deadlines
 
@@ -275,8 +293,9 @@ class Lock:
                 times.append(h.dropped_at + settings.drop_deadline_s)
             if h.quota is not None and h.phase is Phase.HOLDING:
                 # A grant lasts at least one sample interval, so a tiny budget cannot
-                # turn into grant/drop ping-pong; otherwise the deadline is exact.
-                left = max(0.0, h.quota.remaining_s(settings))
+                # turn into grant/drop ping-pong; otherwise the drop comes its drain before
+                # the budget ends.
+                left = max(0.0, h.quota.hold_s(settings))
                 times.append(
                     max(h.billed_until + left, h.granted_at + settings.quota_sample_interval_s)
                 )

@@ -142,7 +142,8 @@ class NodeCore:
         if c is None:
             return []
         self.admin.client_gone(c.ident.pid)
-        held = self.lock.leave(c)
+        held = self.lock.leave(c, now)
+        s.retain_usage(c)
         s.counters["disconnects"] += 1
         log.info(
             "client %d (pid %d) gone%s; %s of reservation freed",
@@ -196,7 +197,7 @@ class NodeCore:
             out.append(act.LimitsChanged(c.id, c.enforced))
             s.counters["limit_updates"] += 1
             if c.enforced.mode is Mode.OFF:
-                out += self.lock.ungate(c)
+                out += self.lock.ungate(c, now)
         return out + self.lock.schedule_all(now) + self.ledger.peer_updates()
 
     # ------------------------------------------------------------ policy and pods
@@ -219,6 +220,7 @@ class NodeCore:
 
     def _on_pod_removed(self, e: ev.PodRemoved, now: float) -> list[act.Action]:
         self.state.pods.removed(e.pod)
+        self.state.retained.pop(e.pod.uid, None)
         return self._refresh_all(now)
 
     def _warnings(self, problems: list[AnnotationProblem]) -> list[act.Action]:

@@ -1,10 +1,18 @@
-"""Compute quotas: a client limited to N% of a GPU may hold its lock for N% of each window.
+"""Compute quotas: a client limited to N% of a GPU gets N% of the GPU's time in each window.
 
-Accounting follows the four knobs of nvshare's quota fork: the accounting window, the sample
-interval (the finest step a quota deadline is scheduled at), carry-over (unused share of one
-window, up to a percentage of the window, is added to the next) and drop-tail billing (the
-time a client spends draining its work after being told to drop is billed at a percentage,
-since the GPU is still partly busy with it).
+Accounting follows the four knobs of nvshare's quota fork, with their meanings there: the
+accounting window; the sample interval (the shortest grant, so a tiny budget cannot turn into
+grant/drop ping-pong); carry-over (the percentage of what a client used beyond its budget that is
+carried into the next window as debt); drop-tail billing (the time from a drop to the client's
+release is billed at this percentage).
+
+What the lock holds and what the GPU runs differ by the drain: a client told to drop keeps the
+GPU busy until the work it queued has finished, and only then releases. A drop sent when the
+budget is spent would overshoot by that drain every window (a compute-bound PyTorch loop drains
+for a few milliseconds, a CUDA graph replay for tens). So each account keeps an estimate of its
+client's drain (from the drop-to-release time of its recent drops) and the lock drops it that
+much before the budget ends: its work then finishes on the budget. A client whose remaining
+budget would not even cover its drain waits for its next window.
 """
 
 from __future__ import annotations
@@ -13,36 +21,70 @@ from dataclasses import dataclass
 
 from appliance.policy.model import SchedulerSettings
 
+EPSILON_S = 1e-6  # float slack on quota arithmetic
+DRAIN_WEIGHT = 0.25  # how much one drop moves the drain estimate
+IDLE_WINDOWS = 10  # windows without use after which debt is forgotten
+
 
 @dataclass(slots=True)
 class QuotaAccount:
     percent: int
     window_start: float
-    used_s: float = 0.0
-    carry_s: float = 0.0
+    used_s: float = 0.0  # billed in this window, debt carried in included
+    drain_s: float = 0.0  # expected time from a drop to the release
+    drains: int = 0  # drops it learnt from
 
     def budget_s(self, settings: SchedulerSettings) -> float:
-        return settings.compute_window_s * self.percent / 100.0 + self.carry_s
+        return settings.compute_window_s * self.percent / 100.0
 
     def roll(self, now: float, settings: SchedulerSettings) -> None:
-        """Start new windows up to `now`, carrying unused budget over."""
+        """Start new windows up to `now`; a share of what was used beyond the budget is debt."""
         window = settings.compute_window_s
         while now >= self.window_start + window:
-            unused = max(0.0, self.budget_s(settings) - self.used_s)
-            self.carry_s = min(unused, window * settings.carry_over_percent / 100.0)
-            self.used_s = 0.0
+            over = max(0.0, self.used_s - self.budget_s(settings))
+            self.used_s = over * settings.carry_over_percent / 100.0
             self.window_start += window
-            if now >= self.window_start + 10 * window:  # long idle: skip ahead
+            if now >= self.window_start + IDLE_WINDOWS * window:  # long idle: skip ahead
                 skipped = int((now - self.window_start) // window)
                 self.window_start += skipped * window
-                self.carry_s = 0.0
+                self.used_s = 0.0
 
-    def bill(self, seconds: float, *, tail: bool, settings: SchedulerSettings) -> None:
-        factor = settings.drop_tail_billing_percent / 100.0 if tail else 1.0
-        self.used_s += max(0.0, seconds) * factor
+    def bill(self, start: float, end: float, settings: SchedulerSettings) -> None:
+        """The client held the lock from `start` to `end` before it was told to drop."""
+        self._bill_span(start, end, 1.0, settings)
+
+    def bill_drain(self, start: float, end: float, settings: SchedulerSettings) -> None:
+        """From a drop (`start`) to the release (`end`): billed at the drop-tail percentage,
+        and the client's drain estimate learns from it."""
+        self._bill_span(start, end, settings.drop_tail_billing_percent / 100.0, settings)
+        weight = DRAIN_WEIGHT if self.drains else 1.0  # the first drain is all it knows
+        self.drain_s += weight * (max(0.0, end - start) - self.drain_s)
+        self.drains += 1
+
+    def _bill_span(
+        self, start: float, end: float, factor: float, settings: SchedulerSettings
+    ) -> None:
+        """Each part of the span to the window it falls in: time held past a window's end
+        counts in the next one, not in one that rolling over would forget."""
+        self.roll(start, settings)
+        while end > (boundary := self.next_window(settings)):
+            self.used_s += (boundary - start) * factor
+            start = boundary
+            self.roll(start, settings)
+        self.used_s += max(0.0, end - start) * factor
 
     def remaining_s(self, settings: SchedulerSettings) -> float:
         return self.budget_s(settings) - self.used_s
+
+    def hold_s(self, settings: SchedulerSettings) -> float:
+        """How much longer a holder may run before its drop, so that its drain ends on the
+        budget (never less than nothing)."""
+        drain = min(self.drain_s, self.budget_s(settings) / 2)
+        return self.remaining_s(settings) - drain
+
+    def may_start(self, settings: SchedulerSettings) -> bool:
+        """Whether a grant now would run for any time at all before its drop."""
+        return self.hold_s(settings) > EPSILON_S
 
     def next_window(self, settings: SchedulerSettings) -> float:
         return self.window_start + settings.compute_window_s

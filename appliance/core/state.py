@@ -9,7 +9,7 @@ changes only what its job owns: `lock` the queues and phases, `ledger` the reser
 from __future__ import annotations
 
 import enum
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from appliance.core.annotations import PodInfo, PodTable
@@ -27,6 +27,36 @@ class Phase(enum.Enum):
     HOLDING = "holding"
     DRAINING = "draining"  # told to drop, still synchronising
     OVERDUE = "overdue"  # told to drop and past the drop deadline: no longer counted as holding
+
+
+# Pods whose clients have all left keep their lock time this long in number (the least recently
+# used are forgotten first), so a pod of short-lived processes keeps its totals without the
+# table growing with every pod the node ever ran.
+RETAINED_PODS = 1024
+
+
+@dataclass(slots=True)
+class LockUsage:
+    """Time with the lock, exactly as the lock saw it: held (grant to release, the drain
+    included), waited (request to grant), and drops by reason."""
+
+    held_s: float = 0.0
+    waited_s: float = 0.0
+    drops: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: LockUsage) -> None:
+        self.held_s += other.held_s
+        self.waited_s += other.waited_s
+        self.drops.update(other.drops)
+
+
+@dataclass(slots=True)
+class RetainedPod:
+    """What the departed clients of a pod used, kept while the pod may come back."""
+
+    namespace: str
+    name: str
+    usage: LockUsage = field(default_factory=LockUsage)
 
 
 # What a client has until its registration resolves its limits.
@@ -59,6 +89,7 @@ class Client:
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
     nvml_used: int | None = None  # what NVML last showed its process holding
     nvml_told: int | None = None
+    usage: LockUsage = field(default_factory=LockUsage)
 
     @property
     def footprint(self) -> int:
@@ -118,6 +149,7 @@ class NodeState:
     overrides: Overrides = field(default_factory=Overrides)
     counters: Counter[str] = field(default_factory=Counter)
     unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
+    retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
 
     # ------------------------------------------------------------------ GPUs
 
@@ -146,6 +178,28 @@ class NodeState:
         if pod is None:
             return "-"
         return f"{pod.namespace}/{pod.name}" + (" (claimed)" if source == "claimed" else "")
+
+    def pod_uid(self, c: Client) -> str | None:
+        """The UID of c's pod (by kernel identity, else as claimed), None outside pods."""
+        pod, _ = self.pods.pod_of(c.ident)
+        return pod.uid if pod is not None else c.ident.pod_uid
+
+    def retain_usage(self, c: Client) -> None:
+        """A client of a pod leaves: its lock time stays with the pod."""
+        uid = self.pod_uid(c)
+        if uid is None:
+            return
+        pod, _ = self.pods.pod_of(c.ident)
+        kept = self.retained.pop(uid, None) or RetainedPod(
+            namespace=pod.namespace if pod else "", name=pod.name if pod else ""
+        )
+        kept.usage.add(c.usage)
+        self.retained[uid] = kept
+        connected = {self.pod_uid(x) for x in self.clients.values()}
+        for old in [u for u in self.retained if u not in connected]:
+            if len(self.retained) <= RETAINED_PODS:
+                break
+            del self.retained[old]
 
     def subject(self, c: Client) -> str:
         """Whose ledger a client draws on: its pod (by kernel identity, else as claimed)."""

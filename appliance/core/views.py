@@ -17,6 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from appliance.core.gputime import (
+    NO_LOCK_TIME,
+    LockTime,
+    PodView,
+    QuotaUse,
+    lock_time,
+    pod_views,
+    quota_use,
+)
 from appliance.core.limits import describe
 from appliance.core.state import Client, NodeState, Phase, UnhookedProcess
 from appliance.policy.model import Mode, Policy
@@ -48,7 +57,7 @@ class GpuView:
 @dataclass(frozen=True, slots=True)
 class ClientView:
     id: int
-    pid: int
+    pid: int  # as the daemon sees it (the host's)
     uid: int
     pod: str  # NAMESPACE/NAME, "(claimed)" when only the client says so, "-" for none
     pod_source: str | None
@@ -57,13 +66,18 @@ class ClientView:
     memory_limit: int | None
     core_limit: int
     gated: bool
-    memory_used: int
+    memory_used: int  # what its hook counts (the ledger)
     memory_reserved: int
-    memory_observed: int | None  # what NVML shows its process holding
+    memory_observed: int | None  # what NVML shows its process holding (the context included)
     held_for_s: float | None
     waiting_for_s: float | None
     limits_from: Mapping[str, str]
     late_drops: int = 0  # drops it did not release within scheduler.dropDeadline
+    namespace: str = ""  # of its pod; "" outside pods
+    pod_name: str = ""
+    pod_uid: str = ""
+    lock: LockTime = NO_LOCK_TIME
+    quota: QuotaUse | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +118,12 @@ class StatusView:
     policy: PolicyStatus | None = None  # the daemon adds what the core does not know
     nvml: bool | None = None
     unhooked: tuple[UnhookedView, ...] = ()
+    pods: tuple[PodView, ...] = ()
+    time: float = 0.0  # the daemon's monotonic clock when the view was built
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
+    pod, _ = s.pods.pod_of(c.ident)
     return ClientView(
         id=c.id,
         pid=c.ident.pid,
@@ -125,6 +142,11 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         waiting_for_s=round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
         limits_from=dict(c.limits.sources),
         late_drops=c.late_drops,
+        namespace=pod.namespace if pod else "",
+        pod_name=pod.name if pod else "",
+        pod_uid=s.pod_uid(c) or "",
+        lock=lock_time(c, now),
+        quota=quota_use(c, now, s.policy.scheduler),
     )
 
 
@@ -163,15 +185,18 @@ def unhooked_view(s: NodeState, p: UnhookedProcess, now: float) -> UnhookedView:
 
 
 def status(s: NodeState, now: float) -> StatusView:
+    clients = tuple(client_view(s, c, now) for c in s.clients.values())
     return StatusView(
         gpus=tuple(gpu_view(s, uuid) for uuid in sorted(s.gpus)),
-        clients=tuple(client_view(s, c, now) for c in s.clients.values()),
+        clients=clients,
         counters=dict(s.counters),
         default_mode=s.policy.scheduler.mode,
         default_time_quantum_s=s.overrides.time_quantum_s or s.policy.scheduler.time_quantum_s,
         unhooked=tuple(
             unhooked_view(s, p, now) for _, p in sorted(s.unhooked.items()) if p.reported
         ),
+        pods=pod_views(s, clients),
+        time=now,
     )
 
 

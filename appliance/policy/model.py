@@ -46,9 +46,9 @@ class SchedulerSettings:
     mode: Mode = Mode.ON
     time_quantum_s: float = 30.0
     compute_window_s: float = 2.0
-    quota_sample_interval_s: float = 0.1
-    carry_over_percent: int = 10
-    drop_tail_billing_percent: int = 50
+    quota_sample_interval_s: float = 0.05
+    carry_over_percent: int = 25
+    drop_tail_billing_percent: int = 70
     idle_release_s: float = 1.0
     drop_deadline_s: float = 5.0
 

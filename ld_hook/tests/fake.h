@@ -42,7 +42,7 @@ struct fake_device_table {
     int initialised, count;
     uint64_t total, used[FAKE_MAX_DEVS];
     unsigned char uuid[FAKE_MAX_DEVS][16];
-    long launch_us, submit_delay_us;
+    long launch_us, launch_jitter_us, submit_delay_us;
     int trace_fd;
     uint64_t fail_size;
     struct fake_ctx *ctxs[FAKE_MAX_CTX];

@@ -13,7 +13,9 @@
  *
  * Environment: NVSHARE_FAKE_GPU_MEM (bytes, default 16 GiB), NVSHARE_FAKE_GPU_UUID (device 0;
  * device i adds i to the last byte), NVSHARE_FAKE_GPU_COUNT (default 1), NVSHARE_FAKE_LAUNCH_US
- * (default 1000), NVSHARE_FAKE_SUBMIT_DELAY_US (time a launch spends inside the driver before its
+ * (default 1000), NVSHARE_FAKE_LAUNCH_JITTER_US (each kernel runs up to this much longer, drawn
+ * at random, so work does not line up with the scheduler's deadlines; default 0),
+ * NVSHARE_FAKE_SUBMIT_DELAY_US (time a launch spends inside the driver before its
  * kernel is queued, default 0), NVSHARE_FAKE_FAIL_ALLOC_SIZE (an allocation of exactly these
  * bytes fails with CUDA_ERROR_UNKNOWN, to test the hook's rollback).
  * Linked with -Bsymbolic-functions: like the real driver, its internal calls never reach the hook.
@@ -104,6 +106,7 @@ EXPORT CUresult cuInit(unsigned flags)
         if (dev.count > FAKE_MAX_DEVS) dev.count = FAKE_MAX_DEVS;
         dev.total = env_u64("NVSHARE_FAKE_GPU_MEM", 16ull << 30);
         dev.launch_us = (long)env_u64("NVSHARE_FAKE_LAUNCH_US", 1000);
+        dev.launch_jitter_us = (long)env_u64("NVSHARE_FAKE_LAUNCH_JITTER_US", 0);
         dev.submit_delay_us = (long)env_u64("NVSHARE_FAKE_SUBMIT_DELAY_US", 0);
         dev.fail_size = env_u64("NVSHARE_FAKE_FAIL_ALLOC_SIZE", 0);
         const char *trace = getenv("NVSHARE_FAKE_TRACE");
@@ -394,7 +397,8 @@ static void *worker_main(void *arg)
         while (c->pending == 0) pthread_cond_wait(&c->cv, &c->mu);
         pthread_mutex_unlock(&c->mu);
         uint64_t start = now_ns();
-        if (dev.launch_us > 0) sleep_us(dev.launch_us);
+        long jitter = dev.launch_jitter_us > 0 ? (long)(start / 1000 % (uint64_t)dev.launch_jitter_us) : 0;
+        if (dev.launch_us + jitter > 0) sleep_us(dev.launch_us + jitter);
         uint64_t end = now_ns();
         if (dev.trace_fd >= 0) {
             char line[96];

@@ -56,6 +56,7 @@ class Harness:
         gpu: str = GPU,
         total: int = 80 * GiB,
         env_mem: int = 0,
+        env_core: int = 0,
         groups: frozenset[str] = frozenset(),
         **ident: Any,
     ) -> int:
@@ -64,7 +65,7 @@ class Harness:
         identity = ClientIdentity(
             pid=pid or 100 + cid, uid=uid, gid=uid, pod_uid=pod_uid, groups=groups, **ident
         )
-        out = self.feed(ev.ClientRegistered(cid, 1, identity, gpu, total, env_mem))
+        out = self.feed(ev.ClientRegistered(cid, 1, identity, gpu, total, env_mem, env_core))
         assert isinstance(out[0], act.Registered)
         return cid
 

@@ -134,18 +134,26 @@ def test_managed_backing_oversubscribes_only_when_allowed(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
     gpu = 64 * MiB
+    managed = fs.limits(backing=WireBacking.MANAGED, mem_limit=128 * MiB)
     cases = (
-        (fs.limits(backing=WireBacking.DEVICE), "err 2"),  # the device itself is full
-        (fs.limits(backing=WireBacking.MANAGED), "err 2"),  # managed, but capped at the GPU size
-        (fs.limits(backing=WireBacking.MANAGED, flags=1, mem_limit=128 * MiB), "ok"),
+        (fs.limits(backing=WireBacking.DEVICE), {}, "err 2"),  # the device itself is full
+        (managed, {}, "err 2"),  # managed, but capped at the GPU size
+        (fs.limits(backing=WireBacking.MANAGED, flags=1, mem_limit=128 * MiB), {}, "ok"),
+        # nvshare's variable: this process asks, and the policy's managed backing allows it
+        (managed, {"NVSHARE_ENABLE_SINGLE_OVERSUB": "1"}, "ok"),
+        (fs.limits(backing=WireBacking.DEVICE), {"NVSHARE_ENABLE_SINGLE_OVERSUB": "1"}, "err 2"),
+        (managed, {"NVSHARE_ENABLE_SINGLE_OVERSUB": "yes"}, "err 2"),  # reported, ignored
     )
-    for limits, expected in cases:
+    for limits, extra, expected in cases:
         sched = fs.FakeScheduler(sock_dir, limits=limits)
         try:
-            env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_MEM=str(gpu))
+            env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_GPU_MEM=str(gpu), **extra)
             p = start_probe(plain, env)
             p.ok("init")
-            assert p.do(f"alloc mem {96 * MiB}").startswith(expected), limits
-            assert_clean(*p.finish())
+            assert p.do(f"alloc mem {96 * MiB}").startswith(expected), (limits, extra)
+            rc, err = p.finish()
+            assert_clean(rc, err)
+            if extra.get("NVSHARE_ENABLE_SINGLE_OVERSUB") == "yes":
+                assert "NVSHARE_ENABLE_SINGLE_OVERSUB=yes is not 0 or 1" in err
         finally:
             sched.stop()
