@@ -32,13 +32,16 @@ from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
+from appliance.probes import LoopProbes
 from appliance.queries import Answers
 from appliance.server import SchedulerServer
 from appliance.socket_claim import SocketUnavailable
 
 if TYPE_CHECKING:
+    from appliance.kube.access import Permissions
     from appliance.kube.deviceplugin import DevicePlugin
     from appliance.kube.node_status import NodeStatusPublisher
+    from appliance.kube.pod_watch import PodWatcher
     from appliance.kube.recorder import EventRecorder
 
 log = logging.getLogger("nvshare.daemon")
@@ -55,6 +58,7 @@ class DaemonConfig:
     kube_api: str | None = None
     device_plugin: bool = False
     hook_host_path: str = "/var/lib/nvshare/lib/libnvshare.so"
+    device_plugin_dir: Path = DEVICE_PLUGIN_DIR  # kubelet's; tests give a temp dir
     debug: bool = False
     metrics: bool = True  # tests turn the HTTP endpoint off
 
@@ -85,6 +89,8 @@ class Daemon:
         self.events: EventRecorder | None = None
         self.device_plugin: DevicePlugin | None = None
         self.node_status: NodeStatusPublisher | None = None
+        self.pod_watcher: PodWatcher | None = None
+        self.permissions: Permissions | None = None  # what RBAC refused, with --node-name
 
     # ------------------------------------------------------------------ glue
 
@@ -99,18 +105,24 @@ class Daemon:
     # ------------------------------------------------------------ sources and sinks
 
     def _start_kube(self, policy: Policy) -> None:
-        from appliance.kube.pod_watch import PodWatcher  # only with --node-name
+        from appliance.kube.access import Permissions  # only with --node-name
+        from appliance.kube.pod_watch import PodWatcher
         from appliance.kube.recorder import EventRecorder
 
         assert self.config.node_name and self._api is not None and self.engine is not None
         api, engine = self._api, self.engine
-        self.events = recorder = EventRecorder(api, node_name=self.config.node_name)
+        self.permissions = permissions = Permissions(api)
+        self._threads.append(permissions)
+        self.events = recorder = EventRecorder(
+            api, node_name=self.config.node_name, permissions=permissions
+        )
         engine.connect(lambda w: recorder.warn(w.pod, w.reason, w.message), act.PodWarning)
-        watcher = PodWatcher(
+        self.pod_watcher = watcher = PodWatcher(
             api_client=api,
             node_name=self.config.node_name,
             on_pod=lambda pod: engine.submit(ev.PodSeen(pod)),
             on_pod_deleted=lambda ref: engine.submit(ev.PodRemoved(ref)),
+            permissions=permissions,
         )
         watcher.start()
         self._threads.append(watcher)
@@ -128,6 +140,7 @@ class Daemon:
             inventory=self.nvml.inventory(),
             settings=policy.realtime_check.node_status,
             registry=self.registry,
+            permissions=self.permissions,
         )
         self.node_status.start()
         self._threads.append(self.node_status)
@@ -153,7 +166,7 @@ class Daemon:
             gpu_index=lambda uuid: next(
                 (g.index for g in self.nvml.inventory() if g.uuid == uuid), None
             ),
-            kubelet_dir=DEVICE_PLUGIN_DIR,
+            kubelet_dir=self.config.device_plugin_dir,
         )
         plugin.start()
         self._threads.append(plugin)
@@ -239,10 +252,11 @@ class Daemon:
                 grp.getgrnam(config.admin_group)
             except KeyError:
                 return f"--admin-group {config.admin_group!r} is not a group on this machine"
-        if config.device_plugin and not DEVICE_PLUGIN_DIR.is_dir():
+        if config.device_plugin and not config.device_plugin_dir.is_dir():
+            where = config.device_plugin_dir
             return (
-                f"--device-plugin: kubelet's device-plugin directory {DEVICE_PLUGIN_DIR} does "
-                "not exist; mount it from the host (kubelet creates it) or leave the plugin off"
+                f"--device-plugin: kubelet's device-plugin directory {where} does not exist; "
+                "mount it from the host (kubelet creates it) or leave the plugin off"
             )
         if config.node_name:
             from appliance.kube.api import KubeConfigError, api_client_from_env
@@ -303,9 +317,13 @@ class Daemon:
         answers = self.answers
         assert answers is not None
         self.registry.register(ApplianceCollector(lambda: engine.read(answers.status)))
+        probes = LoopProbes(engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
         try:
             serve_metrics(
-                address=policy.metrics.address, registry=self.registry, ready=lambda: self._ready
+                address=policy.metrics.address,
+                registry=self.registry,
+                health=probes.health,
+                readiness=probes.readiness,
             )
             log.info("metrics on http://%s/metrics", policy.metrics.address)
         except OSError as exc:
@@ -316,6 +334,27 @@ class Daemon:
                 policy.metrics.address,
                 exc.strerror or exc,
             )
+
+    def _not_ready(self) -> list[str]:
+        """Why the daemon is not doing its whole job yet (/readyz; on the event loop)."""
+        reasons = [] if self._ready else ["starting"]
+        watcher, plugin = self.pod_watcher, self.device_plugin
+        if watcher is not None and not watcher.synced.is_set():
+            reasons.append(f"the first list of node {self.config.node_name}'s pods is not in yet")
+        if plugin is not None and not plugin.registered:
+            reasons.append(
+                f"the device plugin is not registered with kubelet ({plugin.kubelet_dir})"
+            )
+        if self.permissions is not None:
+            reasons += [f"RBAC forbids {p}" for p in self.permissions.missing()]
+        return reasons
+
+    def _unhealthy(self) -> list[str]:
+        """What only a restart mends (/healthz; on the event loop, which answering proves alive)."""
+        watcher = self.pod_watcher
+        if watcher is not None and self._ready and not watcher.alive:
+            return ["the pod watch stopped (its thread died)"]
+        return []
 
     async def _shutdown(self) -> None:
         sdnotify.notify("STOPPING=1")

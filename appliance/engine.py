@@ -16,6 +16,7 @@ Three ways in, one per kind of caller:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -72,9 +73,14 @@ class Engine:
         self._loop.call_soon_threadsafe(guarded)
 
     def read(self, fn: Callable[[], T], *, timeout_s: float = 5.0) -> T:
-        """Run `fn` on the loop and return its result (another thread only)."""
+        """Run `fn` on the loop and return its result (another thread only); TimeoutError
+        when the loop does not get to it in time, and then it is not run later either."""
         future = asyncio.run_coroutine_threadsafe(_call(fn), self._loop)
-        return future.result(timeout=timeout_s)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:  # TimeoutError itself from Python 3.11
+            future.cancel()
+            raise
 
     def close(self) -> None:
         if self._timer is not None:

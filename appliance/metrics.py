@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -20,6 +21,8 @@ from prometheus_client.registry import Collector
 from appliance.core.events import ReleaseReason
 from appliance.core.state import Phase
 from appliance.core.views import PolicyStatus, StatusView
+from appliance.listen import DualStack, bind, split_address
+from appliance.probes import Reasons, http_answer
 from appliance.protocol import wire_mode
 
 Snapshot = Callable[[], StatusView]
@@ -169,26 +172,35 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+class _MetricsServer(DualStack, ThreadingMixIn, WSGIServer):
+    """Threaded: a probe must be answered while a scrape waits on the event loop."""
+
+    daemon_threads = True
+
+
 def serve_metrics(
-    *, address: str, registry: CollectorRegistry, ready: Callable[[], bool]
+    *, address: str, registry: CollectorRegistry, health: Reasons, readiness: Reasons
 ) -> WSGIServer:
-    """Serve /metrics, /healthz and /readyz on `address` ("host:port") in a daemon thread."""
+    """Serve /metrics, /healthz and /readyz on `address` ("HOST:PORT"; "[::]:PORT" or
+    ":PORT" for every address of both families) in a daemon thread."""
     metrics_app = make_wsgi_app(registry)
+    probes = {"/healthz": health, "/readyz": readiness}
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        path = environ.get("PATH_INFO", "")
-        if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
-        if path == "/readyz":
-            ok = ready()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [b"ready\n" if ok else b"not ready\n"]
-        return metrics_app(environ, start_response)
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)
+        code, body = http_answer(probe())
+        status = "200 OK" if code == 200 else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain")])
+        return [body]
 
-    host, _, port = address.rpartition(":")
-    server = make_server(host or "0.0.0.0", int(port), app, handler_class=_QuietHandler)
+    host, port = split_address(address)
+    server = bind(
+        lambda at: make_server(at[0], at[1], app, _MetricsServer, _QuietHandler),
+        host,
+        port,
+        what="metrics",
+    )
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -78,14 +78,24 @@ def scheduler_main(
     sys.exit(run_daemon(config))
 
 
+host_option = click.option(
+    "--host",
+    default="::",
+    show_default=True,
+    help="Address to listen on; '::' is every address of both IP families (IPv4 only, with a "
+    "log line, where the host has no IPv6).",
+)
+
+
 @scheduler_main.command("webhook")
 @policy_dir_option("Policy directory holding migFallback chains", envvar=None)
 @click.option("--cert-file", type=click.Path(path_type=Path), required=True)
 @click.option("--key-file", type=click.Path(path_type=Path), required=True)
 @click.option("--port", type=int, default=8443, show_default=True)
+@host_option
 @kube_api_option
 def webhook(
-    policy_dir: Path, cert_file: Path, key_file: Path, port: int, kube_api: str | None
+    policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
     import logging
@@ -110,6 +120,7 @@ def webhook(
             cert_file=cert_file,
             key_file=key_file,
             port=port,
+            host=host,
             api_client=api_client_from_env(kube_api),
         )
     except KubeConfigError as exc:
@@ -126,7 +137,7 @@ def webhook(
 
 @scheduler_main.command("extender")
 @click.option("--port", type=click.IntRange(1, 65535), default=8888, show_default=True)
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@host_option
 @kube_api_option
 @policy_dir_option("Policy directory: realtimeCheck, annotation caps, rules")
 @click.option(

@@ -29,7 +29,10 @@ def api_client_from_env(api_url: str | None = None) -> client.ApiClient:
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
-            config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            # KUBECONFIG as it is now: the client library reads it once, when first imported.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg
+            )
     except (config.ConfigException, OSError, ValueError) as e:
         lines = str(e).strip().splitlines() or [type(e).__name__]
         raise KubeConfigError(

@@ -7,6 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from kubernetes import client
 
+from appliance.kube.access import Permissions
 from appliance.kube.informer import Informer, Obj
 
 N = TypeVar("N")
@@ -27,9 +28,16 @@ class NodesAndBoundPods(Generic[N, P]):
     POD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
     def __init__(
-        self, *, api_client: Any, name: str, page_size: int = 500, **informer_options: Any
+        self,
+        *,
+        api_client: Any,
+        name: str,
+        page_size: int = 500,
+        permissions: Permissions | None = None,
+        **informer_options: Any,
     ) -> None:
         core = client.CoreV1Api(api_client)
+        self.permissions = permissions or Permissions(api_client)
         self.nodes: Informer[N] = Informer(
             name=f"{name} node cache",
             list_call=core.list_node,
@@ -38,6 +46,8 @@ class NodesAndBoundPods(Generic[N, P]):
             on_set=self.node_set,
             on_delete=self.node_gone,
             page_size=page_size,
+            resource="nodes",
+            permissions=self.permissions,
             **informer_options,
         )
         self.pods: Informer[P] = Informer(
@@ -48,6 +58,8 @@ class NodesAndBoundPods(Generic[N, P]):
             on_delete=self.pod_gone,
             field_selector=self.POD_SELECTOR,
             page_size=page_size,
+            resource="pods",
+            permissions=self.permissions,
             **informer_options,
         )
 
@@ -76,8 +88,25 @@ class NodesAndBoundPods(Generic[N, P]):
     def stop(self) -> None:
         self.nodes.stop()
         self.pods.stop()
+        self.permissions.stop()
 
     @property
     def synced(self) -> bool:
         """True once both have delivered their first list."""
         return self.nodes.synced.is_set() and self.pods.synced.is_set()
+
+    def not_ready(self) -> list[str]:
+        """Why decisions cannot be made from the caches yet, for /readyz."""
+        reasons = [f"RBAC forbids {p}" for p in self.permissions.missing()]
+        for informer in (self.nodes, self.pods):
+            if not informer.synced.is_set():
+                reasons.append(f"the {informer.name} has not listed yet")
+        return reasons
+
+    def unhealthy(self) -> list[str]:
+        """What only a restart mends, for /healthz: a cache whose thread has died."""
+        return [
+            f"the {informer.name} stopped following the API server (its thread died)"
+            for informer in (self.nodes, self.pods)
+            if informer.started and not informer.alive
+        ]

@@ -114,6 +114,7 @@ class DevicePlugin:
         self._server: Any = None
         self._threads: list[threading.Thread] = []
         self._skipped_mig: set[str] = set()
+        self.registered = False  # kubelet has accepted our registration and not restarted since
 
     @property
     def socket_path(self) -> Path:
@@ -324,6 +325,7 @@ class DevicePlugin:
             )
             return False
         log.info("registered %s with kubelet at %s", self.resource_name, kubelet)
+        self.registered = True
         return True
 
     def _watch_kubelet(self, inotify: inotify_simple.INotify) -> None:
@@ -353,11 +355,12 @@ class DevicePlugin:
                 # gone, then register (after serving: kubelet dials back at once).
                 if not self.socket_path.exists():
                     self._serve()
-                pending = True
+                pending, self.registered = True, False
             elif event.name == self.endpoint and event.mask & flags.DELETE:
                 if not self._stopping.is_set():
                     log.warning("%s was deleted; serving again", self.socket_path)
                     self._serve()
+                    self.registered = False
                     pending = (self.kubelet_dir / KUBELET_SOCKET).exists()
         return pending
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from appliance.kube.cluster_view import ClusterView
 from appliance.kube.extender import Extender
 from appliance.kube.serving import CacheBackedServer, ProbedHandler
+from appliance.listen import EVERY_ADDRESS, bind
 
 log = logging.getLogger("nvshare.extender")  # one logger for the extender program
 
@@ -62,12 +63,11 @@ class ExtenderServer(CacheBackedServer):
         *,
         extender: Extender,
         registry: CollectorRegistry,
-        host: str = "0.0.0.0",
+        host: str = EVERY_ADDRESS,
         port: int = 8888,
-        ready: Callable[[], bool] = lambda: True,
-        sources: Sequence[Any] = (),
+        **serving: Any,  # CacheBackedServer's: not_ready, unhealthy, sources
     ) -> None:
-        super().__init__((host, port), _Handler, ready=ready, sources=sources)
+        super().__init__((host, port), _Handler, **serving)
         self.extender = extender
         self.registry = registry
 
@@ -78,7 +78,7 @@ def build_extender_server(
     api_client: Any,
     switch: bool | None,
     port: int,
-    host: str = "0.0.0.0",
+    host: str = EVERY_ADDRESS,
 ) -> ExtenderServer:
     """The production extender, bound but not serving; its caches and policy watch started.
 
@@ -101,13 +101,19 @@ def build_extender_server(
         switch=switch,
         registry=registry,
     )
-    server = ExtenderServer(
-        extender=extender,
-        registry=registry,
-        host=host,
-        port=port,
-        ready=lambda: cluster.synced,
-        sources=[cluster, watcher],
+    server = bind(
+        lambda at: ExtenderServer(
+            extender=extender,
+            registry=registry,
+            host=at[0],
+            port=at[1],
+            not_ready=cluster.not_ready,
+            unhealthy=cluster.unhealthy,
+            sources=[cluster, watcher],
+        ),
+        host,
+        port,
+        what="scheduler extender",
     )
     cluster.start()
     return server

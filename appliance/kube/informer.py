@@ -12,6 +12,8 @@ the list, from every event and from every bookmark) and tell a 410 Gone from oth
 * watch from the list's version with bookmarks; every event and bookmark advances it;
 * 410 Gone (an ERROR event or a 410 status): list again and diff against the cache, so an
   object deleted while nobody watched is still reported deleted;
+* 403 Forbidden: the role lacks `list` or `watch`; reported to `permissions` (readiness fails,
+  one log line names the verb) and retried with backoff, so a fixed role is picked up;
 * any other failure: reconnect from the last version after exponential backoff with jitter;
 * a watch that stays silent for `inactivity_timeout_s` is dropped and reopened. Where the
   server has sent bookmarks (about one a minute), that silence means a dead connection and is
@@ -37,6 +39,8 @@ from typing import Any, Generic, TypeVar, cast
 import urllib3
 from kubernetes import client
 
+from appliance.kube.access import Permission, Permissions, is_forbidden
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -49,6 +53,14 @@ class _Gone(Exception):
 
 class _Silent(Exception):
     """The watch sent nothing for longer than the inactivity timeout."""
+
+
+class _Forbidden(Exception):
+    """RBAC refused a list or a watch (HTTP 403)."""
+
+    def __init__(self, permission: Permission, cause: client.ApiException) -> None:
+        super().__init__(str(permission))
+        self.permission, self.cause = permission, cause
 
 
 def object_uid(obj: Mapping[str, Any]) -> str:
@@ -68,6 +80,8 @@ class Informer(Generic[T]):
         on_delete: Callable[[str, T], None] = lambda key, value: None,
         key: Callable[[Obj], str] = object_uid,
         describe: Callable[[str, T], str] = lambda key, value: key,
+        resource: str = "",  # what RBAC calls the collection: "pods", "nodes"
+        permissions: Permissions | None = None,
         field_selector: str | None = None,
         page_size: int | None = None,
         bookmarks: bool = True,
@@ -83,6 +97,8 @@ class Informer(Generic[T]):
         self._on_delete = on_delete
         self._key = key
         self._describe = describe
+        self._resource = resource
+        self._permissions = permissions
         self._selector = {"field_selector": field_selector} if field_selector else {}
         self._page_size = page_size
         self._bookmarks = bookmarks
@@ -108,6 +124,11 @@ class Informer(Generic[T]):
     def alive(self) -> bool:
         """True while the informer's thread runs."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        """True once started and until stopped: its thread should be alive."""
+        return self._thread is not None and not self._stop.is_set()
 
     def items(self) -> dict[str, T]:
         """A snapshot of the cache, by key."""
@@ -151,18 +172,12 @@ class Informer(Generic[T]):
                 log.info("%s: history expired (410); listing again", self.name)
                 need_list = True
                 failures = 0
+            except _Forbidden as refusal:
+                failures += 1
+                self._refused(refusal, self._delay(failures))
             except _Silent:
                 failures = 0
-                if self._bookmarks_seen:
-                    log.warning(
-                        "%s: the watch was silent for %gs although the server sends bookmarks; "
-                        "reconnecting from resourceVersion %s",
-                        self.name,
-                        self._timeouts[1],
-                        self._rv,
-                    )
-                else:  # a server without bookmarks over a quiet collection looks the same
-                    log.debug("%s: a quiet watch (no bookmarks); reopening", self.name)
+                self._silent()
             except Exception as e:
                 if self._stop.is_set():
                     break
@@ -176,6 +191,37 @@ class Informer(Generic[T]):
                     self._rv or "(list)",
                 )
                 self._stop.wait(delay)
+
+    def _silent(self) -> None:
+        if self._bookmarks_seen:
+            log.warning(
+                "%s: the watch was silent for %gs although the server sends bookmarks; "
+                "reconnecting from resourceVersion %s",
+                self.name,
+                self._timeouts[1],
+                self._rv,
+            )
+        else:  # a server without bookmarks over a quiet collection looks the same
+            log.debug("%s: a quiet watch (no bookmarks); reopening", self.name)
+
+    def _refused(self, refusal: _Forbidden, delay: float) -> None:
+        if self._permissions is not None:
+            self._permissions.refused(refusal.permission, refusal.cause, who=self.name)
+        else:
+            log.warning("%s: RBAC forbids %s; retrying in %.2fs", self.name, refusal, delay)
+        self._stop.wait(delay)
+
+    def _failure(self, e: client.ApiException, verb: str) -> Exception:
+        """What a failed list or watch means to the loop: a 410, a 403, or a failure."""
+        if e.status == 410:
+            return _Gone(str(e.reason))
+        if is_forbidden(e):
+            return _Forbidden(Permission(verb, self._resource), e)
+        return e
+
+    def _allowed(self, verb: str) -> None:
+        if self._permissions is not None:
+            self._permissions.granted(Permission(verb, self._resource))
 
     def _delay(self, failures: int) -> float:
         """Exponential backoff with full jitter, never below half the base."""
@@ -221,10 +267,9 @@ class Informer(Generic[T]):
                     value = self._convert(item)
                     if value is not None:
                         current[self._key(item)] = value
-        except client.ApiException as e:
-            if e.status == 410:  # a continue token outlived the server's history
-                raise _Gone(str(e.reason)) from None
-            raise
+        except client.ApiException as e:  # a 410: a continue token outlived the history
+            raise self._failure(e, "list") from None
+        self._allowed("list")
         with self._lock:
             before = dict(self._known)
         for key, value in current.items():
@@ -255,9 +300,8 @@ class Informer(Generic[T]):
                 ),
             )
         except client.ApiException as e:
-            if e.status == 410:
-                raise _Gone(str(e.reason)) from None
-            raise
+            raise self._failure(e, "watch") from None
+        self._allowed("watch")
         with self._lock:
             self._response = resp
         delivered = False

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from appliance.core.gpus import GpuFacts
 from appliance.gpu.nvml import GpuSample
+from appliance.kube.access import Permission, Permissions, is_forbidden
 from appliance.placement.status import (
     ANNOTATION,
     GpuStatus,
@@ -35,6 +36,8 @@ from appliance.placement.status import (
 from appliance.policy.model import NodeStatusSettings
 
 log = logging.getLogger("nvshare.node_status")
+
+PATCH_NODES = Permission("patch", "nodes")
 
 
 def node_gpu_status(
@@ -91,8 +94,10 @@ class NodeStatusPublisher:
         settings: NodeStatusSettings,
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
+        permissions: Permissions | None = None,
     ) -> None:
         self._api = client.CoreV1Api(api_client)
+        self._permissions = permissions
         self.node_name = node_name
         self._inventory = {g.uuid: g for g in inventory}
         self._settings = settings
@@ -175,6 +180,9 @@ class NodeStatusPublisher:
             )
         except Exception as exc:
             self._failures.inc()
+            if is_forbidden(exc) and self._permissions is not None:
+                assert isinstance(exc, client.ApiException)
+                self._permissions.refused(PATCH_NODES, exc, who="GPU status on the Node")
             said = _describe(exc)
             if said != self._failing:
                 log.warning(
@@ -185,6 +193,8 @@ class NodeStatusPublisher:
                 )
                 self._failing = said
             return
+        if self._permissions is not None:
+            self._permissions.granted(PATCH_NODES)
         if self._failing is not None:
             log.info("GPU status on node %s published again", self.node_name)
             self._failing = None

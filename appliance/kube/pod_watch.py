@@ -19,6 +19,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 from appliance.core.annotations import PodInfo, PodRef, pod_info
+from appliance.kube.access import Permissions
 from appliance.kube.informer import Informer
 
 
@@ -37,6 +38,7 @@ class PodWatcher:
         inactivity_timeout_s: float = 120.0,
         connect_timeout_s: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
+        permissions: Permissions | None = None,
     ) -> None:
         self._informer: Informer[PodInfo] = Informer(
             name=f"pod watch on node {node_name}",
@@ -46,6 +48,8 @@ class PodWatcher:
             on_delete=lambda uid, info: on_pod_deleted(info.ref),
             describe=lambda uid, info: f"pod {info.namespace}/{info.name}",
             field_selector=f"spec.nodeName={node_name}",
+            resource="pods",
+            permissions=permissions,
             page_size=None,  # from the watch cache
             bookmarks=bookmark,
             watch_timeout_s=watch_timeout_s,

@@ -11,17 +11,19 @@ a new one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kubernetes import client
 
 from appliance.core.annotations import PodRef
+from appliance.kube.access import Permission, Permissions, is_forbidden
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,10 @@ class EventRecorder:
         clock: Callable[[], float] = time.monotonic,
         request_timeout_s: float = 10.0,
         max_queued: int = 1000,
+        permissions: Permissions | None = None,
     ) -> None:
         self._api = client.CoreV1Api(api_client)
+        self._permissions = permissions
         self._node = node_name
         self._component = component
         self._window_s = window_s
@@ -125,6 +129,8 @@ class EventRecorder:
             try:
                 self._send(item)
             except Exception as e:
+                if is_forbidden(e) and self._permissions is not None:
+                    continue  # said by `permissions`, once
                 log.warning(
                     "could not record event %s on pod %s (%s): %s",
                     item.reason,
@@ -145,12 +151,13 @@ class EventRecorder:
         if sent is not None:
             count = sent.count + 1
             try:
-                self._api.patch_namespaced_event(
-                    sent.name,
-                    w.pod.namespace,
-                    {"count": count, "lastTimestamp": _timestamp()},
-                    _request_timeout=self._timeout,
-                )
+                with self._asking(Permission("patch", "events", w.pod.namespace)):
+                    self._api.patch_namespaced_event(
+                        sent.name,
+                        w.pod.namespace,
+                        {"count": count, "lastTimestamp": _timestamp()},
+                        _request_timeout=self._timeout,
+                    )
                 self._sent[key] = _Sent(sent.name, count, sent.first_sent)
                 return
             except client.ApiException as e:
@@ -177,8 +184,23 @@ class EventRecorder:
             reporting_component=self._component,
             reporting_instance=self._node,
         )
-        self._api.create_namespaced_event(w.pod.namespace, event, _request_timeout=self._timeout)
+        with self._asking(Permission("create", "events", w.pod.namespace)):
+            self._api.create_namespaced_event(
+                w.pod.namespace, event, _request_timeout=self._timeout
+            )
         self._sent[key] = _Sent(name, 1, now)
+
+    @contextlib.contextmanager
+    def _asking(self, permission: Permission) -> Iterator[None]:
+        """Tell `permissions` whether RBAC let a request through."""
+        try:
+            yield
+        except client.ApiException as e:
+            if is_forbidden(e) and self._permissions is not None:
+                self._permissions.refused(permission, e, who="events on pods")
+            raise
+        if self._permissions is not None:
+            self._permissions.granted(permission)
 
     def _expire(self, now: float) -> None:
         old = [k for k, s in self._sent.items() if now - s.first_sent >= self._window_s]

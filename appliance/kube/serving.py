@@ -1,16 +1,21 @@
 """What the cluster-side HTTP services (the webhook, the scheduler extender) serve alike.
 
 Both answer an API component (kube-apiserver, kube-scheduler) that keeps its connection alive,
-expose `/healthz` and `/readyz` for kubelet's probes (ready once their caches have listed), and
-own caches that must stop with them.
+listen on both IP families by default (`appliance.listen`), expose `/healthz` (fails when a
+cache stopped following the API server: a restart mends it) and `/readyz` (fails, with the
+reasons, until the policy is loaded and the caches have listed, and while RBAC refuses them a
+verb), and own caches that must stop with them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from appliance.listen import DualStack
+from appliance.probes import Reasons, http_answer
 
 
 class ProbedHandler(BaseHTTPRequestHandler):
@@ -30,13 +35,10 @@ class ProbedHandler(BaseHTTPRequestHandler):
 
     def answer_probe(self) -> bool:
         """Answer GET /healthz and /readyz; False for any other path."""
-        if self.path == "/healthz":
-            self.send(200, b"ok\n")
-        elif self.path == "/readyz":
-            ready = self.server.ready()
-            self.send(200 if ready else 503, b"ok\n" if ready else b"caches not synced\n")
-        else:
+        probe = {"/healthz": self.server.unhealthy, "/readyz": self.server.not_ready}.get(self.path)
+        if probe is None:
             return False
+        self.send(*http_answer(probe()))
         return True
 
     def send(self, code: int, payload: bytes, content_type: str = "text/plain") -> None:
@@ -47,7 +49,7 @@ class ProbedHandler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-class CacheBackedServer(ThreadingHTTPServer):
+class CacheBackedServer(DualStack, ThreadingHTTPServer):
     """A threaded server whose caches (`sources`, started elsewhere) stop when it closes."""
 
     daemon_threads = True
@@ -58,11 +60,13 @@ class CacheBackedServer(ThreadingHTTPServer):
         address: tuple[str, int],
         handler: type[ProbedHandler],
         *,
-        ready: Callable[[], bool],
-        sources: Sequence[Any],
+        not_ready: Reasons = lambda: [],
+        unhealthy: Reasons = lambda: [],
+        sources: Sequence[Any] = (),
     ) -> None:
         super().__init__(address, handler)
-        self.ready = ready
+        self.not_ready = not_ready
+        self.unhealthy = unhealthy
         self._sources = list(sources)
 
     def server_close(self) -> None:
@@ -77,7 +81,9 @@ class CacheBackedServer(ThreadingHTTPServer):
     def serve_until_stopped(self, what: str, log: logging.Logger) -> None:
         """Serve until shut down or interrupted, then close, stopping the caches too."""
         host, port = self.server_address[:2]
-        log.info("%s listening on %s://%s:%d", what, self.SCHEME, host, port)
+        assert isinstance(host, str)  # an IP server's, not a Unix socket's
+        shown = f"[{host}]" if ":" in host else host
+        log.info("%s listening on %s://%s:%d", what, self.SCHEME, shown, port)
         try:
             self.serve_forever()
         finally:

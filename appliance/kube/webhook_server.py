@@ -9,13 +9,13 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.serving import CacheBackedServer, ProbedHandler
 from appliance.kube.webhook import Chains, MigFallbackWebhook
+from appliance.listen import EVERY_ADDRESS, bind
 from appliance.policy.watch import PolicyWatcher
 
 log = logging.getLogger("appliance.kube.webhook")
@@ -116,13 +116,12 @@ class WebhookServer(CacheBackedServer):
         webhook: MigFallbackWebhook,
         cert_file: Path,
         key_file: Path,
-        host: str = "0.0.0.0",
+        host: str = EVERY_ADDRESS,
         port: int = 8443,
-        ready: Callable[[], bool] = lambda: True,
-        sources: Sequence[Any] = (),
+        **serving: Any,  # CacheBackedServer's: not_ready, unhealthy, sources
     ) -> None:
         self.certificate = CertificateFiles(Path(cert_file), Path(key_file))
-        super().__init__((host, port), _ReviewHandler, ready=ready, sources=sources)
+        super().__init__((host, port), _ReviewHandler, **serving)
         self.webhook = webhook
 
     def get_request(self) -> tuple[Any, Any]:
@@ -157,6 +156,11 @@ class PolicyChains:
         good = self.watcher.last_good
         return good.mig_fallback.chains if good is not None else ()
 
+    def not_ready(self) -> list[str]:
+        if self.watcher.last_good is None:
+            return [f"no valid policy in {self.watcher.directory} yet (see the log)"]
+        return []
+
 
 def build_webhook_server(
     *,
@@ -165,23 +169,29 @@ def build_webhook_server(
     key_file: Path,
     port: int,
     api_client: Any,
-    host: str = "0.0.0.0",
+    host: str = EVERY_ADDRESS,
 ) -> WebhookServer:
     """The production webhook, bound but not yet serving (port 0 picks a free port).
 
-    Its node and pod caches start listing at once (/readyz answers 503 until both have), and
-    the policy directory is watched from then on.
+    Its node and pod caches start listing at once (/readyz answers 503 until both have and
+    the policy loaded), and the policy directory is watched from then on.
     """
     inventory = MigInventory(api_client=api_client)
     chains = PolicyChains(policy_dir)
-    server = WebhookServer(
-        webhook=MigFallbackWebhook(chains=chains, available=inventory),
-        cert_file=Path(cert_file),
-        key_file=Path(key_file),
-        host=host,
-        port=port,
-        ready=lambda: inventory.synced,
-        sources=[inventory, chains],
+    server = bind(
+        lambda at: WebhookServer(
+            webhook=MigFallbackWebhook(chains=chains, available=inventory),
+            cert_file=Path(cert_file),
+            key_file=Path(key_file),
+            host=at[0],
+            port=at[1],
+            not_ready=lambda: chains.not_ready() + inventory.not_ready(),
+            unhealthy=inventory.unhealthy,
+            sources=[inventory, chains],
+        ),
+        host,
+        port,
+        what="webhook",
     )
     inventory.start()
     chains.start()

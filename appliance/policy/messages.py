@@ -21,7 +21,7 @@ from appliance.policy.quantity import QuantityError, parse_seconds, parse_size
 
 _PATTERN_HINTS = {
     "/devicePlugin/resourceName": "an extended resource name such as nvshare.com/gpu",
-    "/metrics/address": "HOST:PORT, such as 0.0.0.0:9402 or [::]:9402",
+    "/metrics/address": "HOST:PORT, such as [::]:9402 or 127.0.0.1:9402",
     "/gpus/*/match/uuid": "a GPU UUID such as GPU-8f6e0c52-...",
     "/rules/*/name": "a name of letters, digits, '-', '_' and '.' (at most 64)",
     "/migFallback/chains/*/*": "a MIG profile such as 1g.18gb, 3g.71gb or 1g.18gb+me",

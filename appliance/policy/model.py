@@ -156,7 +156,7 @@ class MigFallback:
 @dataclass(frozen=True, slots=True)
 class MetricsSettings:
     enabled: bool = True
-    address: str = "0.0.0.0:9402"
+    address: str = "[::]:9402"  # every address, both families
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,25 +12,16 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daemon.conftest import BIN, RunningDaemon, start_daemon
+from kube.extender_client import eventually
 
 from .probes import BUILD, GiB, Probe
 from .test_realtime_scheduling import free_port
-
-WAIT_S = 20.0  # bounds things that take about a second; never a measurement
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:g}s: {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -65,6 +65,7 @@ RESOURCES: dict[str, tuple[str, bool, list[str]]] = {
 SUBRESOURCES = {("pods", "status"), ("nodes", "status")}
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 ADMIN = "kubernetes-admin"  # who a request without credentials is
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
 class ApiError(Exception):
@@ -846,6 +847,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._body()
                 self._send(200, fake.discovery[url.path]())
                 return
+            if method == "POST" and url.path == ACCESS_REVIEWS:
+                self._send(201, fake._review_access(self.user, self._body()))
+                return
             if method == "POST" and url.path == "/_fake/compact":
                 self._send(200, {"compactedResourceVersion": str(fake.compact())})
                 return
@@ -1185,6 +1189,22 @@ class FakeApiServer:
         if scheme.lower() != "bearer" or token not in self._tokens:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return self._tokens[token]
+
+    def _review_access(self, user: str, body: Any) -> Obj:
+        """A SelfSubjectAccessReview: may `user` do what `spec.resourceAttributes` says? Any
+        authenticated user may ask (system:basic-user grants it in a real cluster)."""
+        attrs = (body or {}).get("spec", {}).get("resourceAttributes") or {}
+        resource = attrs.get("resource", "")
+        if attrs.get("subresource"):
+            resource = f"{resource}/{attrs['subresource']}"
+        allowed = user == ADMIN or self.rbac.allows(
+            user,
+            attrs.get("verb", ""),
+            attrs.get("group", ""),
+            resource,
+            attrs.get("namespace", ""),
+        )
+        return {**body, "status": {"allowed": allowed}}
 
     def _authorize(self, user: str, verb: str, plural: str, sub: str, namespace: str) -> None:
         resource = f"{plural}/{sub}" if sub else plural

@@ -6,6 +6,7 @@ instead; every property the tests check holds for them too.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 from functools import cache
@@ -49,3 +50,15 @@ def rendered() -> tuple[dict[str, Any], ...]:
 
 def objects(kind: str | None = None) -> list[dict[str, Any]]:
     return [o for o in rendered() if kind is None or o["kind"] == kind]
+
+
+def rendered_without(role: str, resource: str, verb: str) -> list[dict[str, Any]]:
+    """The rendered objects with ClusterRole `role` lacking `verb` on `resource`: what a
+    cluster with an outdated or hand-edited role would have."""
+    objects = copy.deepcopy(list(rendered()))
+    for obj in objects:
+        if obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == role:
+            for rule in obj["rules"]:
+                if resource in rule["resources"]:
+                    rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+    return objects

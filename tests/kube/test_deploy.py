@@ -18,6 +18,9 @@ import yaml
 from manifests import DEPLOY, ROOT, kustomize_output, objects
 
 from appliance.kube.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE
+from appliance.listen import split_address
+from appliance.policy.load import load_policy_dir
+from appliance.probes import LOOP_ANSWER_S
 
 NAMESPACE = "nvshare-system"
 KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
@@ -253,3 +256,33 @@ def test_the_extender_url_reaches_its_service_and_container() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     labels = one("Deployment", "nvshare-extender")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+
+
+def test_every_server_is_probed_where_it_answers_with_time_to_answer() -> None:
+    for name, spec in pod_specs():
+        (container,) = spec["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for kind, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            probe = container[kind]
+            assert probe["httpGet"]["path"] == path, (name, kind)
+            assert probe["httpGet"]["port"] in ports, (name, kind)
+            # The node daemon's event loop is given LOOP_ANSWER_S before /healthz says it is
+            # wedged; the probe must wait longer than that, or a slow answer reads as a failure.
+            assert probe["timeoutSeconds"] > LOOP_ANSWER_S, (name, kind)
+        liveness = container["livenessProbe"]
+        # Time to start (the first policy load, importing the client) before liveness counts.
+        startup = container.get("startupProbe", {})
+        grace = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 0)
+        assert max(grace, liveness.get("initialDelaySeconds", 0)) >= 10, name
+
+
+def test_the_daemons_probes_reach_the_port_its_policy_serves_them_on() -> None:
+    spec = one("DaemonSet", "nvshare-node")["spec"]["template"]["spec"]
+    (daemon,) = spec["containers"]
+    (port,) = daemon["ports"]
+    policy = load_policy_dir(ROOT / "configmaps" / "default")
+    assert policy.metrics.enabled  # the probes are served with the metrics
+    host, metrics_port = split_address(policy.metrics.address)
+    assert metrics_port == port["containerPort"] and port["name"] == "metrics"
+    assert host in ("", "::"), "every address of both families: kubelet probes the pod IP"
+    assert daemon["startupProbe"]["httpGet"] == daemon["livenessProbe"]["httpGet"]

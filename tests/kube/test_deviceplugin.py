@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from fake_kubelet import FakeKubelet
 
 from appliance.core.gpus import GpuFacts
 from appliance.kube._generated import deviceplugin_v1beta1_pb2 as pb
@@ -20,24 +19,6 @@ from appliance.kube.devices import preferred_devices
 
 GiB = 1 << 30
 WAIT = 20.0  # an upper bound for things that happen in milliseconds; never a measurement
-
-
-class FakeKubelet(pb_grpc.RegistrationServicer):  # type: ignore[misc]
-    """kubelet's Registration service on `<dir>/kubelet.sock`; records every request."""
-
-    def __init__(self, directory: Path) -> None:
-        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_RegistrationServicer_to_server(self, self.server)
-        self.server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
-        self.server.start()
-
-    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
-        self.requests.put(request)
-        return pb.Empty()
-
-    def stop(self) -> None:
-        self.server.stop(grace=None).wait()
 
 
 class Gpus:

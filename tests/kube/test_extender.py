@@ -292,7 +292,7 @@ def test_before_its_caches_list_it_keeps_every_node_and_is_not_ready() -> None:
         registry=registry,
         host="127.0.0.1",
         port=0,
-        ready=lambda: cluster.synced,
+        not_ready=cluster.not_ready,
         sources=[cluster],
     )
     cluster.start()

@@ -154,7 +154,8 @@ def server_over(inventory: MigInventory, certificate: tuple[Path, Path]) -> Webh
         key_file=certificate[1],
         host="127.0.0.1",
         port=0,
-        ready=lambda: inventory.synced,
+        not_ready=inventory.not_ready,
+        unhealthy=inventory.unhealthy,
         sources=[inventory],
     )
 
