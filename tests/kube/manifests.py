@@ -20,13 +20,13 @@ DEPLOY = ROOT / "deploy"
 
 
 @cache
-def kustomize_output() -> tuple[str | None, str]:
+def kustomize_output(directory: Path = DEPLOY) -> tuple[str | None, str]:
     """(rendered YAML, "") or (None, why kustomize could not be used here)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         return None, "kubectl is not installed"
     done = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
     )
     if done.returncode != 0:
         return None, f"`kubectl kustomize` failed (too old a kustomize?): {done.stderr.strip()}"

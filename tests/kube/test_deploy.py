@@ -25,7 +25,6 @@ from appliance.probes import LOOP_ANSWER_S
 NAMESPACE = "nvshare-system"
 KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 ALLOWED_GRANTS = {
-    ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "events", "create"),

@@ -258,10 +258,14 @@ def test_service_accounts_get_what_the_deploy_manifests_grant_and_nothing_else(
     node = client.CoreV1Api(service_account_client("nvshare-node"))
     webhook = client.CoreV1Api(service_account_client("nvshare-webhook"))
     assert [p.metadata.name for p in node.list_pod_for_all_namespaces().items] == ["a"]
-    assert node.read_namespaced_pod("a", "default").metadata.name == "a"
     assert webhook.list_node().items == []
     denied = [
         (node.list_node, (), 'cannot list resource "nodes" in API group "" at the cluster scope'),
+        (
+            node.read_namespaced_pod,  # it lists and watches its node's pods, never reads one
+            ("a", "default"),
+            'cannot get resource "pods" in API group "" in the namespace "default"',
+        ),
         (
             node.delete_namespaced_pod,
             ("a", "default"),
