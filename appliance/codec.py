@@ -31,6 +31,7 @@ HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
     p.LockReleased: lambda msg, cid, seq: ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]),
     p.MemReserve: lambda msg, cid, seq: ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used),
     p.MemReturn: lambda msg, cid, seq: ev.MemoryReturned(cid, msg.nbytes, msg.used),
+    p.MemRefusals: lambda msg, cid, seq: ev.MemoryRefusedByHook(cid, msg.count, msg.largest),
 }
 
 

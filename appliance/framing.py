@@ -51,6 +51,7 @@ _FIXED: dict[p.MsgType, Any] = {
         p.HeartbeatAck,
         p.MemObserved,
         p.LedgerPeers,
+        p.MemRefusals,
     )
 }
 _JSON_TYPES = {p.MsgType.STATUS_REPLY, p.MsgType.QUERY, p.MsgType.QUERY_REPLY}

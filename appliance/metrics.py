@@ -1,15 +1,26 @@
 """Prometheus metrics, read from the scheduler's state at scrape time.
 
-Names follow nvshare's fork (`nvshare_gpu_*`, `nvshare_client_*`, `nvshare_scheduler_*`) so
-existing dashboards keep working; policy reload health is `nvshare_policy_*`. The collector
-reads the same typed `StatusView` as `nvsharectl status` (through a snapshot function that the
-daemon runs on the event loop), so tests scrape a real registry without a daemon.
+Names follow nvshare's quota fork (`nvshare_gpu_*`, `nvshare_client_*`, `nvshare_scheduler_*`),
+with its meanings and labels where it has the metric (`nvshare_gpu_utilization_ratio`,
+`nvshare_gpu_memory_used_bytes`, `nvshare_client_info`, `nvshare_client_managed_allocated_bytes`,
+`nvshare_client_nvml_used_bytes`, `nvshare_scheduler_running_clients`, ...), so its dashboards
+keep working; GPU time per client and per pod (`*_lock_held_seconds_total`, ...) and policy
+reload health (`nvshare_policy_*`) are ours. The collector reads the same typed `StatusView` as
+`nvsharectl status` (through a snapshot function that the daemon runs on the event loop), so
+tests scrape a real registry without a daemon.
+
+Cardinality is bounded: client series exist only for connected clients (a client that leaves
+takes its series with it; its pod keeps the totals), pod series for pods with a client or with
+retained totals (`core.state.RETAINED_PODS`), and past `max_clients`/`max_pods` series the rest
+are left out and counted in `nvshare_metrics_series_omitted`. Label values are names and ids,
+never free text. A value that does not exist is no sample, never a 0: a client without a memory
+limit has no `nvshare_client_memory_limit_bytes`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -19,39 +30,76 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from appliance.core.events import ReleaseReason
+from appliance.core.gputime import LockTime, PodView
 from appliance.core.state import Phase
-from appliance.core.views import PolicyStatus, StatusView
+from appliance.core.views import ClientView, PolicyStatus, StatusView
 from appliance.listen import DualStack, bind, split_address
 from appliance.probes import Reasons, http_answer
 from appliance.protocol import wire_mode
 
 Snapshot = Callable[[], StatusView]
 
+MAX_CLIENT_SERIES = 1000
+MAX_POD_SERIES = 1000
+DROP_REASONS = ("quantum", "quota")  # always exported, so rate() sees them from 0
+
 _COUNTERS = (
     ("grants", "Lock grants"),
     ("registrations", "Client registrations"),
     ("disconnects", "Client disconnections"),
-    ("memory_refusals", "Memory reservations refused"),
     ("limit_updates", "Limit updates pushed to hooks"),
     ("realtime_warnings", "Real-time checks that would have refused (warning mode)"),
     ("realtime_refusals", "Reservations refused by the real-time check"),
     ("drops_overdue", "Holders passed over: not released within scheduler.dropDeadline"),
     ("releases_late", "Releases that arrived after the drop deadline had passed"),
 )
+CLIENT_LABELS = ["client_id", "namespace", "pod", "gpu_uuid"]
+POD_LABELS = ["namespace", "pod"]
+GPU_LABELS = ["gpu_uuid", "gpu_index"]  # nvshare's, for the metrics it has
 
 
 class ApplianceCollector(Collector):
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        *,
+        max_clients: int = MAX_CLIENT_SERIES,
+        max_pods: int = MAX_POD_SERIES,
+    ) -> None:
         self._snapshot = snapshot
+        self._max_clients = max_clients
+        self._max_pods = max_pods
 
     def collect(self) -> Iterator[Metric]:
         status = self._snapshot()
+        clients = status.clients[: self._max_clients]
+        pods = _pods_to_show(status.pods)[: self._max_pods]
         yield from _gpus(status)
+        yield from _gpu_use(status)
         yield from _unhooked(status)
-        yield from _clients(status)
+        yield from _clients(status, clients)
+        yield from _client_time(clients)
+        yield from _pods(pods)
         yield from _scheduler(status)
         if status.policy is not None:
             yield from _policy(status.policy)
+        omitted = GaugeMetricFamily(
+            "nvshare_metrics_series_omitted",
+            "Clients or pods left out of the metrics past the series bound",
+            labels=["kind"],
+        )
+        omitted.add_metric(["client"], len(status.clients) - len(clients))
+        omitted.add_metric(["pod"], len(status.pods) - len(pods))
+        yield omitted
+
+
+def _pods_to_show(pods: Sequence[PodView]) -> tuple[PodView, ...]:
+    """Pods with connected clients first, then the most recently departed."""
+    return (*(p for p in pods if p.clients), *reversed([p for p in pods if not p.clients]))
+
+
+def _index(index: int | None) -> str:
+    return "" if index is None else str(index)
 
 
 def _gpus(status: StatusView) -> Iterator[Metric]:
@@ -71,6 +119,11 @@ def _gpus(status: StatusView) -> Iterator[Metric]:
     queue = GaugeMetricFamily(
         "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=labels
     )
+    running = GaugeMetricFamily(
+        "nvshare_scheduler_running_clients",
+        "Clients holding the lock (nvshare's running list)",
+        labels=GPU_LABELS,
+    )
     for g in status.gpus:
         label = [g.uuid]
         mode.add_metric(label, wire_mode(g.mode))
@@ -78,7 +131,27 @@ def _gpus(status: StatusView) -> Iterator[Metric]:
         mem.add_metric(label, g.memory_total)
         holders.add_metric(label, len(g.holders))
         queue.add_metric(label, len(g.queue))
-    yield from (mode, tq, mem, holders, queue)
+        running.add_metric([g.uuid, _index(g.index)], len(g.holders))
+    yield from (mode, tq, mem, holders, queue, running)
+
+
+def _gpu_use(status: StatusView) -> Iterator[Metric]:
+    """What NVML last showed of each GPU as a whole (every process, hooked or not)."""
+    util = GaugeMetricFamily(
+        "nvshare_gpu_utilization_ratio", "GPU utilization from NVML (0-1)", labels=GPU_LABELS
+    )
+    used = GaugeMetricFamily(
+        "nvshare_gpu_memory_used_bytes",
+        "GPU memory in use from NVML, every process's",
+        labels=GPU_LABELS,
+    )
+    for u in status.use:
+        label = [u.uuid, _index(u.index)]
+        if u.utilization_percent is not None:
+            util.add_metric(label, u.utilization_percent / 100)
+        if u.memory_used is not None:
+            used.add_metric(label, u.memory_used)
+    yield from (util, used)
 
 
 def _unhooked(status: StatusView) -> Iterator[Metric]:
@@ -97,33 +170,143 @@ def _unhooked(status: StatusView) -> Iterator[Metric]:
     yield count
 
 
-def _clients(status: StatusView) -> Iterator[Metric]:
-    labels = ["client_id", "pid", "pod", "gpu_uuid"]
-    used = GaugeMetricFamily(
-        "nvshare_client_memory_used_bytes", "Memory the client allocated", labels=labels
+def _client_label(c: ClientView) -> list[str]:
+    return [str(c.id), c.namespace, c.pod_name or c.pod_uid, c.gpu]
+
+
+def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metric]:
+    index = {g.uuid: g.index for g in status.gpus}
+    info = GaugeMetricFamily(
+        "nvshare_client_info",
+        "A connected client (value 1), with its host PID",
+        labels=[*CLIENT_LABELS, "gpu_index", "host_pid"],
+    )
+    allocated = GaugeMetricFamily(
+        "nvshare_client_managed_allocated_bytes",
+        "Memory the client allocated through the hook (what its limit counts)",
+        labels=CLIENT_LABELS,
+    )
+    nvml = GaugeMetricFamily(
+        "nvshare_client_nvml_used_bytes",
+        "Memory NVML shows the client's process holding, its CUDA context included",
+        labels=[*CLIENT_LABELS, "host_pid"],
     )
     limit = GaugeMetricFamily(
-        "nvshare_client_memory_limit_bytes", "Effective memory limit (0 = none)", labels=labels
+        "nvshare_client_memory_limit_bytes",
+        "Effective memory limit (no sample: no limit)",
+        labels=CLIENT_LABELS,
     )
     core = GaugeMetricFamily(
-        "nvshare_client_core_limit_percent", "Effective compute share", labels=labels
+        "nvshare_client_core_limit_percent", "Effective compute share", labels=CLIENT_LABELS
     )
     holding = GaugeMetricFamily(
-        "nvshare_client_holding_lock", "1 while holding the lock", labels=labels
+        "nvshare_client_holding_lock", "1 while holding the lock", labels=CLIENT_LABELS
     )
     late = GaugeMetricFamily(
         "nvshare_client_late_drops",
         "Drops the client did not release within scheduler.dropDeadline",
-        labels=labels,
+        labels=CLIENT_LABELS,
     )
-    for c in status.clients:
-        label = [str(c.id), str(c.pid), c.pod, c.gpu]
-        used.add_metric(label, c.memory_used)
-        limit.add_metric(label, c.memory_limit or 0)
+    for c in clients:
+        label = _client_label(c)
+        info.add_metric([*label, _index(index.get(c.gpu)), str(c.pid)], 1)
+        allocated.add_metric(label, c.memory_used)
+        if c.memory_observed is not None:
+            nvml.add_metric([*label, str(c.pid)], c.memory_observed)
+        if c.memory_limit is not None:
+            limit.add_metric(label, c.memory_limit)
         core.add_metric(label, c.core_limit)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
         late.add_metric(label, c.late_drops)
-    yield from (used, limit, core, holding, late)
+    yield from (info, allocated, nvml, limit, core, holding, late)
+
+
+def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:
+    """GPU time as the lock accounts it, exactly; and where each quota window stands."""
+    families = _time_families("client", CLIENT_LABELS)
+    refusals = CounterMetricFamily(
+        "nvshare_client_memory_refusals",
+        "Allocations refused, by the scheduler or by the client's hook",
+        labels=CLIENT_LABELS,
+    )
+    window_used = GaugeMetricFamily(
+        "nvshare_client_core_window_usage_ms",
+        "Compute-quota time billed in the current window, debt included",
+        labels=CLIENT_LABELS,
+    )
+    window_limit = GaugeMetricFamily(
+        "nvshare_client_core_window_limit_ms",
+        "Compute-quota budget of a window",
+        labels=CLIENT_LABELS,
+    )
+    for c in clients:
+        label = _client_label(c)
+        _add_time(families, label, c.lock)
+        refusals.add_metric(label, c.memory_refusals)
+        if c.quota is not None:
+            window_used.add_metric(label, c.quota.used_s * 1000)
+            window_limit.add_metric(label, c.quota.budget_s * 1000)
+    yield from (*families, refusals, window_used, window_limit)
+
+
+def _pods(pods: Sequence[PodView]) -> Iterator[Metric]:
+    """A pod's clients together, with what its departed clients used."""
+    families = _time_families("pod", POD_LABELS)
+    clients = GaugeMetricFamily(
+        "nvshare_pod_clients", "Connected clients of the pod", labels=POD_LABELS
+    )
+    used = GaugeMetricFamily(
+        "nvshare_pod_memory_used_bytes",
+        "Memory the pod's clients allocated through the hook",
+        labels=POD_LABELS,
+    )
+    nvml = GaugeMetricFamily(
+        "nvshare_pod_nvml_used_bytes",
+        "Memory NVML shows the pod's processes holding, CUDA contexts included",
+        labels=POD_LABELS,
+    )
+    for pod in pods:
+        label = [pod.namespace, pod.name or pod.uid]
+        _add_time(families, label, pod.lock)
+        clients.add_metric(label, len(pod.clients))
+        used.add_metric(label, pod.memory_used)
+        if pod.memory_observed is not None:
+            nvml.add_metric(label, pod.memory_observed)
+    yield from (*families, clients, used, nvml)
+
+
+def _time_families(
+    kind: str, labels: list[str]
+) -> tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+    return (
+        CounterMetricFamily(
+            f"nvshare_{kind}_lock_held_seconds",
+            "Time holding the GPU lock, from grant to release (the drain after a drop included)",
+            labels=labels,
+        ),
+        CounterMetricFamily(
+            f"nvshare_{kind}_lock_wait_seconds",
+            "Time waiting for the GPU lock, from request to grant",
+            labels=labels,
+        ),
+        CounterMetricFamily(
+            f"nvshare_{kind}_drops",
+            "Times told to drop the lock, by reason",
+            labels=[*labels, "reason"],
+        ),
+    )
+
+
+def _add_time(
+    families: tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily],
+    label: list[str],
+    lock: LockTime,
+) -> None:
+    held, waited, drops = families
+    held.add_metric(label, lock.held_s)
+    waited.add_metric(label, lock.waited_s)
+    for reason in sorted({*DROP_REASONS, *lock.drops}):
+        drops.add_metric([*label, reason], lock.drops.get(reason, 0))
 
 
 def _scheduler(status: StatusView) -> Iterator[Metric]:
@@ -135,10 +318,19 @@ def _scheduler(status: StatusView) -> Iterator[Metric]:
         fam = CounterMetricFamily(f"nvshare_scheduler_{name}", help_text)
         fam.add_metric([], counters.get(name, 0))
         yield fam
+    refusals = CounterMetricFamily(
+        "nvshare_scheduler_memory_refusals",
+        "Allocations refused: by the scheduler (a reservation) or by a hook on its own (over "
+        "the limit it knows)",
+        labels=["decided_by"],
+    )
+    refusals.add_metric(["scheduler"], counters.get("memory_refusals", 0))
+    refusals.add_metric(["hook"], counters.get("memory_refusals_hook", 0))
+    yield refusals
     drops = CounterMetricFamily(
         "nvshare_scheduler_drops", "Lock drops by reason", labels=["reason"]
     )
-    for reason in ("quantum", "quota"):
+    for reason in DROP_REASONS:
         drops.add_metric([reason], counters.get(f"drops_{reason}", 0))
     yield drops
     releases = CounterMetricFamily(

@@ -68,6 +68,7 @@ class MsgType(enum.IntEnum):
     HEARTBEAT_ACK = 51
     MEM_OBSERVED = 52
     LEDGER_PEERS = 53
+    MEM_REFUSALS = 60
 
 
 class WireMode(enum.IntEnum):
@@ -364,6 +365,18 @@ class LedgerPeers(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
+class MemRefusals(_Fixed):
+    """Allocations the hook refused on its own (over the limit it knows) since its last report;
+    the daemon's own refusals are not in it."""
+
+    TYPE: ClassVar[MsgType] = MsgType.MEM_REFUSALS
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<IIQ")
+    LAYOUT: ClassVar[tuple[str, ...]] = ("count", "", "largest")
+    count: int
+    largest: int = 0  # bytes: the largest refused request
+
+
+@dataclass(frozen=True, slots=True)
 class LimitSet(_Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
@@ -426,4 +439,5 @@ BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_limit_set": LimitSet.FORMAT,
     "nvs_mem_observed": MemObserved.FORMAT,
     "nvs_ledger_peers": LedgerPeers.FORMAT,
+    "nvs_mem_refusals": MemRefusals.FORMAT,
 }

@@ -15,14 +15,13 @@
 
 #define GRANULE (2ull << 20)
 
-/* Refused? Pools may have shrunk since they were last read: settle them and ask once more. */
+/* Refused? Pools may have shrunk since they were last read: settle them, and if that gave
+ * memory back, ask once more (a second identical question would only be refused again). */
 static CUresult charge(struct nvs_gpu *g, uint64_t bytes)
 {
     CUresult r = nvs_ledger_charge(g, bytes);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && g != NULL) {
-        nvs_pools_settle(g);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && g != NULL && nvs_pools_settle(g))
         r = nvs_ledger_charge(g, bytes);
-    }
     return r;
 }
 

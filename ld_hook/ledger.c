@@ -35,6 +35,8 @@ struct ledger {
     uint64_t last_charge_ns;
     uint32_t peers;         /* processes on our pod's ledger, ourselves included */
     uint64_t offline_cap;   /* while unreachable: the most we may hold, 0 = no such cap */
+    uint32_t refused;        /* allocations refused here, not by the daemon, since the last report */
+    uint64_t refused_largest;
     int reserving, replied, answered_with_error;
     uint64_t wait_seq;
     struct nvs_mem_grant reply;
@@ -113,15 +115,21 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
     nvs_lock(&l->mu);
     while (l->reserving) pthread_cond_wait(&l->cv, &l->mu);
     CUresult r = CUDA_SUCCESS;
+    int ours = 1; /* a refusal decided here, not by the daemon */
     uint64_t limit = effective_limit(g, l);
     if (over(limit, l->usage + l->external, bytes)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (l->registered && l->usage + bytes > l->reserved) {
         r = reserve(g, l, l->usage + bytes - l->reserved);
+        ours = r == CUDA_SUCCESS;
         limit = effective_limit(g, l); /* may have changed while we waited */
         if (r == CUDA_SUCCESS && over(limit, l->usage + l->external, bytes)) r = CUDA_ERROR_OUT_OF_MEMORY;
         if (r == CUDA_SUCCESS && l->registered && l->usage + bytes > l->reserved)
             r = CUDA_ERROR_OUT_OF_MEMORY; /* granted less than asked */
+    }
+    if (r != CUDA_SUCCESS && ours) {
+        l->refused++;
+        if (bytes > l->refused_largest) l->refused_largest = bytes;
     }
     if (r == CUDA_SUCCESS) {
         l->usage += bytes;
@@ -296,19 +304,32 @@ void nvs_ledger_on_down(struct nvs_gpu *g)
     nvs_unlock(&l->mu);
 }
 
+/* With l->mu held: tell the daemon what this hook refused on its own since the last report. */
+static int report_refusals(struct nvs_gpu *g, struct ledger *l)
+{
+    if (!l->registered || l->refused == 0) return 0;
+    struct nvs_mem_refusals body = {.count = l->refused, .largest = l->refused_largest};
+    if (nvs_conn_queue(g, NVS_MSG_MEM_REFUSALS, &body, sizeof body, NULL) != 0) return 0;
+    l->refused = 0;
+    l->refused_largest = 0;
+    return 1;
+}
+
 void nvs_ledger_tick(struct nvs_gpu *g, uint64_t now)
 {
     struct ledger *l = ledger_of(g);
     nvs_lock(&l->mu);
-    int queued = 0;
+    int queued = report_refusals(g, l);
     if (l->registered && !l->reserving) {
         if (l->reserved > l->usage && nvs_elapsed(now, l->last_charge_ns) >= IDLE_SURPLUS_NS) {
-            queued = return_surplus(g, l);
+            queued |= return_surplus(g, l);
         } else if (l->reported != l->usage) {
             /* a MEM_RETURN of 0 bytes: status shows allocations made inside a reservation */
             struct nvs_mem_return body = {.bytes = 0, .used = l->usage};
-            queued = nvs_conn_queue(g, NVS_MSG_MEM_RETURN, &body, sizeof body, NULL) == 0;
-            if (queued) l->reported = l->usage;
+            if (nvs_conn_queue(g, NVS_MSG_MEM_RETURN, &body, sizeof body, NULL) == 0) {
+                l->reported = l->usage;
+                queued = 1;
+            }
         }
     }
     nvs_unlock(&l->mu);

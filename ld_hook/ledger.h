@@ -10,7 +10,9 @@
 
 #include "gpus.h"
 
-CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes); /* CUDA_ERROR_OUT_OF_MEMORY */
+/* CUDA_ERROR_OUT_OF_MEMORY when refused; a refusal decided here (not by the daemon) is counted
+ * for the daemon (MEM_REFUSALS). */
+CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes);
 void nvs_ledger_force(struct nvs_gpu *g, uint64_t bytes);      /* already held: no check */
 void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes);
 /* The view a program gets: 1 when a limit applies (then *limit and *used are set). */

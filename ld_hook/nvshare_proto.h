@@ -54,6 +54,8 @@ enum {
     NVS_MSG_HEARTBEAT_ACK = 51, /* daemon -> hook: empty */
     NVS_MSG_MEM_OBSERVED = 52,  /* daemon -> hook: struct nvs_mem_observed, unsolicited (seq 0) */
     NVS_MSG_LEDGER_PEERS = 53,  /* daemon -> hook: struct nvs_ledger_peers, unsolicited (seq 0) */
+    /* what the hook decided on its own, for the daemon's counts */
+    NVS_MSG_MEM_REFUSALS = 60,  /* hook -> daemon: struct nvs_mem_refusals; no reply */
 };
 
 /* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */
@@ -190,6 +192,15 @@ struct nvs_ledger_peers {
     uint32_t reserved;
 };
 
+/* Allocations the hook refused itself, without asking the daemon (over the limit it knows),
+ * since its last report: sent at most once per service tick while there are any. The daemon's
+ * own refusals (a reservation it answered with 0) are not in it. */
+struct nvs_mem_refusals {
+    uint32_t count;
+    uint32_t reserved;
+    uint64_t largest; /* bytes: the largest request among them */
+};
+
 #define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
 NVS_ASSERT_SIZE(struct nvs_header, 24);
 NVS_ASSERT_SIZE(struct nvs_register, 200);
@@ -206,5 +217,6 @@ NVS_ASSERT_SIZE(struct nvs_mem_return, 16);
 NVS_ASSERT_SIZE(struct nvs_limit_set, 152);
 NVS_ASSERT_SIZE(struct nvs_mem_observed, 16);
 NVS_ASSERT_SIZE(struct nvs_ledger_peers, 8);
+NVS_ASSERT_SIZE(struct nvs_mem_refusals, 16);
 
 #endif /* NVSHARE_PROTO_H */

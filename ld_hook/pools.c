@@ -79,24 +79,25 @@ static int64_t settle_pool(CUmemoryPool pool)
     return delta;
 }
 
-static void settle_graph(struct nvs_gpu *g)
+static int64_t settle_graph(struct nvs_gpu *g)
 {
-    if (g == NULL) return;
+    if (g == NULL) return 0;
     cuuint64_t reserved = 0;
     if (NVS_CALL(cuDeviceGetGraphMemAttribute,
                  (g->index, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved)) != CUDA_SUCCESS)
-        return;
+        return 0;
     nvs_lock(&pools.mu);
     int64_t delta = (int64_t)reserved - (int64_t)pools.graph_charged[g->index];
     pools.graph_charged[g->index] = reserved;
     nvs_unlock(&pools.mu);
     if (delta > 0) nvs_ledger_force(g, (uint64_t)delta);
     if (delta < 0) nvs_ledger_uncharge(g, (uint64_t)-delta);
+    return delta;
 }
 
-void nvs_pools_settle(struct nvs_gpu *g)
+int nvs_pools_settle(struct nvs_gpu *g)
 {
-    if (g == NULL) return;
+    if (g == NULL) return 0;
     CUmemoryPool mine[16];
     int n = 0, graphs;
     nvs_lock(&pools.mu);
@@ -104,8 +105,10 @@ void nvs_pools_settle(struct nvs_gpu *g)
         if (pools.list[i].gpu == g->index) mine[n++] = pools.list[i].pool;
     graphs = pools.graph_used[g->index];
     nvs_unlock(&pools.mu);
-    for (int i = 0; i < n; i++) settle_pool(mine[i]);
-    if (graphs) settle_graph(g);
+    int shrank = 0;
+    for (int i = 0; i < n; i++) shrank |= settle_pool(mine[i]) < 0;
+    if (graphs) shrank |= settle_graph(g) < 0;
+    return shrank;
 }
 
 void nvs_graph_ran(struct nvs_gpu *g, CUgraphExec exec)
@@ -148,7 +151,7 @@ static CUresult pool_alloc(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUst
     if (!known || g == NULL) return call(p, bytes, pool, s);
     uint64_t need = growth_needed(pool, bytes);
     if (nvs_ledger_charge(g, need) != CUDA_SUCCESS) {
-        nvs_pools_settle(g); /* other pools may have shrunk since we last looked */
+        if (!nvs_pools_settle(g)) return CUDA_ERROR_OUT_OF_MEMORY; /* nothing shrank since */
         need = growth_needed(pool, bytes);
         if (nvs_ledger_charge(g, need) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
     }

@@ -11,8 +11,9 @@
 
 #include "gpus.h"
 
-/* Re-reads g's pools and graph memory and settles their charges (no limit check). */
-void nvs_pools_settle(struct nvs_gpu *g);
+/* Re-reads g's pools and graph memory and settles their charges (no limit check); 1 when a
+ * charge went down. */
+int nvs_pools_settle(struct nvs_gpu *g);
 /* After a graph launch or upload on g: measure its memory the first time this graph runs. */
 void nvs_graph_ran(struct nvs_gpu *g, CUgraphExec exec);
 void nvs_pools_after_fork(void);

@@ -69,6 +69,15 @@ class MemoryReturned:
     used: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryRefusedByHook:
+    """Allocations a hook refused on its own (over the limit it knows) since its last report."""
+
+    client_id: int
+    count: int
+    largest: int  # bytes
+
+
 # ---------------------------------------------------------- policy, pods, GPUs
 
 
@@ -97,6 +106,8 @@ class GpuFreeMemory:
 
     samples: Mapping[str, int]  # uuid -> free bytes
     processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> bytes
+    used: Mapping[str, int] = field(default_factory=dict)  # uuid -> bytes in use, anyone's
+    utilization: Mapping[str, int | None] = field(default_factory=dict)  # uuid -> percent
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +206,7 @@ Event = (
     | LockReleased
     | MemoryReserveRequested
     | MemoryReturned
+    | MemoryRefusedByHook
     | PolicyChanged
     | PodSeen
     | PodRemoved

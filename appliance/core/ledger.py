@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.gpus import GpuUse
 from appliance.core.lock import Lock
 from appliance.core.state import Client, NodeState
 from appliance.policy.model import Backing, Mode, RealtimeCheckMode
@@ -59,6 +60,7 @@ class Ledger:
         room = limit - others - holding
         if room < 0 or self._realtime_refuses(c, e.bytes, now):
             self._s.counters["memory_refusals"] += 1
+            c.refusals += 1
             log.info(
                 "memory refused: client %d (pid %d, %s) asked %s more; its ledger holds %s of %s",
                 c.id,
@@ -81,6 +83,21 @@ class Ledger:
         c.reserved = max(0, c.reserved - e.bytes)
         c.used = e.used
         return self._memory_moved(c, now)
+
+    def refused_by_hook(self, e: ev.MemoryRefusedByHook, now: float) -> list[act.Action]:
+        """What a hook refused without asking (over the limit it knows) counts as refused too."""
+        c = self._s.clients.get(e.client_id)
+        if c is not None:
+            self._s.counters["memory_refusals_hook"] += e.count
+            c.refusals += e.count
+            log.debug(
+                "client %d (pid %d): its hook refused %d allocation(s), the largest %s",
+                c.id,
+                c.ident.pid,
+                e.count,
+                format_bytes(e.largest),
+            )
+        return []
 
     def _memory_moved(self, c: Client, now: float) -> list[act.Action]:
         """In mode auto what fits decides who runs: look at c's GPU again."""
@@ -127,6 +144,13 @@ class Ledger:
         for uuid, free in e.samples.items():
             self._free[uuid] = _FreeSample(free, now)
             self._stale_logged.discard(uuid)
+            self._s.use[uuid] = GpuUse(
+                uuid=uuid,
+                index=self._s.facts(uuid).index,
+                memory_used=e.used.get(uuid),
+                utilization_percent=e.utilization.get(uuid),
+                sampled_at=now,
+            )
         return self._observed(e.processes)
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:

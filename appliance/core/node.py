@@ -62,6 +62,7 @@ class NodeCore:
             ev.LockReleased: self.lock.released,
             ev.MemoryReserveRequested: self.ledger.reserve,
             ev.MemoryReturned: self.ledger.returned,
+            ev.MemoryRefusedByHook: self.ledger.refused_by_hook,
             ev.GpuFreeMemory: self.ledger.sampled,
             ev.GpuProcessesSeen: self.unhooked.seen,
             ev.PolicyChanged: self._on_policy,

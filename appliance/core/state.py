@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from appliance.core.annotations import PodInfo, PodTable
 from appliance.core.events import LimitTarget
-from appliance.core.gpus import GpuFacts
+from appliance.core.gpus import GpuFacts, GpuUse
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import EffectiveLimits, HookLimits, gpu_settings, resolve_limits
 from appliance.core.quota import QuotaAccount
@@ -90,6 +90,7 @@ class Client:
     nvml_used: int | None = None  # what NVML last showed its process holding
     nvml_told: int | None = None
     usage: LockUsage = field(default_factory=LockUsage)
+    refusals: int = 0  # allocations refused, by the ledger here or by its hook
 
     @property
     def footprint(self) -> int:
@@ -150,6 +151,7 @@ class NodeState:
     counters: Counter[str] = field(default_factory=Counter)
     unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
+    use: dict[str, GpuUse] = field(default_factory=dict)  # by uuid: NVML's last sample
 
     # ------------------------------------------------------------------ GPUs
 

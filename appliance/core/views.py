@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from appliance.core.gpus import GpuUse
 from appliance.core.gputime import (
     NO_LOCK_TIME,
     LockTime,
@@ -78,6 +79,7 @@ class ClientView:
     pod_uid: str = ""
     lock: LockTime = NO_LOCK_TIME
     quota: QuotaUse | None = None
+    memory_refusals: int = 0  # allocations refused, by the scheduler or by its hook
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ class StatusView:
     policy: PolicyStatus | None = None  # the daemon adds what the core does not know
     nvml: bool | None = None
     unhooked: tuple[UnhookedView, ...] = ()
+    use: tuple[GpuUse, ...] = ()  # what NVML last showed of each GPU
     pods: tuple[PodView, ...] = ()
     time: float = 0.0  # the daemon's monotonic clock when the view was built
 
@@ -147,6 +150,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         pod_uid=s.pod_uid(c) or "",
         lock=lock_time(c, now),
         quota=quota_use(c, now, s.policy.scheduler),
+        memory_refusals=c.refusals,
     )
 
 
@@ -196,6 +200,7 @@ def status(s: NodeState, now: float) -> StatusView:
             unhooked_view(s, p, now) for _, p in sorted(s.unhooked.items()) if p.reported
         ),
         pods=pod_views(s, clients),
+        use=tuple(s.use[uuid] for uuid in sorted(s.use)),
         time=now,
     )
 

@@ -30,6 +30,8 @@ def gpu_sampled(samples: Sequence[GpuSample]) -> ev.GpuFreeMemory:
     return ev.GpuFreeMemory(
         {s.uuid: s.memory_free for s in samples},
         processes={s.uuid: s.processes for s in samples},
+        used={s.uuid: s.memory_used for s in samples if s.memory_total},
+        utilization={s.uuid: s.utilization_percent for s in samples},
     )
 
 

@@ -19,12 +19,19 @@ class Probe:
     """A probe process; `hooked=False` is a CUDA program the hook did not load into."""
 
     def __init__(
-        self, daemon: RunningDaemon, namespace: str = "", name: str = "", *, hooked: bool = True
+        self,
+        daemon: RunningDaemon,
+        namespace: str = "",
+        name: str = "",
+        *,
+        hooked: bool = True,
+        **extra_env: str,
     ) -> None:
         env = {
             **daemon.env,
             "LD_LIBRARY_PATH": str(BUILD / "fake"),
             "NVSHARE_FAKE_GPU_MEM": str(16 * GiB),
+            **extra_env,
         }
         if hooked:
             env["LD_PRELOAD"] = str(BUILD / "libnvshare.so")

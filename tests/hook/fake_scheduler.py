@@ -242,13 +242,20 @@ class FakeScheduler:
             elif isinstance(msg, p.Heartbeat):
                 self._record(c, type_)
                 c.send(p.HeartbeatAck(), seq)
-            elif isinstance(msg, p.MemReturn):
-                c.reserved -= msg.nbytes
-                c.used = msg.used
-                self._record(c, type_, (msg.nbytes, msg.used))
+            elif isinstance(msg, (p.MemReturn, p.MemRefusals)):
+                self._reports(c, msg)
             else:
                 self._record(c, type_)
                 c.send(p.Result(p.Status.UNKNOWN_TYPE, type_, "unknown type"), seq)
+
+    def _reports(self, c: Client, msg: p.MemReturn | p.MemRefusals) -> None:
+        """What a hook says without asking for an answer."""
+        if isinstance(msg, p.MemReturn):
+            c.reserved -= msg.nbytes
+            c.used = msg.used
+            self._record(c, msg.TYPE, (msg.nbytes, msg.used))
+        else:
+            self._record(c, msg.TYPE, (msg.count, msg.largest))
 
     def _reserve(self, c: Client, msg: p.MemReserve, seq: int) -> None:
         c.used = msg.used

@@ -130,6 +130,31 @@ def test_a_refused_reservation_is_out_of_memory(plain: Variant, start_probe, soc
         sched.stop()
 
 
+def test_the_hook_reports_what_it_refused_without_asking(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    # Over the limit the hook knows, it refuses alone; the daemon hears it, to count it.
+    # A reservation the daemon refused is the daemon's own count: not reported again.
+    sched = fs.FakeScheduler(
+        sock_dir, chunk=2 * MiB, pod_limit=6 * MiB, limits=fs.limits(mem_limit=8 * MiB)
+    )
+    try:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        for size in (16 * MiB, 12 * MiB, 9 * MiB):
+            assert p.do(f"alloc mem {size}") == "err 2"  # over the 8 MiB limit: local
+        assert sched.wait_for(lambda: sched.count(MsgType.MEM_REFUSALS) >= 1)
+        reports = [f for _, t, f in sched.events if t == MsgType.MEM_REFUSALS]
+        assert reports == [(3, 16 * MiB)]  # one report for the three, with the largest
+        p.ok("alloc mem 6291456")
+        assert p.do("alloc mem 2097152") == "err 2"  # within 8 MiB, but the daemon refuses
+        p.do("sleep 300")  # several service ticks
+        assert sched.count(MsgType.MEM_REFUSALS) == 1
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
 def test_managed_backing_oversubscribes_only_when_allowed(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:

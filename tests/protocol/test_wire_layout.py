@@ -57,6 +57,7 @@ FIELDS = {
     ],
     "nvs_mem_observed": ["nvml_used", "allowance"],
     "nvs_ledger_peers": ["clients", "reserved"],
+    "nvs_mem_refusals": ["count", "reserved", "largest"],
 }
 
 
