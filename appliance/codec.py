@@ -106,6 +106,11 @@ TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
         p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
         a.seq,
     ),
+    act.LockTerms: lambda a: (
+        a.client_id,
+        p.LockTerms(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
+        0,
+    ),
     act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
     act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
     act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),

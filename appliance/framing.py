@@ -37,6 +37,7 @@ _FIXED: dict[p.MsgType, Any] = {
         p.Registered,
         p.LockRequest,
         p.LockGrant,
+        p.LockTerms,
         p.LockDrop,
         p.LockReleased,
         p.SetTq,

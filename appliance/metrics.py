@@ -41,7 +41,7 @@ Snapshot = Callable[[], StatusView]
 
 MAX_CLIENT_SERIES = 1000
 MAX_POD_SERIES = 1000
-DROP_REASONS = ("quantum", "quota")  # always exported, so rate() sees them from 0
+DROP_REASONS = ("quantum", "quota", "priority")  # always exported: rate() sees them from 0
 
 _COUNTERS = (
     ("grants", "Lock grants"),
@@ -199,6 +199,11 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
     core = GaugeMetricFamily(
         "nvshare_client_core_limit_percent", "Effective compute share", labels=CLIENT_LABELS
     )
+    prio = GaugeMetricFamily(
+        "nvshare_client_priority",
+        "Scheduling priority (low -100, normal 0, high 100; higher is granted first)",
+        labels=CLIENT_LABELS,
+    )
     holding = GaugeMetricFamily(
         "nvshare_client_holding_lock", "1 while holding the lock", labels=CLIENT_LABELS
     )
@@ -216,9 +221,10 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         if c.memory_limit is not None:
             limit.add_metric(label, c.memory_limit)
         core.add_metric(label, c.core_limit)
+        prio.add_metric(label, c.priority)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
         late.add_metric(label, c.late_drops)
-    yield from (info, allocated, nvml, limit, core, holding, late)
+    yield from (info, allocated, nvml, limit, core, prio, holding, late)
 
 
 def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:

@@ -68,6 +68,7 @@ class MsgType(enum.IntEnum):
     HEARTBEAT_ACK = 51
     MEM_OBSERVED = 52
     LEDGER_PEERS = 53
+    LOCK_TERMS = 80
     MEM_REFUSALS = 60
 
 
@@ -267,6 +268,11 @@ class LockGrant(_Fixed):
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     tq_ms: int  # the hook bounds how long a stream capture may outlive a drop by it
     idle_release_ms: int = 0  # policy scheduler.idleRelease; 0 = the hook's default
+
+
+@dataclass(frozen=True, slots=True)
+class LockTerms(LockGrant):  # new terms for the grant held; a hook not holding ignores them
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_TERMS
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,6 +241,7 @@ static int decode(const struct nvs_gpu *g, const struct nvs_header *h, const cha
         {NVS_MSG_REGISTERED, sizeof(struct nvs_registered), NVS_EV_REGISTERED},
         {NVS_MSG_LIMIT_UPDATE, sizeof(struct nvs_limits), NVS_EV_LIMITS},
         {NVS_MSG_LOCK_GRANT, sizeof(struct nvs_lock_grant), NVS_EV_LOCK_GRANT},
+        {NVS_MSG_LOCK_TERMS, sizeof(struct nvs_lock_grant), NVS_EV_LOCK_TERMS},
         {NVS_MSG_LOCK_DROP, 0, NVS_EV_LOCK_DROP},
         {NVS_MSG_MEM_GRANT, sizeof(struct nvs_mem_grant), NVS_EV_MEM_GRANT},
         {NVS_MSG_MEM_OBSERVED, sizeof(struct nvs_mem_observed), NVS_EV_MEM_OBSERVED},

@@ -18,6 +18,7 @@ enum nvs_event_kind {
     NVS_EV_DOWN,          /* the daemon is gone, or never answered: u.why */
     NVS_EV_LIMITS,        /* u.limits */
     NVS_EV_LOCK_GRANT,    /* u.grant */
+    NVS_EV_LOCK_TERMS,    /* u.grant: new terms for the grant held */
     NVS_EV_LOCK_DROP,
     NVS_EV_MEM_GRANT,     /* u.mem */
     NVS_EV_MEM_OBSERVED,  /* u.observed */

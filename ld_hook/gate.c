@@ -22,6 +22,9 @@
 #define DEFAULT_IDLE_RELEASE_MS 1000u
 #define INFLIGHT_BOUND_MS 1000u /* a call still inside the driver after this is waiting, not queueing */
 #define MIN_CAPTURE_WAIT_MS 1000u
+/* An idle window shorter than this (a hand-off while others wait) is watched by the drainer, at
+ * a quarter of the window; longer ones by the service thread's coarser tick. */
+#define FAST_IDLE_MS 100u
 
 NVS_TLS struct nvs_thread *nvs_tls_thread;
 struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
@@ -284,6 +287,20 @@ static void release(struct nvs_gpu *g)
     }
 }
 
+static void begin_release(struct nvs_gpu *g, uint32_t reason);
+
+/* With gt->mu held: a holder that submitted nothing for its idle window releases. */
+static void check_idle(struct nvs_gpu *g, uint64_t now)
+{
+    struct gate *gt = gate_of(g);
+    if (gt->state != NVS_LOCK_HELD) return;
+    if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed))
+        gt->last_active_ns = now;
+    else if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
+             nvs_capture_active(g) == 0)
+        begin_release(g, NVS_RELEASE_IDLE);
+}
+
 static void *drainer_main(void *arg)
 {
     struct nvs_gpu *g = arg;
@@ -291,7 +308,16 @@ static void *drainer_main(void *arg)
     nvs_capture_relax_thread();
     for (;;) {
         nvs_lock(&gt->mu);
-        while (gt->state != NVS_LOCK_RELEASING) pthread_cond_wait(&gt->cv, &gt->mu);
+        while (gt->state != NVS_LOCK_RELEASING) {
+            if (gt->state == NVS_LOCK_HELD && gt->idle_release_ms < FAST_IDLE_MS) {
+                uint32_t poll_ms = gt->idle_release_ms / 4 ? gt->idle_release_ms / 4 : 1;
+                struct timespec ts = nvs_deadline_ms(poll_ms);
+                pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
+                check_idle(g, nvs_now_ns());
+            } else {
+                pthread_cond_wait(&gt->cv, &gt->mu);
+            }
+        }
         nvs_unlock(&gt->mu);
         release(g);
     }
@@ -367,15 +393,32 @@ void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
     nvs_unlock(&gt->mu);
 }
 
+/* With gt->mu held. The environment's idle release, where set, wins over the daemon's. */
+static void set_terms(struct gate *gt, const struct nvs_lock_grant *grant)
+{
+    gt->tq_ms = grant->tq_ms;
+    gt->idle_release_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms
+                          : grant->idle_release_ms ? grant->idle_release_ms
+                                                   : DEFAULT_IDLE_RELEASE_MS;
+}
+
+void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_HELD) {
+        set_terms(gt, terms);
+        pthread_cond_broadcast(&gt->cv); /* the drainer picks up a shorter idle window */
+    }
+    nvs_unlock(&gt->mu);
+}
+
 void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
 {
     struct gate *gt = gate_of(g);
     nvs_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED) {
-        gt->tq_ms = grant->tq_ms;
-        gt->idle_release_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms
-                              : grant->idle_release_ms ? grant->idle_release_ms
-                                                       : DEFAULT_IDLE_RELEASE_MS;
+        set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
         atomic_store_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed);
         set_state(g, NVS_LOCK_HELD);
@@ -418,13 +461,7 @@ void nvs_gate_tick(struct nvs_gpu *g, uint64_t now)
 {
     struct gate *gt = gate_of(g);
     nvs_lock(&gt->mu);
-    if (gt->state == NVS_LOCK_HELD) {
-        if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed))
-            gt->last_active_ns = now;
-        else if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
-                 nvs_capture_active(g) == 0)
-            begin_release(g, NVS_RELEASE_IDLE);
-    }
+    check_idle(g, now);
     nvs_unlock(&gt->mu);
 }
 

@@ -8,6 +8,7 @@
  *   IDLE       -> a submission asks for the lock     -> REQUESTED
  *   REQUESTED  -> LOCK_GRANT                         -> HELD
  *   HELD       open; -> LOCK_DROP or idle            -> RELEASING
+ *              (LOCK_TERMS changes how long idle is: short while others wait)
  *   RELEASING  still open while a stream capture on this GPU runs (at most one quantum)
  *              -> DRAINING
  *   DRAINING   closed; the drainer waits for submissions in flight, synchronises every context
@@ -87,6 +88,7 @@ void nvs_gate_start(void);
 void nvs_gate_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim);
 void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim);
 void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant);
+void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms);
 void nvs_gate_on_drop(struct nvs_gpu *g);
 void nvs_gate_on_refused(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);

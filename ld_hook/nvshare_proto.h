@@ -56,6 +56,10 @@ enum {
     NVS_MSG_LEDGER_PEERS = 53,  /* daemon -> hook: struct nvs_ledger_peers, unsolicited (seq 0) */
     /* what the hook decided on its own, for the daemon's counts */
     NVS_MSG_MEM_REFUSALS = 60,  /* hook -> daemon: struct nvs_mem_refusals; no reply */
+    /* the lock's terms while it is held */
+    NVS_MSG_LOCK_TERMS = 80,    /* daemon -> hook: struct nvs_lock_grant, unsolicited (seq 0); new
+                                 * terms for the grant held (a shorter idle window while others
+                                 * wait); ignored unless the lock is held */
 };
 
 /* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */

@@ -38,6 +38,9 @@ static void on_event(struct nvs_gpu *g, const struct nvs_event *e)
     case NVS_EV_LOCK_GRANT:
         nvs_gate_on_grant(g, &e->u.grant);
         break;
+    case NVS_EV_LOCK_TERMS:
+        nvs_gate_on_terms(g, &e->u.grant);
+        break;
     case NVS_EV_LOCK_DROP:
         nvs_gate_on_drop(g);
         break;

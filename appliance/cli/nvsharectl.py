@@ -27,7 +27,7 @@ from appliance.core.views import (
     StatusView,
     from_json,
 )
-from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode, priority_name
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 FOLLOW_POLICY = "policy"
@@ -145,20 +145,20 @@ def _print_status(status: StatusView) -> None:
     if status.clients or status.unhooked:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'CORE':>5} GPU"
+            f"{'MEM LIMIT':>9} {'CORE':>5} {'PRIO':>6} GPU"
         )
     for c in status.clients:
         click.echo(
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
-            f"{c.core_limit:>4}% {c.gpu}"
+            f"{c.core_limit:>4}% {priority_name(c.priority):>6} {c.gpu}"
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
         )
     # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.
     for u in status.unhooked:
         click.echo(
             f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {'-':>5} {','.join(u.gpus)}"
+            f"{'-':>9} {'-':>5} {'-':>6} {','.join(u.gpus)}"
         )
     if status.unhooked:
         click.echo(
@@ -374,5 +374,11 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")
     for row in view.clients:
         click.echo(f"client {row.client} pid {row.pid} pod {row.pod} gpu {row.gpu}")
-        for key, said in (("memory", row.memory), ("core", row.core), ("gated", row.gated)):
+        said_by = (
+            ("memory", row.memory),
+            ("core", row.core),
+            ("priority", row.priority),
+            ("gated", row.gated),
+        )
+        for key, said in said_by:
             click.echo(f"  {key}: {said}")

@@ -37,6 +37,16 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
+class LockTerms:
+    """New terms for a holder's grant: how long it may sit idle with the lock (shorter while
+    someone waits, `scheduler.idleHandoff`)."""
+
+    client_id: int
+    time_quantum_s: float
+    idle_release_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Drop:
     """Release the lock as soon as the work submitted so far is synchronised."""
 
@@ -78,7 +88,16 @@ class PeersChanged:
     processes: int
 
 
-HOOK_ACTIONS = (Registered, Grant, Drop, LimitsChanged, MemoryGranted, MemoryObserved, PeersChanged)
+HOOK_ACTIONS = (
+    Registered,
+    Grant,
+    LockTerms,
+    Drop,
+    LimitsChanged,
+    MemoryGranted,
+    MemoryObserved,
+    PeersChanged,
+)
 
 # ---------------------------------------------------------- to everyone else
 
@@ -118,6 +137,7 @@ class ReplicasChanged:
 Action = (
     Registered
     | Grant
+    | LockTerms
     | Drop
     | LimitsChanged
     | MemoryGranted

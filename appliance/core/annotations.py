@@ -19,11 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.core.identity import ClientIdentity
-from appliance.policy.model import AnnotationPolicy
+from appliance.policy.model import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    PRIORITY_NAMES,
+    AnnotationPolicy,
+    priority_name,
+)
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 MEMORY_LIMIT = "nvshare.com/gpu-memory-limit"
 CORE_LIMIT = "nvshare.com/gpu-core-limit"
+PRIORITY = "nvshare.com/gpu-priority"
 REALTIME_CHECK = "nvshare.com/realtime-check"
 HAMI_REALTIME_CHECK = "hami.io/enable-realtime-check"
 
@@ -93,6 +100,7 @@ class PodOverrides:
     memory_bytes: int | None = None
     core_percent: int | None = None
     realtime_check: bool | None = None
+    priority: int | None = None
 
 
 NO_OVERRIDES = PodOverrides()
@@ -156,7 +164,17 @@ def resolve_overrides(
         refuse(rt_key, annotations[rt_key], realtime, kept_rt, str(kept_rt).lower())
         realtime = kept_rt
 
-    return PodOverrides(memory_bytes=memory, core_percent=core, realtime_check=realtime), problems
+    priority = _priority(annotations.get(PRIORITY), policy=policy)
+    if isinstance(priority, str):
+        kept_prio = prev.priority if _priority_allowed(prev.priority, policy) else None
+        shown = priority_name(kept_prio) if kept_prio is not None else ""
+        refuse(PRIORITY, annotations[PRIORITY], priority, kept_prio, shown)
+        priority = kept_prio
+
+    overrides = PodOverrides(
+        memory_bytes=memory, core_percent=core, realtime_check=realtime, priority=priority
+    )
+    return overrides, problems
 
 
 class PodTable:
@@ -265,3 +283,31 @@ def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | str | None
     if text in _FALSE:
         return False
     return f"{raw!r} is not a boolean (expected true or false)"
+
+
+def _priority(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
+    if raw is None:
+        return None
+    if not policy.allowed:
+        return "annotations are disabled by policy (annotations.allowed is false)"
+    text = raw.strip().lower()
+    if text in PRIORITY_NAMES:
+        value = PRIORITY_NAMES[text]
+    elif text.lstrip("-").isdigit():
+        value = int(text)
+    else:
+        return f"{raw!r} is not a priority (expected low, normal, high or a whole number)"
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        return f"{value} is outside {MIN_PRIORITY} to {MAX_PRIORITY}"
+    if not _priority_allowed(value, policy):
+        return (
+            f"{priority_name(value)} is outside the policy range annotations.priorityRange "
+            f"{priority_name(policy.min_priority)} to {priority_name(policy.max_priority)}"
+        )
+    return value
+
+
+def _priority_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
+    if value is None or not policy.allowed:
+        return False
+    return policy.min_priority <= value <= policy.max_priority

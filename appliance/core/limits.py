@@ -15,7 +15,15 @@ from fnmatch import fnmatchcase
 from appliance.core.annotations import PodInfo, PodOverrides
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
-from appliance.policy.model import Backing, GpuRule, Limits, Mode, Policy, RuleMatch
+from appliance.policy.model import (
+    Backing,
+    GpuRule,
+    Limits,
+    Mode,
+    Policy,
+    RuleMatch,
+    priority_name,
+)
 from appliance.policy.quantity import format_bytes
 
 
@@ -25,6 +33,7 @@ class EffectiveLimits:
     core_percent: int
     exempt: bool  # a rule set mode off: never gated
     sources: Mapping[str, str] = field(default_factory=dict)
+    priority: int = 0  # higher is granted first (`core.priority`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,7 @@ class _Layers:
 
     memory: int | None
     core: int
+    priority: int
     sources: dict[str, str]
 
     def over(self, memory: int | None, core: int | None, source: str) -> None:
@@ -95,6 +105,10 @@ class _Layers:
             self.memory, self.sources["memory"] = memory, source
         if core is not None:
             self.core, self.sources["core"] = core, source
+
+    def over_priority(self, priority: int | None, source: str) -> None:
+        if priority is not None:
+            self.priority, self.sources["priority"] = priority, source
 
 
 def resolve_limits(
@@ -111,15 +125,18 @@ def resolve_limits(
     limits = _Layers(
         policy.defaults.memory_bytes,
         policy.defaults.core_percent or 100,
+        policy.defaults.priority or 0,
         {
             "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
             "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
+            "priority": f"policy default ({_source(policy, '/defaults/priority')})",
         },
     )
     exempt = False
     for rule in (r for r in policy.rules if rule_matches(r.match, ident, pod)):
         label = f"rule {rule.name!r} ({rule.source})" if rule.source else f"rule {rule.name!r}"
         limits.over(rule.limits.memory_bytes, rule.limits.core_percent, label)
+        limits.over_priority(rule.limits.priority, label)
         if rule.mode is not None:
             exempt = rule.mode is Mode.OFF
             limits.sources["mode"] = label
@@ -128,6 +145,7 @@ def resolve_limits(
         limits.over(gpu_memory, None, "declared GPU size (policy gpus)")
     if annotations is not None:
         limits.over(annotations.memory_bytes, annotations.core_percent, "annotation")
+        limits.over_priority(annotations.priority, "annotation")
     if admin is not None:
         limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")
     # A limit the process set for itself can only lower what the layers above decided.
@@ -136,7 +154,11 @@ def resolve_limits(
     if env_core_percent and env_core_percent < limits.core:
         limits.over(None, env_core_percent, "env NVSHARE_GPU_CORE_LIMIT")
     return EffectiveLimits(
-        memory_bytes=limits.memory, core_percent=limits.core, exempt=exempt, sources=limits.sources
+        memory_bytes=limits.memory,
+        core_percent=limits.core,
+        exempt=exempt,
+        sources=limits.sources,
+        priority=limits.priority,
     )
 
 
@@ -146,4 +168,6 @@ def describe(limits: EffectiveLimits) -> dict[str, str]:
         "memory": f"{mem} (from {limits.sources.get('memory', 'default')})",
         "core": f"{limits.core_percent}% (from {limits.sources.get('core', 'default')})",
         "gated": "no (rule mode off)" if limits.exempt else "yes",
+        "priority": f"{priority_name(limits.priority)} "
+        f"(from {limits.sources.get('priority', 'default')})",
     }

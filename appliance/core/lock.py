@@ -13,6 +13,11 @@ Rules, per GPU (keyed by UUID):
   metrics, log, a Warning Event on its pod) and queued behind every client that drops in time,
   until it completes a drop in time itself.
 
+Priorities (`priority`) order each queue and let a waiter of higher priority take the GPU after
+a short slice of the holder's; the starvation limit bounds how long a low priority waits. While
+someone waits, the holder's hook is told to hand the lock over after a short idle time
+(`scheduler.idleHandoff`) instead of `scheduler.idleRelease` (`LockTerms`).
+
 Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a quota holder is
 dropped early enough for its drain to end on its budget, and a client whose budget is spent waits
 for its next window.
@@ -28,6 +33,7 @@ import logging
 
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core import priority
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gpu, NodeState, Phase
 from appliance.policy.model import Mode
@@ -35,6 +41,7 @@ from appliance.policy.model import Mode
 log = logging.getLogger("nvshare.scheduler")
 
 LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
+MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
 
 
 class Lock:
@@ -50,7 +57,7 @@ class Lock:
         gpu = self._s.gpus[c.gpu]
         if not c.gated or c.phase is Phase.HOLDING:
             # Not gated, or already holding: answer at once so the hook never blocks on us.
-            return [self.grant_message(c, e.seq)]
+            return [self.grant_message(c, e.seq, now)]
         c.request_seq = e.seq
         if c.phase in (Phase.DRAINING, Phase.OVERDUE):
             c.requeue = True  # asked again before its release arrived: queue it then
@@ -82,6 +89,8 @@ class Lock:
         elif c.id in gpu.queue:  # gave up waiting (e.g. exiting)
             gpu.queue.remove(c.id)
         c.phase = Phase.IDLE
+        if e.reason is ev.ReleaseReason.IDLE and self._waiters(gpu, now):
+            c.lent_at = now  # it takes the GPU back at once from a lower priority
         if c.requeue:
             c.requeue = False
             self._enqueue(gpu, c, now)
@@ -115,20 +124,39 @@ class Lock:
         out: list[act.Action] = []
         if c.phase is Phase.WAITING:
             gpu.queue.remove(c.id)
-            out.append(self.grant_message(c, c.request_seq))
+            out.append(self.grant_message(c, c.request_seq, now))
         if c.id in gpu.holders:
             self._end_hold(c, now)
         gpu.holders.discard(c.id)
         c.phase = Phase.IDLE
         return out
 
-    def grant_message(self, c: Client, seq: int) -> act.Grant:
+    def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
+        c.idle_told_s = self._idle_window(self._s.gpus[c.gpu], c, now)
         return act.Grant(
             c.id,
             seq,
             time_quantum_s=self._s.time_quantum(c.gpu),
-            idle_release_s=self._s.policy.scheduler.idle_release_s,
+            idle_release_s=c.idle_told_s,
         )
+
+    def _idle_window(self, gpu: Gpu, c: Client, now: float) -> float:
+        """How long c may sit idle with the lock: the short hand-off while someone waits."""
+        settings = self._s.policy.scheduler
+        handoff = settings.idle_handoff_s
+        if handoff >= MIN_IDLE_HANDOFF_S and any(w is not c for w in self._waiters(gpu, now)):
+            return min(handoff, settings.idle_release_s)
+        return settings.idle_release_s
+
+    def _tell_idle_windows(self, gpu: Gpu, now: float) -> list[act.Action]:
+        """A holder whose idle window changed (someone started or stopped waiting) is told."""
+        out: list[act.Action] = []
+        for h in [self._s.clients[h] for h in gpu.holders]:
+            window = self._idle_window(gpu, h, now)
+            if h.phase is Phase.HOLDING and window != h.idle_told_s:
+                h.idle_told_s = window
+                out.append(act.LockTerms(h.id, self._s.time_quantum(h.gpu), window))
+        return out
 
     # ------------------------------------------------------------ scheduling
 
@@ -145,6 +173,7 @@ class Lock:
             *self._drop_spent_quotas(gpu, now),
             *self._grant_waiting(gpu, now),
             *self._preempt_for_waiters(gpu, now),
+            *self._tell_idle_windows(gpu, now),
         ]
 
     def _pass_over_late_holders(self, gpu: Gpu, now: float) -> list[act.Action]:
@@ -192,10 +221,7 @@ class Lock:
     def _grant_waiting(self, gpu: Gpu, now: float) -> list[act.Action]:
         mode = self._s.gpu_mode(gpu.facts.uuid)
         out: list[act.Action] = []
-        for cid in list(gpu.queue):
-            c = self._s.clients[cid]
-            if not self._eligible(c, now):
-                continue
+        for c in self._waiters(gpu, now):
             if mode is Mode.ON and gpu.holders:
                 break
             # AUTO: first come first served while it fits; never skip ahead of one that does not.
@@ -205,22 +231,39 @@ class Lock:
         return out
 
     def _preempt_for_waiters(self, gpu: Gpu, now: float) -> list[act.Action]:
-        """The oldest holder drops once its quantum is over and someone eligible waits."""
-        clients = self._s.clients
-        uuid = gpu.facts.uuid
-        if self._s.gpu_mode(uuid) is Mode.OFF:
-            return []
-        if not any(self._eligible(clients[q], now) for q in gpu.queue):
-            return []
-        holders = [clients[h] for h in gpu.holders]
-        if any(h.phase is Phase.DRAINING for h in holders):
-            return []
-        holding = sorted(
-            (h for h in holders if h.phase is Phase.HOLDING), key=lambda h: h.granted_at
-        )
-        if holding and now >= holding[0].granted_at + self._s.time_quantum(uuid):
-            return [self._drop(holding[0], now, "quantum")]
+        """The holder whose turn for an eligible waiter has come drops (one at a time)."""
+        due = self._next_yield(gpu, now)
+        if due is not None and now >= due[0] - EPSILON_S:
+            return [self._drop(due[1], now, due[2])]
         return []
+
+    def _next_yield(self, gpu: Gpu, now: float) -> tuple[float, Client, str] | None:
+        """The earliest (time, holder, why) a holder must drop for someone eligible who waits;
+        None while nobody waits, in mode off, or while a holder is still draining."""
+        if self._s.gpu_mode(gpu.facts.uuid) is Mode.OFF:
+            return None
+        waiters = self._waiters(gpu, now)
+        holders = [self._s.clients[h] for h in gpu.holders]
+        if not waiters or any(h.phase is Phase.DRAINING for h in holders):
+            return None
+        quantum = self._s.time_quantum(gpu.facts.uuid)
+        settings = self._s.policy.scheduler
+        turns = [
+            (*priority.yield_at(h, w, quantum_s=quantum, settings=settings), h)
+            for h in holders
+            if h.phase is Phase.HOLDING
+            for w in waiters
+        ]
+        if not turns:
+            return None
+        at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at))
+        return at, holder, why
+
+    def _waiters(self, gpu: Gpu, now: float) -> list[Client]:
+        """The eligible waiters of a GPU, in the order they are granted."""
+        waiting = [self._s.clients[q] for q in gpu.queue]
+        eligible = [c for c in waiting if self._eligible(c, now)]
+        return priority.line(eligible, now, self._s.policy.scheduler)
 
     def _eligible(self, c: Client, now: float) -> bool:
         if c.quota is None:
@@ -237,11 +280,13 @@ class Lock:
         gpu.queue.remove(c.id)
         gpu.holders.add(c.id)
         c.phase = Phase.HOLDING
+        c.full_quantum = priority.starved(c, now, self._s.policy.scheduler)
+        c.lent_at = None
         c.granted_at = c.billed_until = now
         c.usage.waited_s += now - c.requested_at
         self._s.counters["grants"] += 1
         log.debug("grant gpu %s -> client %d (pid %d)", gpu.facts.uuid, c.id, c.ident.pid)
-        return self.grant_message(c, c.request_seq)
+        return self.grant_message(c, c.request_seq, now)
 
     def _drop(self, c: Client, now: float, why: str) -> act.Drop:
         self._bill(c, now)
@@ -282,12 +327,8 @@ class Lock:
             for w in waiters
             if w.quota is not None and not self._eligible(w, now)
         ]
-        eligible_waiting = any(w.quota is None or self._eligible(w, now) for w in waiters)
-        if eligible_waiting and self._s.gpu_mode(gpu.facts.uuid) is not Mode.OFF:
-            active = [h for h in holding if h.phase is Phase.HOLDING]
-            if active and all(h.phase is not Phase.DRAINING for h in holding):
-                oldest = min(h.granted_at for h in active)
-                times.append(oldest + self._s.time_quantum(gpu.facts.uuid))
+        if (due := self._next_yield(gpu, now)) is not None:
+            times.append(due[0])
         for h in holding:
             if h.phase is Phase.DRAINING:
                 times.append(h.dropped_at + settings.drop_deadline_s)

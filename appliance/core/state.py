@@ -85,6 +85,9 @@ class Client:
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
     offender: bool = False  # overran its last drop: queued behind everyone who did not
+    lent_at: float | None = None  # handed the lock over idle while others waited (`priority`)
+    full_quantum: bool = False  # granted as starved: no priority takes this grant early
+    idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
     nvml_used: int | None = None  # what NVML last showed its process holding

@@ -80,6 +80,7 @@ class ClientView:
     lock: LockTime = NO_LOCK_TIME
     quota: QuotaUse | None = None
     memory_refusals: int = 0  # allocations refused, by the scheduler or by its hook
+    priority: int = 0  # higher is granted first (`core.priority`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         lock=lock_time(c, now),
         quota=quota_use(c, now, s.policy.scheduler),
         memory_refusals=c.refusals,
+        priority=c.limits.priority,
     )
 
 
@@ -224,6 +226,7 @@ class ExplainRow:
     memory: str  # "4Gi (from annotation)"
     core: str
     gated: str
+    priority: str = ""  # "high (from annotation)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +263,16 @@ def explain(s: NodeState, query: ExplainQuery) -> ExplainView:
             continue
         said = describe(c.limits)
         rows.append(
-            ExplainRow(c.id, c.ident.pid, label, c.gpu, said["memory"], said["core"], said["gated"])
+            ExplainRow(
+                c.id,
+                c.ident.pid,
+                label,
+                c.gpu,
+                said["memory"],
+                said["core"],
+                said["gated"],
+                priority=said["priority"],
+            )
         )
     return ExplainView(tuple(rows))
 

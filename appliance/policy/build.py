@@ -65,6 +65,9 @@ def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
         drop_tail_billing_percent=sch["dropTailBillingPercent"],
         idle_release_s=parse_seconds(sch["idleRelease"]),
         drop_deadline_s=parse_seconds(sch["dropDeadline"]),
+        preempt_after_s=parse_seconds(sch["preemptAfter"]),
+        starvation_limit_s=parse_seconds(sch["starvationLimit"]),
+        idle_handoff_s=parse_seconds(sch["idleHandoff"]),
     )
 
 
@@ -94,9 +97,12 @@ def _realtime_check(rt: dict[str, Any]) -> model.RealtimeCheck:
 
 
 def _limits(entry: dict[str, Any]) -> model.Limits:
-    """`memoryLimit` and `coreLimit` of the defaults or of a rule."""
+    """`memoryLimit`, `coreLimit` and `priority` of the defaults or of a rule."""
+    priority = entry.get("priority")
     return model.Limits(
-        memory_bytes=_opt_bytes(entry.get("memoryLimit")), core_percent=entry.get("coreLimit")
+        memory_bytes=_opt_bytes(entry.get("memoryLimit")),
+        core_percent=entry.get("coreLimit"),
+        priority=None if priority is None else model.priority_value(priority),
     )
 
 
@@ -141,4 +147,6 @@ def _annotations(ann: dict[str, Any]) -> model.AnnotationPolicy:
         max_memory_bytes=_opt_bytes(ann["maxMemoryLimit"]),
         min_core_percent=ann["coreLimitRange"]["min"],
         max_core_percent=ann["coreLimitRange"]["max"],
+        min_priority=model.priority_value(ann["priorityRange"]["min"]),
+        max_priority=model.priority_value(ann["priorityRange"]["max"]),
     )

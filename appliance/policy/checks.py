@@ -9,7 +9,7 @@ from typing import Any
 from appliance.policy import schema
 from appliance.policy.merge import Merge
 from appliance.policy.messages import kind_problem, pattern_path, short
-from appliance.policy.model import MIN_TIME_QUANTUM_S
+from appliance.policy.model import MIN_TIME_QUANTUM_S, priority_value
 from appliance.policy.parse import escape_pointer
 from appliance.policy.quantity import QuantityError, parse_seconds, parse_size
 
@@ -114,6 +114,14 @@ def merged_problems(doc: dict[str, Any], origin: Merge) -> list[tuple[str, str]]
     if limits["min"] > limits["max"]:
         problems.append(
             ("/annotations/coreLimitRange/min", f"min {limits['min']} is above max {limits['max']}")
+        )
+    priorities = doc["annotations"]["priorityRange"]
+    if priority_value(priorities["min"]) > priority_value(priorities["max"]):
+        problems.append(
+            (
+                "/annotations/priorityRange/min",
+                f"min {priorities['min']} is above max {priorities['max']}",
+            )
         )
     mem = doc["memory"]
     if mem["singleProcessOversubscription"] and mem["backing"] != "managed":

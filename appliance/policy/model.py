@@ -20,6 +20,20 @@ MIN_TIME_QUANTUM_S = 1.0
 # Every duration's ceiling. The hook is sent the quantum and idle release in milliseconds as
 # 32-bit numbers (49.7 days); a day is far past any sensible quantum and well inside that.
 MAX_DURATION_S = 86_400.0
+# Priorities by name; policy, annotations and status speak both the names and the integers.
+PRIORITY_NAMES = {"low": -100, "normal": 0, "high": 100}
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+
+
+def priority_value(value: str | int) -> int:
+    """A priority as written in policy (a name or an integer) as its integer."""
+    return PRIORITY_NAMES[value] if isinstance(value, str) else value
+
+
+def priority_name(value: int) -> str:
+    """How status shows a priority: its name where it has one ("high"), else the integer."""
+    names = {v: k for k, v in PRIORITY_NAMES.items()}
+    return names.get(value, str(value))
 
 
 class Mode(enum.Enum):
@@ -51,6 +65,9 @@ class SchedulerSettings:
     drop_tail_billing_percent: int = 70
     idle_release_s: float = 1.0
     drop_deadline_s: float = 5.0
+    preempt_after_s: float = 1.0  # a higher priority waits at most this slice of a holder's
+    starvation_limit_s: float = 30.0  # a lower priority waits at most this, then a quantum
+    idle_handoff_s: float = 0.005  # idle this long while someone waits: hand the lock over
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +110,7 @@ class Limits:
 
     memory_bytes: int | None = None
     core_percent: int | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +158,8 @@ class AnnotationPolicy:
     max_memory_bytes: int | None = None
     min_core_percent: int = 1
     max_core_percent: int = 100
+    min_priority: int = PRIORITY_NAMES["low"]
+    max_priority: int = PRIORITY_NAMES["high"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +186,7 @@ class Policy:
     memory: MemorySettings = MemorySettings()
     realtime_check: RealtimeCheck = RealtimeCheck()
     unhooked_processes: UnhookedProcesses = UnhookedProcesses()
-    defaults: Limits = Limits(core_percent=100)
+    defaults: Limits = Limits(core_percent=100, priority=0)
     rules: tuple[Rule, ...] = ()
     gpus: tuple[GpuRule, ...] = ()
     annotations: AnnotationPolicy = AnnotationPolicy()

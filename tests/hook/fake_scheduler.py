@@ -83,6 +83,7 @@ class FakeScheduler:
         chunk: int = 64 << 20,
         pod_limit: int = 0,
         auto_grant: bool = True,
+        idle_release_ms: int = 0,
     ) -> None:
         self.path = os.path.join(socket_dir, "scheduler.sock")
         self.limits = limits
@@ -90,6 +91,7 @@ class FakeScheduler:
         self.chunk = chunk
         self.pod_limit = pod_limit
         self.auto_grant = auto_grant  # False: requests wait for grant_waiting()
+        self.idle_release_ms = idle_release_ms  # in every grant; 0: the hook's default
         self.silent = threading.Event()  # set: read nothing, answer nothing (a hung daemon)
         self.grant_reserved_extra = 0  # added to the absolute reservation a MEM_GRANT reports
         self.mu = threading.Condition()
@@ -271,7 +273,7 @@ class FakeScheduler:
         c.lock_since = time.monotonic()
         c.dropped = False
         self._record(c, p.MsgType.LOCK_GRANT)
-        c.send(p.LockGrant(int(self.tq_s * 1000), 0), seq)
+        c.send(p.LockGrant(int(self.tq_s * 1000), self.idle_release_ms), seq)
 
     def _next_holder(self, *, force: bool = False) -> None:
         self.holder = None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.protocol import MsgType, Result, Status, WireMode
+from appliance.protocol import LockTerms, MsgType, Result, Status, WireMode
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
@@ -141,6 +141,26 @@ def test_idle_holder_releases_early(
     p.ok("launch 1")  # asks again after an early release
     assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
     assert_clean(*p.finish())
+
+
+def test_new_terms_shorten_the_idle_window_of_a_held_lock(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    # Granted with an hour of idle release: only the new terms (someone waits) make it let go.
+    with fs.FakeScheduler(sock_dir, idle_release_ms=3_600_000) as sched:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        p.ok("launch 3")
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
+        p.ok("sleep 200")
+        assert sched.count(MsgType.LOCK_RELEASED) == 0
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10).pack())
+        assert sched.wait_for(
+            lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
+        )
+        p.ok("launch 1")  # asks again, and holds again
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
+        assert_clean(*p.finish())
 
 
 def test_without_a_daemon_the_program_runs_and_says_so_once(

@@ -16,6 +16,7 @@ LIMITS = HookLimits(None, 50, Mode.OFF, Backing.MANAGED, single_process_oversubs
 SAMPLES = [
     act.Registered(7, 3, LIMITS),
     act.Grant(7, 4, time_quantum_s=30, idle_release_s=0.25),
+    act.LockTerms(7, time_quantum_s=30, idle_release_s=0.005),
     act.Drop(7),
     act.LimitsChanged(7, LIMITS),
     act.MemoryGranted(7, 5, 64 << 20, 128 << 20),
@@ -41,6 +42,7 @@ def test_every_action_for_a_hook_becomes_the_frame_it_reads() -> None:
     assert frames == [
         p.Registered(7, wire),
         p.LockGrant(30_000, 250),
+        p.LockTerms(30_000, 5),
         p.LockDrop(),
         p.LimitUpdate(wire),
         p.MemGrant(64 << 20, 128 << 20),

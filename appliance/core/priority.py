@@ -1,0 +1,60 @@
+"""Priorities: who among the waiters is granted next, and when a holder gives way to one.
+
+A client's priority (`EffectiveLimits.priority`: policy default, rules, the pod annotation
+`nvshare.com/gpu-priority` within `annotations.priorityRange`) orders the line: a higher
+priority is granted first; equal priorities keep first come, first served (the queue's order,
+which a stable sort keeps); clients that overran a drop deadline stay behind everyone.
+
+A holder gives way to a waiter (`yield_at`):
+- of higher priority, after the holder's minimum slice (`scheduler.preemptAfter`) instead of its
+  whole quantum; at once when the waiter had the GPU and handed it over because it sat idle
+  (`lent_at`): the holder only borrowed time the waiter was not using;
+- of equal priority, when the holder's quantum is over (the rule without priorities);
+- of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
+  starved, first in line ahead of every priority, the holder gives way when its quantum is over,
+  and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
+  waits at most the starvation limit plus a quantum (and a drain).
+
+Pure functions over the core's state; the lock calls them to order its queue, to pick whom to
+drop and to know when to look again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from appliance.core.state import Client
+from appliance.policy.model import SchedulerSettings
+
+PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
+QUANTUM = "quantum"
+
+
+def starved(c: Client, now: float, settings: SchedulerSettings) -> bool:
+    """Whether a waiting client has waited past the starvation limit."""
+    return now >= c.requested_at + settings.starvation_limit_s
+
+
+def line(waiters: Iterable[Client], now: float, settings: SchedulerSettings) -> list[Client]:
+    """Waiters in the order they are granted: offenders last, then the starved, then by
+    priority; equal ones in the order they came (the sort is stable)."""
+    return sorted(
+        waiters,
+        key=lambda c: (c.offender, not starved(c, now, settings), -c.limits.priority),
+    )
+
+
+def yield_at(
+    holder: Client, waiter: Client, *, quantum_s: float, settings: SchedulerSettings
+) -> tuple[float, str]:
+    """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
+    and why."""
+    if waiter.limits.priority > holder.limits.priority and not holder.full_quantum:
+        lent = waiter.lent_at is not None and holder.granted_at >= waiter.lent_at
+        slice_s = 0.0 if lent else settings.preempt_after_s
+        return min(holder.granted_at + slice_s, holder.granted_at + quantum_s), PREEMPTED
+    quantum_over = holder.granted_at + quantum_s
+    if waiter.limits.priority < holder.limits.priority:
+        starving_at = waiter.requested_at + settings.starvation_limit_s
+        return max(quantum_over, starving_at), QUANTUM
+    return quantum_over, QUANTUM

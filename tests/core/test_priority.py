@@ -1,0 +1,189 @@
+"""Priorities on the core's fake clock: the line, preemption after the minimum slice, first come
+first served among equals, the starvation bound, the idle hand-off, and where a priority comes
+from (policy rules, the pod annotation within its range)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.annotations import PRIORITY, PodInfo
+from appliance.core.node import ANNOTATION_WARNING, NodeCore
+from appliance.core.views import ExplainQuery
+from appliance.policy.model import (
+    AnnotationPolicy,
+    Limits,
+    Policy,
+    Rule,
+    RuleMatch,
+    SchedulerSettings,
+)
+
+from .conftest import Harness, of
+
+HIGH, LOW = 100, -100
+SETTINGS = SchedulerSettings(time_quantum_s=10.0, preempt_after_s=1.0, starvation_limit_s=30.0)
+
+
+def by_uid(priorities: dict[int, int], settings: SchedulerSettings = SETTINGS) -> Harness:
+    """A core whose rules give each Unix uid its priority."""
+    rules = tuple(
+        Rule(name=f"uid-{uid}", match=RuleMatch(uid=uid), limits=Limits(priority=prio))
+        for uid, prio in priorities.items()
+    )
+    return Harness(NodeCore(Policy(scheduler=settings, rules=rules)))
+
+
+def grants(out: list[act.Action]) -> list[int]:
+    return [g.client_id for g in of(out, act.Grant)]
+
+
+def drops(out: list[act.Action]) -> list[int]:
+    return [d.client_id for d in of(out, act.Drop)]
+
+
+def test_a_waiting_higher_priority_is_granted_next_and_equals_keep_their_order() -> None:
+    h = by_uid({1: LOW, 2: 0, 3: HIGH})
+    holder = h.register(uid=2)
+    low, first, second = h.register(uid=1), h.register(uid=2), h.register(uid=2)
+    high = h.register(uid=3)
+    h.feed(ev.LockRequested(holder, 1))
+    for cid in (low, first, second, high):
+        h.feed(ev.LockRequested(cid, 1))
+    order = []
+    who = holder
+    for _ in range(4):
+        (who,) = grants(h.feed(ev.LockReleased(who, ev.ReleaseReason.EXIT)))
+        order.append(who)
+    assert order == [high, first, second, low]
+
+
+def test_a_higher_priority_takes_the_gpu_after_the_minimum_slice_not_the_quantum() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(low, 1))
+    h.advance(0.3)
+    assert drops(h.feed(ev.LockRequested(high, 1))) == []  # the slice is not over yet
+    assert drops(h.advance(0.69)) == []
+    out = h.advance(0.02)  # 1 s after the low one's grant, not 10 s
+    assert drops(out) == [low]
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == [high]
+    assert h.state.clients[low].usage.drops["priority"] == 1
+    # One that has held longer than the slice already gives way at once.
+    h.feed(ev.LockRequested(low, 2))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.EXIT))
+    h.advance(5)
+    assert drops(h.feed(ev.LockRequested(high, 2))) == [low]
+
+
+def test_a_lower_priority_waits_past_the_quantum_until_the_starvation_limit() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockRequested(low, 1))
+    assert drops(h.advance(29.9)) == []  # the quantum (10 s) is long over: the high one keeps it
+    assert drops(h.advance(0.2)) == [high]  # starved: 30 s
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.DROPPED))) == [low]
+    # The starved client keeps its whole quantum against the higher priority.
+    h.feed(ev.LockRequested(high, 2))
+    assert drops(h.advance(9.9)) == []
+    assert drops(h.advance(0.2)) == [low]
+
+
+def test_starvation_is_bounded_when_higher_priorities_keep_the_gpu_busy() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, a, b = h.register(uid=1), h.register(uid=2), h.register(uid=2)
+    h.feed(ev.LockRequested(a, 1))
+    h.feed(ev.LockRequested(b, 1))
+    h.feed(ev.LockRequested(low, 1))
+    granted_at = None
+    for _ in range(20):  # two compute-bound high clients hand the GPU back and forth
+        for d in drops(h.advance(10)):
+            out = h.feed(ev.LockReleased(d, ev.ReleaseReason.DROPPED))
+            if low in grants(out):
+                granted_at = h.now
+                break
+            h.feed(ev.LockRequested(d, 2))
+        if granted_at is not None:
+            break
+    assert granted_at is not None
+    assert granted_at - 1000.0 <= SETTINGS.starvation_limit_s + SETTINGS.time_quantum_s
+
+
+def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockRequested(low, 1))
+    # Its request served, the high one's GPU sits idle: it hands the lock to the waiting one ...
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
+    h.advance(0.04)
+    # ... and has it back as soon as it submits again, without waiting out a slice.
+    assert drops(h.feed(ev.LockRequested(high, 2))) == [low]
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == [high]
+    # A lower priority lends nothing: equal or lower waiters wait for the slice rules.
+    h.feed(ev.LockRequested(low, 2))
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
+    other = h.register(uid=1)
+    h.feed(ev.LockRequested(other, 1))
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.IDLE))
+    h.feed(ev.LockRequested(low, 3))
+    assert drops(h.sent[-1:]) == []  # equal priority: no taking back
+
+
+def test_while_someone_waits_the_holder_is_told_to_hand_over_after_a_short_idle() -> None:
+    settings = replace(SETTINGS, idle_release_s=1.0, idle_handoff_s=0.005)
+    h = by_uid({1: 0}, settings)
+    a, b = h.register(uid=1), h.register(uid=1)
+    (grant,) = of(h.feed(ev.LockRequested(a, 1)), act.Grant)
+    assert grant.idle_release_s == 1.0  # nobody waits: the long idle release
+    out = h.feed(ev.LockRequested(b, 1))
+    assert of(out, act.LockTerms) == [act.LockTerms(a, 10.0, 0.005)]
+    (grant,) = of(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE)), act.Grant)
+    assert (grant.client_id, grant.idle_release_s) == (b, 1.0)
+    h.feed(ev.LockRequested(a, 2))
+    assert of(h.sent[-1:], act.LockTerms) == [act.LockTerms(b, 10.0, 0.005)]
+    out = h.feed(ev.LockReleased(a, ev.ReleaseReason.EXIT))  # the waiter gave up
+    assert of(out, act.LockTerms) == [act.LockTerms(b, 10.0, 1.0)]
+    # 0 turns the hand-off off.
+    off = by_uid({1: 0}, replace(settings, idle_handoff_s=0.0))
+    a, b = off.register(uid=1), off.register(uid=1)
+    off.feed(ev.LockRequested(a, 1))
+    assert of(off.feed(ev.LockRequested(b, 1)), act.LockTerms) == []
+
+
+def pod(priority: str) -> ev.PodSeen:
+    return ev.PodSeen(PodInfo("u1", "ml", "serve", "node-1", annotations={PRIORITY: priority}))
+
+
+def test_the_pod_annotation_sets_a_priority_within_the_policy_range() -> None:
+    capped = AnnotationPolicy(max_priority=0)
+    h = Harness(NodeCore(Policy(scheduler=SETTINGS, annotations=capped)))
+    h.feed(pod("low"))
+    served = h.register(pod_uid="u1")
+    assert h.state.clients[served].limits.priority == LOW
+    out = h.feed(pod("high"))
+    [warning] = [w for w in out if isinstance(w, act.PodWarning)]
+    assert warning.reason == ANNOTATION_WARNING
+    assert warning.message == (
+        "pod ml/serve: annotation nvshare.com/gpu-priority='high' ignored: high is outside the "
+        "policy range annotations.priorityRange low to normal; kept previous override low"
+    )
+    assert h.state.clients[served].limits.priority == LOW
+    h.feed(pod("-5"))
+    (row,) = h.core.explain(ExplainQuery(pod="ml/serve")).clients
+    assert row.priority == "-5 (from annotation)"
+    assert "not a priority" in str(h.feed(pod("urgent")))
+
+
+def test_explain_names_the_rule_that_set_a_priority() -> None:
+    h = by_uid({7: HIGH})
+    a = h.register(uid=7, pid=4242)
+    (row,) = h.core.explain(ExplainQuery(pid=4242)).clients
+    assert row.priority == "high (from rule 'uid-7')"
+    assert h.core.status(h.now).clients[0].priority == HIGH
+    b = h.register(uid=8, pid=4343)
+    (row,) = h.core.explain(ExplainQuery(pid=4343)).clients
+    assert row.priority == "normal (from policy default (default))"
+    assert {a, b} == set(h.state.clients)
