@@ -58,6 +58,8 @@ def test_quantum_preempts_the_holder_when_someone_waits(daemon: RunningDaemon) -
     b, _ = register(daemon)
     a.request(p.LockRequest())
     b.send(p.LockRequest())
+    _, terms = a.receive()  # someone waits: hand over when idle for scheduler.idleHandoff
+    assert terms == p.LockTerms(tq_ms=2000, idle_release_ms=5)
     _, drop = a.receive()
     assert isinstance(drop, p.LockDrop)
     a.send(p.LockReleased(p.ReleaseReason.DROPPED))

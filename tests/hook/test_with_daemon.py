@@ -141,9 +141,14 @@ def test_live_limit_raise_lower_and_remove(
 def test_policy_idle_release_reaches_the_hook(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:
-    # Quantum and idle release of an hour: an idle holder keeps the GPU, although the hook's
-    # own default (1 s, when neither the policy nor NVSHARE_IDLE_RELEASE_MS says) would let go.
-    d = start(running, daemon_dir, "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h}\n")
+    # Quantum and idle release of an hour, no idle hand-off: an idle holder keeps the GPU,
+    # although the hook's own default (1 s, when neither the policy nor NVSHARE_IDLE_RELEASE_MS
+    # says) would let go.
+    d = start(
+        running,
+        daemon_dir,
+        "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 0}\n",
+    )
     env = {
         k: v
         for k, v in plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)).items()
@@ -155,6 +160,24 @@ def test_policy_idle_release_reaches_the_hook(
     assert_clean(*holder.finish())  # the holder exits: now the waiter runs
     assert waiter.answer() == "ok"
     assert_clean(*waiter.finish())
+
+
+def test_an_idle_holder_hands_over_to_a_waiter_after_the_idle_handoff(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # An hour of quantum and idle release: only the hand-off while someone waits lets go.
+    policy = "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms}\n"
+    d = start(running, daemon_dir, policy)
+    env = {
+        k: v
+        for k, v in plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir)).items()
+        if k != "NVSHARE_IDLE_RELEASE_MS"
+    }
+    holder, waiter = holder_and_waiter(start_probe, plain, env)
+    assert waiter.answer() == "ok"  # the idle holder handed the lock over, alive
+    holder.ok("launch 1")  # and asks for it again like anyone
+    assert_clean(*waiter.finish())
+    assert_clean(*holder.finish())
 
 
 def test_usage_inside_a_reservation_reaches_status(
