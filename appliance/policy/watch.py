@@ -400,11 +400,16 @@ class PolicyWatcher:
             else:
                 self._first_event = self._last_event = time.monotonic()
         if now >= self._next_rehash:
+            self._next_rehash = now + self._rehash_interval_s
             if self._parent_wd is None:
                 self._watch_parent()
             self._watch_directory()
-            self._reload("periodic re-hash")
-            self._next_rehash = now + self._rehash_interval_s
+            # A change already pending, or a file still open for writing, is read by the
+            # event path once it settles; reading it here could apply half a file.
+            if self._first_event is not None or self._writing:
+                return
+            if self._reload("periodic re-hash", settled=lambda: not self._drain()) is None:
+                self._first_event = self._last_event = time.monotonic()
 
     def _close(self) -> None:
         if self._inotify is not None:

@@ -269,6 +269,25 @@ def test_periodic_rehash_is_a_safety_net(tmp_path: Path, recorder: Recorder) -> 
         recorder.wait_tq(62.0)
 
 
+def test_periodic_rehash_never_reads_a_file_still_being_written(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    directory = tmp_path / "policy.d"
+    directory.mkdir()
+    target = directory / "10-base.yaml"
+    target.write_text("scheduler: {timeQuantum: 45s}\n")
+    with recorder.watcher(directory, rehash_interval_s=0.02):
+        recorder.wait_tq(45.0)
+        with target.open("w") as f:
+            f.write("scheduler:\n  timeQuantum: 4")  # a valid prefix of the real content
+            f.flush()
+            threading.Event().wait(0.5)  # 25 re-hash periods while the writer is busy
+            assert [p.scheduler.time_quantum_s for p in recorder.policies] == [45.0]
+            f.write("7s\n")
+        recorder.wait_tq(47.0)
+    assert [p.scheduler.time_quantum_s for p in recorder.policies] == [45.0, 47.0]
+
+
 def test_rewriting_the_same_content_does_not_call_on_policy(
     policy_dir: Path, recorder: Recorder, watcher: PolicyWatcher
 ) -> None:
