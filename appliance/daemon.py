@@ -229,6 +229,7 @@ class Daemon:
             dispatch=self.engine.dispatch,
             status=self.answers.status,
             queries=self.answers.queries,
+            view=self.core.memory_view,
             admin_group=self.config.admin_group,
             proc_root=self.proc_root,
         )

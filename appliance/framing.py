@@ -53,6 +53,8 @@ _FIXED: dict[p.MsgType, Any] = {
         p.MemObserved,
         p.LedgerPeers,
         p.MemRefusals,
+        p.ViewRequest,
+        p.View,
     )
 }
 _JSON_TYPES = {p.MsgType.STATUS_REPLY, p.MsgType.QUERY, p.MsgType.QUERY_REPLY}

@@ -10,17 +10,16 @@ in `appliance.framing`; sockets live in `appliance.server` and `appliance.client
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import os
-import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from appliance.layout import Fixed, empty
 from appliance.policy.model import Backing, Mode
 
 MAGIC = 0x4853564E
@@ -68,8 +67,10 @@ class MsgType(enum.IntEnum):
     HEARTBEAT_ACK = 51
     MEM_OBSERVED = 52
     LEDGER_PEERS = 53
-    LOCK_TERMS = 80
+    VIEW_REQUEST = 54
+    VIEW = 55
     MEM_REFUSALS = 60
+    LOCK_TERMS = 80
 
 
 class WireMode(enum.IntEnum):
@@ -126,51 +127,11 @@ LIMIT_SET_HAS_CORE = 0x8
 SET_FOLLOW_POLICY = 0x1  # SetTq/SetMode flags: drop nvsharectl's value, follow the policy again
 
 
-def _cstr(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-
-def _string_sizes(fmt: struct.Struct) -> list[int]:
-    """Per item of a format: the size of a fixed string (`48s`), 0 for a number."""
-    items = re.findall(r"(\d*)([a-zA-Z])", fmt.format.lstrip("<"))
-    return [int(count or 1) if code == "s" else 0 for count, code in items]
-
-
-class _Fixed:
-    """A fixed-layout body: FORMAT's items are LAYOUT's fields in order (the dataclass's fields
-    when LAYOUT is empty; "" marks a reserved field sent as 0). Strings travel NUL-padded and cut
-    to fit; DECODE turns numbers read back into their enums."""
-
-    FORMAT: ClassVar[struct.Struct]
-    LAYOUT: ClassVar[tuple[str, ...]] = ()
-    DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
-
-    @classmethod
-    def _layout(cls) -> tuple[str, ...]:
-        return cls.LAYOUT or tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-
-    def pack(self) -> bytes:
-        values: list[Any] = []
-        for name, size in zip(self._layout(), _string_sizes(self.FORMAT), strict=True):
-            value: Any = getattr(self, name) if name else 0
-            values.append(value.encode("utf-8")[: size - 1] if size else value)
-        return self.FORMAT.pack(*values)
-
-    @classmethod
-    def unpack(cls, body: bytes) -> Any:
-        fields = {}
-        for name, value in zip(cls._layout(), cls.FORMAT.unpack(body), strict=True):
-            if name:
-                raw = _cstr(value) if isinstance(value, bytes) else value
-                fields[name] = cls.DECODE[name](raw) if name in cls.DECODE else raw
-        return cls(**fields)
-
-
 # ---------------------------------------------------------------- bodies
 
 
 @dataclass(frozen=True, slots=True)
-class Register(_Fixed):
+class Register(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.REGISTER
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQQ{UUID_LEN}s{NAME_LEN}s{NAME_LEN}s")
     LAYOUT: ClassVar[tuple[str, ...]] = (
@@ -192,7 +153,7 @@ class Register(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class WireLimits(_Fixed):
+class WireLimits(Fixed):
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QIIII")
     DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "mode": WireMode,
@@ -236,34 +197,15 @@ class LimitUpdate:
         return cls(WireLimits.unpack(body))
 
 
-def _empty(name: str, msg_type: MsgType) -> Any:
-    @dataclass(frozen=True, slots=True)
-    class Empty:
-        TYPE: ClassVar[MsgType] = msg_type
-        FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
-
-        def pack(self) -> bytes:
-            return b""
-
-        @classmethod
-        def unpack(cls, body: bytes) -> Any:
-            if body:
-                raise struct.error(f"{name} carries no body")
-            return cls()
-
-    Empty.__name__ = Empty.__qualname__ = name
-    return Empty
-
-
-LockRequest = _empty("LockRequest", MsgType.LOCK_REQUEST)
-LockDrop = _empty("LockDrop", MsgType.LOCK_DROP)
-StatusRequest = _empty("StatusRequest", MsgType.STATUS_REQUEST)
-Heartbeat = _empty("Heartbeat", MsgType.HEARTBEAT)
-HeartbeatAck = _empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
+LockRequest = empty("LockRequest", MsgType.LOCK_REQUEST)
+LockDrop = empty("LockDrop", MsgType.LOCK_DROP)
+StatusRequest = empty("StatusRequest", MsgType.STATUS_REQUEST)
+Heartbeat = empty("Heartbeat", MsgType.HEARTBEAT)
+HeartbeatAck = empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
 
 
 @dataclass(frozen=True, slots=True)
-class LockGrant(_Fixed):
+class LockGrant(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     tq_ms: int  # the hook bounds how long a stream capture may outlive a drop by it
@@ -276,7 +218,7 @@ class LockTerms(LockGrant):  # new terms for the grant held; a hook not holding 
 
 
 @dataclass(frozen=True, slots=True)
-class LockReleased(_Fixed):
+class LockReleased(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LOCK_RELEASED
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     LAYOUT: ClassVar[tuple[str, ...]] = ("reason", "")
@@ -285,7 +227,7 @@ class LockReleased(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class SetTq(_Fixed):
+class SetTq(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.SET_TQ
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     seconds: int
@@ -293,7 +235,7 @@ class SetTq(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class SetMode(_Fixed):
+class SetMode(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.SET_MODE
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<II{UUID_LEN}s")
     LAYOUT: ClassVar[tuple[str, ...]] = ("mode", "flags", "gpu_uuid")
@@ -312,7 +254,7 @@ def _status(value: int) -> Status:
 
 
 @dataclass(frozen=True, slots=True)
-class Result(_Fixed):
+class Result(Fixed):
     """OK (status 0) or ERROR frames."""
 
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<iI{MESSAGE_LEN}s")
@@ -327,7 +269,7 @@ class Result(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class MemReserve(_Fixed):
+class MemReserve(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RESERVE
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     nbytes: int  # more reservation wanted
@@ -335,7 +277,7 @@ class MemReserve(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class MemGrant(_Fixed):
+class MemGrant(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_GRANT
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     granted: int  # 0 = refused
@@ -343,7 +285,7 @@ class MemGrant(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class MemReturn(_Fixed):
+class MemReturn(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.MEM_RETURN
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
     nbytes: int  # reservation given back
@@ -351,7 +293,7 @@ class MemReturn(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class MemObserved(_Fixed):
+class MemObserved(Fixed):
     """What NVML shows the client's process holding; the hook counts what its ledger misses."""
 
     TYPE: ClassVar[MsgType] = MsgType.MEM_OBSERVED
@@ -361,7 +303,7 @@ class MemObserved(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerPeers(_Fixed):
+class LedgerPeers(Fixed):
     """How many processes share the receiver's memory ledger (pod, GPU), itself included."""
 
     TYPE: ClassVar[MsgType] = MsgType.LEDGER_PEERS
@@ -371,7 +313,7 @@ class LedgerPeers(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class MemRefusals(_Fixed):
+class MemRefusals(Fixed):
     """Allocations the hook refused on its own (over the limit it knows) since its last report;
     the daemon's own refusals are not in it."""
 
@@ -383,7 +325,62 @@ class MemRefusals(_Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class LimitSet(_Fixed):
+class ViewRequest(Fixed):
+    """How a GPU looks to the asking process; no REGISTER needed (nvidia-smi, monitoring)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.VIEW_REQUEST
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<{UUID_LEN}sQ{NAME_LEN}s{NAME_LEN}s")
+    gpu_uuid: str
+    gpu_total_mem: int = 0  # bytes, as NVML reports them
+    pod_namespace: str = ""  # hints, as in Register
+    pod_name: str = ""
+
+
+VIEW_MAX_PROCESSES = 16
+VIEW_SELF = 0x1  # ViewProcess.flags: the process that asked
+
+
+@dataclass(frozen=True, slots=True)
+class ViewProcess(Fixed):
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<IIQ")
+    pid: int  # as the asking process sees it
+    flags: int  # VIEW_SELF
+    used: int  # bytes, as the ledger counts them
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The answer to a ViewRequest: the asker's limit on the GPU (0: none, the real GPU is
+    shown), what its pod (or, outside pods, the process) holds there, and its processes."""
+
+    TYPE: ClassVar[MsgType] = MsgType.VIEW
+    HEAD: ClassVar[struct.Struct] = struct.Struct("<QQII")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQII" + "IIQ" * VIEW_MAX_PROCESSES)
+    mem_limit: int
+    used: int
+    processes: tuple[ViewProcess, ...] = ()
+    unlisted: int = 0  # counted in `used`, not listed (past the array, or not visible to it)
+
+    def pack(self) -> bytes:
+        shown = self.processes[:VIEW_MAX_PROCESSES]
+        unlisted = self.unlisted + len(self.processes) - len(shown)
+        entries = b"".join(x.pack() for x in shown)
+        padding = bytes(ViewProcess.FORMAT.size * (VIEW_MAX_PROCESSES - len(shown)))
+        return self.HEAD.pack(self.mem_limit, self.used, len(shown), unlisted) + entries + padding
+
+    @classmethod
+    def unpack(cls, body: bytes) -> View:
+        cls.FORMAT.unpack(body)  # length check
+        mem_limit, used, count, unlisted = cls.HEAD.unpack_from(body)
+        if count > VIEW_MAX_PROCESSES:
+            raise struct.error(f"{count} processes, at most {VIEW_MAX_PROCESSES} fit")
+        entries = ViewProcess.FORMAT.iter_unpack(body[cls.HEAD.size :])
+        processes = tuple(ViewProcess(*next(entries)) for _ in range(count))
+        return cls(mem_limit, used, processes, unlisted)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSet(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
     LAYOUT: ClassVar[tuple[str, ...]] = (
@@ -446,4 +443,7 @@ BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_mem_observed": MemObserved.FORMAT,
     "nvs_ledger_peers": LedgerPeers.FORMAT,
     "nvs_mem_refusals": MemRefusals.FORMAT,
+    "nvs_view_request": ViewRequest.FORMAT,
+    "nvs_view_process": ViewProcess.FORMAT,
+    "nvs_view": View.FORMAT,
 }

@@ -30,7 +30,10 @@ from appliance import protocol as p
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
+from appliance.core.identity import ClientIdentity
+from appliance.core.shown import MemoryView
 from appliance.host.peer import identify, is_admin, peer_credentials
+from appliance.host.pidns import pids_seen_by
 from appliance.socket_claim import SocketClaim, claim_socket
 
 log = logging.getLogger("nvshare.server")
@@ -38,6 +41,7 @@ log = logging.getLogger("nvshare.server")
 MAX_WRITE_BUFFER = 1 << 20
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
+ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
 
 
 @dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
@@ -81,6 +85,7 @@ class SchedulerServer:
         dispatch: Callable[[ev.Event], None],
         status: Callable[[], views.StatusView],
         queries: Mapping[str, QueryHandler],
+        view: ViewHandler,
         proc_root: Path = Path("/proc"),
         admin_group: str | None = None,
     ) -> None:
@@ -90,6 +95,7 @@ class SchedulerServer:
         self._dispatch = dispatch
         self._status = status
         self.queries = queries
+        self._view = view
         self._clients: dict[int, Connection] = {}  # registered hooks, by client id
         self._connections: dict[int, Connection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
@@ -102,6 +108,7 @@ class SchedulerServer:
             p.Register: self._on_register,
             **{kind: self._on_hook_message for kind in codec.HOOK_EVENTS},
             p.Heartbeat: self._on_heartbeat,
+            p.ViewRequest: self._on_view_request,
             **{kind: self._on_control for kind in codec.CONTROL},
             p.StatusRequest: self._on_status_request,
             p.JsonBody: self._on_query,
@@ -244,11 +251,9 @@ class SchedulerServer:
 
     # hooks
 
-    def _on_register(self, conn: Connection, msg: p.Register, seq: int) -> None:
-        if conn.client_id is not None:
-            conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
-            return
-        ident = identify(
+    def _identify(self, conn: Connection, msg: p.Register | p.ViewRequest) -> ClientIdentity:
+        """Who the peer is, from the kernel; the pod it names is only a flagged hint."""
+        return identify(
             conn.pid,
             conn.uid,
             conn.gid,
@@ -256,6 +261,12 @@ class SchedulerServer:
             claimed_namespace=msg.pod_namespace,
             claimed_pod=msg.pod_name,
         )
+
+    def _on_register(self, conn: Connection, msg: p.Register, seq: int) -> None:
+        if conn.client_id is not None:
+            conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
+            return
+        ident = self._identify(conn, msg)
         conn.client_id = next(self._ids)
         conn.peer = f"client {conn.client_id} (pid {conn.pid}, uid {conn.uid})"
         self._clients[conn.client_id] = conn
@@ -274,6 +285,25 @@ class SchedulerServer:
     def _on_hook_message(self, conn: Connection, msg: Any, seq: int) -> None:
         if (cid := self._need_client(conn, seq, msg.TYPE)) is not None:
             self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, cid, seq))
+
+    def _on_view_request(self, conn: Connection, msg: p.ViewRequest, seq: int) -> None:
+        """How a GPU looks to the asker, registered or not (nvidia-smi never registers), with
+        the PIDs of its pod's processes as its own PID namespace numbers them."""
+        ident = self._identify(conn, msg)
+        view = self._view(ident, msg.gpu_uuid, msg.gpu_total_mem)
+        seen = pids_seen_by(conn.pid, [h.pid for h in view.processes], proc_root=self.proc_root)
+        listed = tuple(
+            p.ViewProcess(seen[h.pid], p.VIEW_SELF if h.asker else 0, h.used)
+            for h in view.processes
+            if h.pid in seen
+        )
+        reply = p.View(
+            mem_limit=view.limit or 0,
+            used=view.used,
+            processes=listed,
+            unlisted=len(view.processes) - len(listed),
+        )
+        conn.send(reply, seq)
 
     def _on_heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:
         # Liveness only: the hook treats a daemon that stops answering as gone.

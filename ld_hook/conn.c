@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #define FIRST_BACKOFF_MS 100
 #define MAX_BACKOFF_MS 5000
 #define MAX_REPORTED_MALFORMED 5
+#define ASK_MAX_WAIT_MS 2000u
 
 enum conn_state { CONN_UNUSED = 0, CONN_CONNECTING, CONN_UP, CONN_DOWN };
 
@@ -496,4 +498,49 @@ void nvs_conn_after_fork(void)
         conns[i].generation++;
     }
     atomic_store(&malformed_reported, 0);
+}
+
+/* ------------------------------------------------------------------ one question */
+
+/* With a deadline: all of buf from fd, waiting in poll() only. */
+static int read_by(int fd, void *buf, size_t len, uint64_t deadline_ns)
+{
+    char *p = buf;
+    while (len > 0) {
+        uint64_t now = nvs_now_ns();
+        if (now >= deadline_ns) return -1;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int ready = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000 + 1));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return -1;
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int nvs_conn_ask(uint16_t type, const void *body, uint32_t len, uint16_t reply_type, void *reply,
+                 uint32_t reply_len)
+{
+    if (!nvs_cfg.socket_usable || len > BODY_CAP) return -1;
+    uint32_t wait_ms = nvs_cfg.daemon_timeout_ms < ASK_MAX_WAIT_MS ? nvs_cfg.daemon_timeout_ms
+                                                                    : ASK_MAX_WAIT_MS;
+    uint64_t deadline = nvs_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    int fd = open_socket(); /* a full backlog fails at once */
+    if (fd < 0) return -1;
+    char out[sizeof(struct nvs_header) + BODY_CAP];
+    struct nvs_header h = {.magic = NVS_MAGIC, .version = NVS_PROTO_VERSION, .type = type,
+                           .body_len = len, .seq = 1};
+    memcpy(out, &h, sizeof h);
+    memcpy(out + sizeof h, body, len);
+    /* one small frame fits the socket's buffer: the send never waits */
+    int ok = send(fd, out, sizeof h + len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)(sizeof h + len) &&
+             read_by(fd, &h, sizeof h, deadline) == 0 && h.magic == NVS_MAGIC &&
+             h.version == NVS_PROTO_VERSION && h.seq == 1 && h.type == reply_type &&
+             h.body_len == reply_len && read_by(fd, reply, reply_len, deadline) == 0;
+    close(fd);
+    return ok ? 0 : -1;
 }

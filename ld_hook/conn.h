@@ -52,5 +52,10 @@ void nvs_conn_flush(struct nvs_gpu *g); /* no locks held */
 void nvs_conn_fail(struct nvs_gpu *g, const char *why); /* treat the daemon as gone */
 void nvs_conn_tick(struct nvs_gpu *g, uint64_t now_ns); /* heartbeat, liveness, reconnect */
 void nvs_conn_after_fork(void);
+/* One request and its one reply (of reply_type, exactly reply_len bytes) on a connection of its
+ * own, needing no registration: 0 when answered, -1 when the daemon is absent, refused it or did
+ * not answer within the daemon timeout (at most 2 s). Never waits on a full backlog. */
+int nvs_conn_ask(uint16_t type, const void *body, uint32_t len, uint16_t reply_type, void *reply,
+                 uint32_t reply_len);
 
 #endif

@@ -139,5 +139,18 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem);
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned len);
+#define NVS_NVML_PROCESS_LISTS(X)                                                   \
+    X(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, 1)                \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, 1)                \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, 1)                \
+    X(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, 0)               \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t, 0)               \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, 0)               \
+    X(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, 0)             \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, 0)             \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, 0)
+#define NVS_NVML_PROCESS_LIST_PROTO(name, info, compute) \
+    nvmlReturn_t name(nvmlDevice_t dev, unsigned *count, info *infos);
+NVS_NVML_PROCESS_LISTS(NVS_NVML_PROCESS_LIST_PROTO)
 
 #endif /* NVSHARE_CUDA_API_H */

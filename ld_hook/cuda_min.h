@@ -168,5 +168,18 @@ typedef struct {
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_v2_t;
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+/* the process lists: _v1 entry points fill the first two fields only, _v2 and _v3 all four */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
 
 #endif /* NVSHARE_CUDA_MIN_H */

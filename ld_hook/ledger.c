@@ -166,16 +166,13 @@ void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes)
     if (queued) nvs_conn_flush(g);
 }
 
-int nvs_ledger_view(struct nvs_gpu *g, uint64_t *limit, uint64_t *used)
+void nvs_ledger_peek(struct nvs_gpu *g, uint64_t *limit, uint64_t *used)
 {
-    if (g == NULL) return 0;
-    nvs_conn_use(g);
     struct ledger *l = ledger_of(g);
     nvs_lock(&l->mu);
     *limit = effective_limit(g, l);
     *used = l->usage + l->external;
     nvs_unlock(&l->mu);
-    return *limit != 0;
 }
 
 int nvs_ledger_backing_managed(struct nvs_gpu *g)

@@ -15,8 +15,9 @@
 CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes);
 void nvs_ledger_force(struct nvs_gpu *g, uint64_t bytes);      /* already held: no check */
 void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes);
-/* The view a program gets: 1 when a limit applies (then *limit and *used are set). */
-int nvs_ledger_view(struct nvs_gpu *g, uint64_t *limit, uint64_t *used);
+/* What this process alone knows of g, without registering: the limit that applies here
+ * (0 = none) and what the process holds. */
+void nvs_ledger_peek(struct nvs_gpu *g, uint64_t *limit, uint64_t *used);
 int nvs_ledger_backing_managed(struct nvs_gpu *g);
 
 /* Events from the session (no hook lock held by the caller). */

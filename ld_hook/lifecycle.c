@@ -19,6 +19,7 @@
 #include "log.h"
 #include "pools.h"
 #include "session.h"
+#include "shown.h"
 
 static atomic_int atfork_registered;
 
@@ -33,6 +34,7 @@ static void after_fork_child(void)
     nvs_allocmap_after_fork();
     nvs_pools_after_fork();
     nvs_ledger_after_fork();
+    nvs_shown_after_fork();
     nvs_gate_after_fork();
     nvs_session_after_fork();
     nvs_notice_reset();

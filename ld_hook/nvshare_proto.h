@@ -54,6 +54,9 @@ enum {
     NVS_MSG_HEARTBEAT_ACK = 51, /* daemon -> hook: empty */
     NVS_MSG_MEM_OBSERVED = 52,  /* daemon -> hook: struct nvs_mem_observed, unsolicited (seq 0) */
     NVS_MSG_LEDGER_PEERS = 53,  /* daemon -> hook: struct nvs_ledger_peers, unsolicited (seq 0) */
+    /* the GPU as a process is shown it (NVML, cuMemGetInfo), also before or without REGISTER */
+    NVS_MSG_VIEW_REQUEST = 54,  /* hook -> daemon: struct nvs_view_request; reply VIEW */
+    NVS_MSG_VIEW = 55,          /* daemon -> hook: struct nvs_view */
     /* what the hook decided on its own, for the daemon's counts */
     NVS_MSG_MEM_REFUSALS = 60,  /* hook -> daemon: struct nvs_mem_refusals; no reply */
     /* the lock's terms while it is held */
@@ -205,6 +208,34 @@ struct nvs_mem_refusals {
     uint64_t largest; /* bytes: the largest request among them */
 };
 
+/* A process asks how its GPU looks to it: its limit there, what its pod (or, outside pods, the
+ * process itself) holds, and which processes hold it. Needs no REGISTER: nvidia-smi and
+ * monitoring agents never initialise CUDA. */
+struct nvs_view_request {
+    char gpu_uuid[NVS_UUID_LEN];
+    uint64_t gpu_total_mem; /* bytes, as NVML reports them */
+    char pod_namespace[NVS_NAME_LEN]; /* client hints, as in nvs_register */
+    char pod_name[NVS_NAME_LEN];
+};
+
+#define NVS_VIEW_MAX_PROCESSES 16
+#define NVS_VIEW_SELF 0x1u /* nvs_view_process.flags: the process that asked */
+
+struct nvs_view_process {
+    uint32_t pid;   /* as the asking process sees it (its PID namespace) */
+    uint32_t flags; /* NVS_VIEW_* */
+    uint64_t used;  /* bytes, as the ledger counts them */
+};
+
+struct nvs_view {
+    uint64_t mem_limit;      /* bytes; 0 = no limit: the real GPU is shown */
+    uint64_t used;           /* bytes the pod (or process) holds on the GPU, as its ledger counts */
+    uint32_t process_count;  /* entries of processes[] in use; the asker first when it is one */
+    uint32_t unlisted;       /* processes counted in `used` but not listed: past the array, or
+                              * outside the asker's PID namespace */
+    struct nvs_view_process processes[NVS_VIEW_MAX_PROCESSES];
+};
+
 #define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
 NVS_ASSERT_SIZE(struct nvs_header, 24);
 NVS_ASSERT_SIZE(struct nvs_register, 200);
@@ -222,5 +253,8 @@ NVS_ASSERT_SIZE(struct nvs_limit_set, 152);
 NVS_ASSERT_SIZE(struct nvs_mem_observed, 16);
 NVS_ASSERT_SIZE(struct nvs_ledger_peers, 8);
 NVS_ASSERT_SIZE(struct nvs_mem_refusals, 16);
+NVS_ASSERT_SIZE(struct nvs_view_request, 184);
+NVS_ASSERT_SIZE(struct nvs_view_process, 16);
+NVS_ASSERT_SIZE(struct nvs_view, 280);
 
 #endif /* NVSHARE_PROTO_H */

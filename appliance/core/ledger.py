@@ -30,6 +30,14 @@ CONTEXT_ALLOWANCE_BYTES = 768 << 20
 OBSERVED_STEP_BYTES = 2 << 20  # smaller NVML changes are not sent to the hook
 
 
+def counted(c: Client) -> int:
+    """What a client holds as its ledger counts it: its allocations, or what NVML shows its
+    process holding beyond the context allowance where that is more (as its hook counts)."""
+    if c.nvml_used is None:
+        return c.used
+    return max(c.used, c.nvml_used - CONTEXT_ALLOWANCE_BYTES)
+
+
 @dataclass(frozen=True, slots=True)
 class _FreeSample:
     free: int

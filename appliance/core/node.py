@@ -9,7 +9,7 @@ they share: who is registered, and what every hook must enforce, pushed to exact
 whose limits changed. The parts: `lock` (queues, modes, quanta, quotas), `ledger` (memory and
 the real-time check), `admin` (nvsharectl's commands), `annotations.PodTable` (pods and what
 their annotations ask for), `unhooked` (GPU processes without the hook), `views` (what status
-and metrics show).
+and metrics show), `shown` (the GPU as a process is shown it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from appliance.core import views
 from appliance.core.admin import Admin
 from appliance.core.annotations import AnnotationProblem
 from appliance.core.gpus import GpuFacts
+from appliance.core.identity import ClientIdentity
 from appliance.core.ledger import Ledger
 from appliance.core.limits import describe
 from appliance.core.lock import Lock
 from appliance.core.quota import QuotaAccount
+from appliance.core.shown import MemoryView, memory_view
 from appliance.core.state import Client, Gpu, NodeState
 from appliance.core.unhooked import REGISTERED, UnhookedWatch
 from appliance.policy.model import Mode, Policy
@@ -95,6 +97,9 @@ class NodeCore:
 
     def load(self) -> dict[str, int]:
         return views.load(self.state)
+
+    def memory_view(self, ident: ClientIdentity, gpu_uuid: str, gpu_total: int) -> MemoryView:
+        return memory_view(self.state, ident, gpu_uuid, gpu_total)
 
     # ------------------------------------------------------------ clients
 

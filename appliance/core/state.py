@@ -207,13 +207,17 @@ class NodeState:
             del self.retained[old]
 
     def subject(self, c: Client) -> str:
-        """Whose ledger a client draws on: its pod (by kernel identity, else as claimed)."""
-        pod, _ = self.pods.pod_of(c.ident)
+        return self.subject_of(c.ident)
+
+    def subject_of(self, ident: ClientIdentity) -> str:
+        """Whose ledger a process draws on: its pod (by kernel identity, else as claimed), else
+        its own."""
+        pod, _ = self.pods.pod_of(ident)
         if pod is not None:
             return f"pod:{pod.uid}"
-        if c.ident.pod_uid:
-            return f"pod:{c.ident.pod_uid}"
-        return f"pid:{c.ident.pid}"
+        if ident.pod_uid:
+            return f"pod:{ident.pod_uid}"
+        return f"pid:{ident.pid}"
 
     def reached(self, target: LimitTarget) -> list[Client]:
         """The connected clients a limit override of `target` applies to."""
@@ -227,16 +231,27 @@ class NodeState:
         return reached
 
     def resolve(self, c: Client, *, with_env: bool) -> EffectiveLimits:
-        pod, _ = self.pods.pod_of(c.ident)
+        return self.resolve_for(
+            c.ident,
+            self.facts(c.gpu),
+            env_memory=c.env_memory if with_env else 0,
+            env_core=c.env_core if with_env else 0,
+        )
+
+    def resolve_for(
+        self, ident: ClientIdentity, gpu: GpuFacts, *, env_memory: int = 0, env_core: int = 0
+    ) -> EffectiveLimits:
+        """The limits of a process on a GPU, registered there or not."""
+        pod, _ = self.pods.pod_of(ident)
         return resolve_limits(
             policy=self.policy,
-            ident=c.ident,
-            gpu=self.facts(c.gpu),
+            ident=ident,
+            gpu=gpu,
             pod=pod,
             annotations=self.pods.overrides_of(pod),
-            admin=self.overrides.limits_for(c.ident.pid, pod),
-            env_memory_bytes=c.env_memory if with_env else 0,
-            env_core_percent=c.env_core if with_env else 0,
+            admin=self.overrides.limits_for(ident.pid, pod),
+            env_memory_bytes=env_memory,
+            env_core_percent=env_core,
         )
 
     def enforced(self, c: Client) -> HookLimits:

@@ -34,13 +34,6 @@ typedef struct {
     unsigned int memory;
 } fake_nvml_utilization_t;
 
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} fake_nvml_process_info_t;
-
 #define FAKE_NVML_MAX_LISTED 16
 
 struct fake_usage {
@@ -201,29 +194,41 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, fake_nvml_ut
 }
 
 /* As NVML: with too small a buffer (or none), say how many there are and fail with
- * INSUFFICIENT_SIZE; with none running, succeed with a count of 0. */
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *n,
-                                                           fake_nvml_process_info_t *infos)
+ * INSUFFICIENT_SIZE; with none running, succeed with a count of 0. A _v1 entry is the first 16
+ * bytes of a _v2/_v3 one. The fake's processes are all compute processes. */
+static nvmlReturn_t list_processes(nvmlDevice_t dev, unsigned *n, void *infos, size_t entry_size,
+                                   int compute)
 {
     struct fake_usage u = usage(dev);
-    if (u.processes == 0) {
+    unsigned count = compute ? u.processes : 0;
+    if (count == 0) {
         *n = 0;
         return NVML_SUCCESS;
     }
-    if (infos == NULL || *n < u.processes) {
-        *n = u.processes;
+    if (infos == NULL || *n < count) {
+        *n = count;
         return FAKE_NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (unsigned i = 0; i < u.processes; i++) {
+    for (unsigned i = 0; i < count; i++) {
         int listed = i < u.listed;
-        infos[i].pid = listed ? u.pids[i] : 40000 + 100 * device_index(dev) + i;
-        infos[i].usedGpuMemory = listed && u.held[i] ? u.held[i] : u.used / u.processes;
-        infos[i].gpuInstanceId = 0xFFFFFFFFu;
-        infos[i].computeInstanceId = 0xFFFFFFFFu;
+        nvmlProcessInfo_t e = {
+            .pid = listed ? u.pids[i] : 40000 + 100 * device_index(dev) + i,
+            .usedGpuMemory = listed && u.held[i] ? u.held[i] : u.used / count,
+            .gpuInstanceId = 0xFFFFFFFFu,
+            .computeInstanceId = 0xFFFFFFFFu,
+        };
+        memcpy((char *)infos + i * entry_size, &e, entry_size);
     }
-    *n = u.processes;
+    *n = count;
     return NVML_SUCCESS;
 }
+
+#define FAKE_LIST(name, info, compute)                                     \
+    EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned *n, info *infos)   \
+    {                                                                      \
+        return list_processes(dev, n, infos, sizeof(info), compute);       \
+    }
+NVS_NVML_PROCESS_LISTS(FAKE_LIST)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned *current, unsigned *pending)
 {

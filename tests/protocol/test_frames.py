@@ -36,6 +36,9 @@ def test_round_trip_every_fixed_message() -> None:
         p.HeartbeatAck(),
         p.MemObserved(5 << 30, 512 << 20),
         p.LedgerPeers(3),
+        p.MemRefusals(2, 1 << 20),
+        p.ViewRequest("GPU-abc", 80 << 30, "ns", "pod"),
+        p.View(1 << 30, 300 << 20, (p.ViewProcess(12, p.VIEW_SELF, 200 << 20),), unlisted=1),
         p.Result(p.Status.PERMISSION, 7, "only root may change the time quantum"),
         p.JsonBody(p.MsgType.QUERY, {"query": "policy"}),
     ]
@@ -46,6 +49,14 @@ def test_round_trip_every_fixed_message() -> None:
         frames += decoder.feed(data[i : i + 7])
     assert [f.seq for f in frames] == list(range(len(messages)))  # type: ignore[union-attr]
     assert [framing.decode_body(f) for f in frames] == messages  # type: ignore[arg-type]
+
+
+def test_a_view_lists_what_fits_and_counts_the_rest() -> None:
+    many = tuple(p.ViewProcess(pid, 0, 1 << 20) for pid in range(1, 21))
+    frame = framing.FrameDecoder().feed(framing.encode(p.View(1 << 30, 20 << 20, many)))[0]
+    view = framing.decode_body(frame)  # type: ignore[arg-type]
+    assert view.processes == many[: p.VIEW_MAX_PROCESSES]
+    assert view.unlisted == 20 - p.VIEW_MAX_PROCESSES
 
 
 def test_long_strings_are_truncated_and_nul_terminated() -> None:

@@ -58,6 +58,19 @@ FIELDS = {
     "nvs_mem_observed": ["nvml_used", "allowance"],
     "nvs_ledger_peers": ["clients", "reserved"],
     "nvs_mem_refusals": ["count", "reserved", "largest"],
+    "nvs_view_request": ["gpu_uuid", "gpu_total_mem", "pod_namespace", "pod_name"],
+    "nvs_view_process": ["pid", "flags", "used"],
+    "nvs_view": [
+        "mem_limit",
+        "used",
+        "process_count",
+        "unlisted",
+        *(
+            f"processes[{i}].{field}"
+            for i in range(protocol.VIEW_MAX_PROCESSES)
+            for field in ("pid", "flags", "used")
+        ),
+    ],
 }
 
 
@@ -118,3 +131,5 @@ def test_constants_match_c_header() -> None:
         s.name: s.value for s in protocol.Status if s.name != "OK"
     }
     assert f"0x{protocol.MAGIC:08X}u" in header
+    assert f"#define NVS_VIEW_MAX_PROCESSES {protocol.VIEW_MAX_PROCESSES}\n" in header
+    assert f"#define NVS_VIEW_SELF 0x{protocol.VIEW_SELF}u " in header
