@@ -41,7 +41,12 @@ Snapshot = Callable[[], StatusView]
 
 MAX_CLIENT_SERIES = 1000
 MAX_POD_SERIES = 1000
-DROP_REASONS = ("quantum", "quota", "priority")  # always exported: rate() sees them from 0
+DROP_REASONS = (
+    "quantum",
+    "quota",
+    "priority",
+    "request",
+)  # always exported: rate() sees them from 0
 
 _COUNTERS = (
     ("grants", "Lock grants"),
@@ -119,6 +124,12 @@ def _gpus(status: StatusView) -> Iterator[Metric]:
     queue = GaugeMetricFamily(
         "nvshare_gpu_queue_length", "Clients waiting for the lock", labels=labels
     )
+    requested = GaugeMetricFamily(
+        "nvshare_gpu_core_requested_percent",
+        "Guaranteed shares (coreRequest) of the GPU's clients together; over 100 they are "
+        "scaled down to fit",
+        labels=labels,
+    )
     running = GaugeMetricFamily(
         "nvshare_scheduler_running_clients",
         "Clients holding the lock (nvshare's running list)",
@@ -131,8 +142,9 @@ def _gpus(status: StatusView) -> Iterator[Metric]:
         mem.add_metric(label, g.memory_total)
         holders.add_metric(label, len(g.holders))
         queue.add_metric(label, len(g.queue))
+        requested.add_metric(label, g.core_requested)
         running.add_metric([g.uuid, _index(g.index)], len(g.holders))
-    yield from (mode, tq, mem, holders, queue, running)
+    yield from (mode, tq, mem, holders, queue, requested, running)
 
 
 def _gpu_use(status: StatusView) -> Iterator[Metric]:
@@ -204,6 +216,12 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         "Scheduling priority (low -100, normal 0, high 100; higher is granted first)",
         labels=CLIENT_LABELS,
     )
+    guaranteed = GaugeMetricFamily(
+        "nvshare_client_core_guaranteed_percent",
+        "Guaranteed share under contention: its coreRequest, scaled down when a GPU's requests "
+        "sum to more than 100",
+        labels=CLIENT_LABELS,
+    )
     holding = GaugeMetricFamily(
         "nvshare_client_holding_lock", "1 while holding the lock", labels=CLIENT_LABELS
     )
@@ -222,9 +240,10 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
             limit.add_metric(label, c.memory_limit)
         core.add_metric(label, c.core_limit)
         prio.add_metric(label, c.priority)
+        guaranteed.add_metric(label, c.core_guaranteed)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
         late.add_metric(label, c.late_drops)
-    yield from (info, allocated, nvml, limit, core, prio, holding, late)
+    yield from (info, allocated, nvml, limit, core, prio, guaranteed, holding, late)
 
 
 def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:

@@ -142,23 +142,28 @@ def _print_status(status: StatusView) -> None:
             f"memory {_fmt_mem(g.memory_total)}"
         )
         click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
+        if g.core_requested > 100:
+            click.echo(
+                f"  guaranteed shares (coreRequest) sum to {g.core_requested}%: "
+                f"each scaled by 100/{g.core_requested}"
+            )
     if status.clients or status.unhooked:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'CORE':>5} {'PRIO':>6} GPU"
+            f"{'MEM LIMIT':>9} {'CORE':>5} {'REQ':>5} {'PRIO':>6} GPU"
         )
     for c in status.clients:
         click.echo(
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
-            f"{c.core_limit:>4}% {priority_name(c.priority):>6} {c.gpu}"
+            f"{c.core_limit:>4}% {c.core_guaranteed:>4g}% {priority_name(c.priority):>6} {c.gpu}"
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
         )
     # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.
     for u in status.unhooked:
         click.echo(
             f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {'-':>5} {'-':>6} {','.join(u.gpus)}"
+            f"{'-':>9} {'-':>5} {'-':>5} {'-':>6} {','.join(u.gpus)}"
         )
     if status.unhooked:
         click.echo(
@@ -377,6 +382,7 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
         said_by = (
             ("memory", row.memory),
             ("core", row.core),
+            ("request", row.request),
             ("priority", row.priority),
             ("gated", row.gated),
         )

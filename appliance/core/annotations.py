@@ -14,7 +14,7 @@ reported on the pod as Kubernetes Events.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 MEMORY_LIMIT = "nvshare.com/gpu-memory-limit"
 CORE_LIMIT = "nvshare.com/gpu-core-limit"
 PRIORITY = "nvshare.com/gpu-priority"
+CORE_REQUEST = "nvshare.com/gpu-core-request"
 REALTIME_CHECK = "nvshare.com/realtime-check"
 HAMI_REALTIME_CHECK = "hami.io/enable-realtime-check"
 
@@ -101,6 +102,7 @@ class PodOverrides:
     core_percent: int | None = None
     realtime_check: bool | None = None
     priority: int | None = None
+    core_request: int | None = None
 
 
 NO_OVERRIDES = PodOverrides()
@@ -137,44 +139,45 @@ def resolve_overrides(
     """
     prev = previous or NO_OVERRIDES
     problems: list[AnnotationProblem] = []
+    values: dict[str, Any] = {}
+    for f in _FIELDS:
+        key = f.key
+        if key == REALTIME_CHECK and key not in annotations:
+            key = HAMI_REALTIME_CHECK  # HAMi's name for the same switch
+        value = f.parse(annotations.get(key), policy)
+        if isinstance(value, str):
+            kept_value = getattr(prev, f.attr)
+            if not f.allowed(kept_value, policy):
+                kept_value = None
+            kept = (
+                f"previous override {f.show(kept_value)}"
+                if kept_value is not None
+                else "the policy value"
+            )
+            problems.append(
+                AnnotationProblem(
+                    pod=pod, key=key, value=annotations[key], message=value, kept=kept
+                )
+            )
+            value = kept_value
+        values[f.attr] = value
+    return PodOverrides(**values), problems
 
-    def refuse(key: str, value: str, message: str, kept_value: object, shown: str) -> None:
-        kept = f"previous override {shown}" if kept_value is not None else "the policy value"
-        problems.append(
-            AnnotationProblem(pod=pod, key=key, value=value, message=message, kept=kept)
-        )
 
-    memory = _memory(annotations.get(MEMORY_LIMIT), policy=policy)
-    if isinstance(memory, str):
-        kept_mem = prev.memory_bytes if _memory_allowed(prev.memory_bytes, policy) else None
-        shown = format_bytes(kept_mem) if kept_mem is not None else ""
-        refuse(MEMORY_LIMIT, annotations[MEMORY_LIMIT], memory, kept_mem, shown)
-        memory = kept_mem
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One annotation: how it is parsed (a value, None when absent, or why it was refused),
+    whether a value is allowed under the policy, and how a kept value is shown."""
 
-    core = _core(annotations.get(CORE_LIMIT), policy=policy)
-    if isinstance(core, str):
-        kept_core = prev.core_percent if _core_allowed(prev.core_percent, policy) else None
-        refuse(CORE_LIMIT, annotations[CORE_LIMIT], core, kept_core, f"{kept_core}%")
-        core = kept_core
+    key: str
+    attr: str  # of PodOverrides
+    parse: Callable[[str | None, AnnotationPolicy], Any]
+    allowed: Callable[[Any, AnnotationPolicy], bool]
+    show: Callable[[Any], str]
 
-    rt_key = REALTIME_CHECK if REALTIME_CHECK in annotations else HAMI_REALTIME_CHECK
-    realtime = _realtime(annotations.get(rt_key), policy=policy)
-    if isinstance(realtime, str):
-        kept_rt = prev.realtime_check if policy.allowed else None
-        refuse(rt_key, annotations[rt_key], realtime, kept_rt, str(kept_rt).lower())
-        realtime = kept_rt
 
-    priority = _priority(annotations.get(PRIORITY), policy=policy)
-    if isinstance(priority, str):
-        kept_prio = prev.priority if _priority_allowed(prev.priority, policy) else None
-        shown = priority_name(kept_prio) if kept_prio is not None else ""
-        refuse(PRIORITY, annotations[PRIORITY], priority, kept_prio, shown)
-        priority = kept_prio
-
-    overrides = PodOverrides(
-        memory_bytes=memory, core_percent=core, realtime_check=realtime, priority=priority
-    )
-    return overrides, problems
+def _percent(value: Any) -> str:
+    return f"{value}%"
 
 
 class PodTable:
@@ -221,7 +224,7 @@ class PodTable:
 # Each parser returns the value, None for "no annotation", or a str saying why it was refused.
 
 
-def _memory(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
+def _memory(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -247,7 +250,7 @@ def _memory_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
     return policy.max_memory_bytes is None or value <= policy.max_memory_bytes
 
 
-def _core(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
+def _core(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -272,7 +275,7 @@ def _core_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
     return policy.min_core_percent <= value <= policy.max_core_percent
 
 
-def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | str | None:
+def _realtime(raw: str | None, policy: AnnotationPolicy) -> bool | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -285,7 +288,7 @@ def _realtime(raw: str | None, *, policy: AnnotationPolicy) -> bool | str | None
     return f"{raw!r} is not a boolean (expected true or false)"
 
 
-def _priority(raw: str | None, *, policy: AnnotationPolicy) -> int | str | None:
+def _priority(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
     if raw is None:
         return None
     if not policy.allowed:
@@ -311,3 +314,37 @@ def _priority_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
     if value is None or not policy.allowed:
         return False
     return policy.min_priority <= value <= policy.max_priority
+
+
+def _core_request(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
+    if raw is None:
+        return None
+    if not policy.allowed:
+        return "annotations are disabled by policy (annotations.allowed is false)"
+    text = raw.strip()
+    if not text.isdigit() or int(text) > 100:
+        return f"{raw!r} is not a whole number of percent (expected 0-100)"
+    if not _request_allowed(int(text), policy):
+        return (
+            f"{text} is above the policy cap annotations.maxCoreRequest={policy.max_core_request}"
+        )
+    return int(text)
+
+
+def _request_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
+    return value is not None and policy.allowed and value <= policy.max_core_request
+
+
+def _realtime_allowed(value: bool | None, policy: AnnotationPolicy) -> bool:
+    return value is not None and policy.allowed
+
+
+_FIELDS = (
+    _Field(MEMORY_LIMIT, "memory_bytes", _memory, _memory_allowed, format_bytes),
+    _Field(CORE_LIMIT, "core_percent", _core, _core_allowed, _percent),
+    _Field(
+        REALTIME_CHECK, "realtime_check", _realtime, _realtime_allowed, lambda v: str(v).lower()
+    ),
+    _Field(PRIORITY, "priority", _priority, _priority_allowed, priority_name),
+    _Field(CORE_REQUEST, "core_request", _core_request, _request_allowed, _percent),
+)

@@ -34,6 +34,7 @@ class EffectiveLimits:
     exempt: bool  # a rule set mode off: never gated
     sources: Mapping[str, str] = field(default_factory=dict)
     priority: int = 0  # higher is granted first (`core.priority`)
+    core_request: int = 0  # guaranteed percent under contention (`core.share`), <= core_percent
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class _Layers:
     memory: int | None
     core: int
     priority: int
+    request: int
     sources: dict[str, str]
 
     def over(self, memory: int | None, core: int | None, source: str) -> None:
@@ -106,9 +108,12 @@ class _Layers:
         if core is not None:
             self.core, self.sources["core"] = core, source
 
-    def over_priority(self, priority: int | None, source: str) -> None:
-        if priority is not None:
-            self.priority, self.sources["priority"] = priority, source
+    def over_scheduling(self, given: Limits | PodOverrides, source: str) -> None:
+        """The priority and the guaranteed share, where `given` says them."""
+        if given.priority is not None:
+            self.priority, self.sources["priority"] = given.priority, source
+        if given.core_request is not None:
+            self.request, self.sources["request"] = given.core_request, source
 
 
 def resolve_limits(
@@ -126,17 +131,19 @@ def resolve_limits(
         policy.defaults.memory_bytes,
         policy.defaults.core_percent or 100,
         policy.defaults.priority or 0,
+        policy.defaults.core_request or 0,
         {
             "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
             "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
             "priority": f"policy default ({_source(policy, '/defaults/priority')})",
+            "request": f"policy default ({_source(policy, '/defaults/coreRequest')})",
         },
     )
     exempt = False
     for rule in (r for r in policy.rules if rule_matches(r.match, ident, pod)):
         label = f"rule {rule.name!r} ({rule.source})" if rule.source else f"rule {rule.name!r}"
         limits.over(rule.limits.memory_bytes, rule.limits.core_percent, label)
-        limits.over_priority(rule.limits.priority, label)
+        limits.over_scheduling(rule.limits, label)
         if rule.mode is not None:
             exempt = rule.mode is Mode.OFF
             limits.sources["mode"] = label
@@ -145,7 +152,7 @@ def resolve_limits(
         limits.over(gpu_memory, None, "declared GPU size (policy gpus)")
     if annotations is not None:
         limits.over(annotations.memory_bytes, annotations.core_percent, "annotation")
-        limits.over_priority(annotations.priority, "annotation")
+        limits.over_scheduling(annotations, "annotation")
     if admin is not None:
         limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")
     # A limit the process set for itself can only lower what the layers above decided.
@@ -153,12 +160,16 @@ def resolve_limits(
         limits.over(env_memory_bytes, None, "env NVSHARE_GPU_MEMORY_LIMIT")
     if env_core_percent and env_core_percent < limits.core:
         limits.over(None, env_core_percent, "env NVSHARE_GPU_CORE_LIMIT")
+    if limits.request > limits.core:  # a guarantee beyond the cap cannot be kept
+        limits.request = limits.core
+        limits.sources["request"] += f", cut to the core limit {limits.core}%"
     return EffectiveLimits(
         memory_bytes=limits.memory,
         core_percent=limits.core,
         exempt=exempt,
         sources=limits.sources,
         priority=limits.priority,
+        core_request=limits.request,
     )
 
 
@@ -170,4 +181,5 @@ def describe(limits: EffectiveLimits) -> dict[str, str]:
         "gated": "no (rule mode off)" if limits.exempt else "yes",
         "priority": f"{priority_name(limits.priority)} "
         f"(from {limits.sources.get('priority', 'default')})",
+        "request": f"{limits.core_request}% (from {limits.sources.get('request', 'default')})",
     }

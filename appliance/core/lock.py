@@ -18,6 +18,9 @@ a short slice of the holder's; the starvation limit bounds how long a low priori
 someone waits, the holder's hook is told to hand the lock over after a short idle time
 (`scheduler.idleHandoff`) instead of `scheduler.idleRelease` (`LockTerms`).
 
+Guaranteed shares (`share`) come before both: a waiter still owed its share goes first and
+takes the GPU from a holder that has had its own; a holder inside its share keeps the GPU.
+
 Compute quotas (`quota.QuotaAccount`) bill the time a client holds the lock; a quota holder is
 dropped early enough for its drain to end on its budget, and a client whose budget is spent waits
 for its next window.
@@ -33,7 +36,7 @@ import logging
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import priority
+from appliance.core import priority, share
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gpu, NodeState, Phase
 from appliance.policy.model import Mode
@@ -246,10 +249,8 @@ class Lock:
         holders = [self._s.clients[h] for h in gpu.holders]
         if not waiters or any(h.phase is Phase.DRAINING for h in holders):
             return None
-        quantum = self._s.time_quantum(gpu.facts.uuid)
-        settings = self._s.policy.scheduler
         turns = [
-            (*priority.yield_at(h, w, quantum_s=quantum, settings=settings), h)
+            (*self._turn(h, w, now), h)
             for h in holders
             if h.phase is Phase.HOLDING
             for w in waiters
@@ -259,11 +260,26 @@ class Lock:
         at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at))
         return at, holder, why
 
+    def _turn(self, h: Client, w: Client, now: float) -> tuple[float, str]:
+        """When holder h must drop for waiter w, and why: by priority and quantum, sooner
+        when w is owed its share, never while h is inside its own."""
+        settings = self._s.policy.scheduler
+        quantum = self._s.time_quantum(h.gpu)
+        self._bill(h, now)
+        at, why = priority.yield_at(h, w, quantum_s=quantum, settings=settings)
+        shortest = h.granted_at + settings.quota_sample_interval_s
+        owed = share.owed_s(w, now, settings) > EPSILON_S
+        if owed or (h.share_grant and w.limits.priority >= h.limits.priority):
+            at, why = min((at, why), (shortest, share.REQUEST))
+        return max(at, now + share.owed_s(h, now, settings)), why
+
     def _waiters(self, gpu: Gpu, now: float) -> list[Client]:
         """The eligible waiters of a GPU, in the order they are granted."""
+        settings = self._s.policy.scheduler
         waiting = [self._s.clients[q] for q in gpu.queue]
         eligible = [c for c in waiting if self._eligible(c, now)]
-        return priority.line(eligible, now, self._s.policy.scheduler)
+        owed = {c.id for c in eligible if share.owed_s(c, now, settings) > EPSILON_S}
+        return priority.line(eligible, now, settings, owed)
 
     def _eligible(self, c: Client, now: float) -> bool:
         if c.quota is None:
@@ -279,9 +295,16 @@ class Lock:
     def _grant(self, gpu: Gpu, c: Client, now: float) -> act.Grant:
         gpu.queue.remove(c.id)
         gpu.holders.add(c.id)
+        settings = self._s.policy.scheduler
         c.phase = Phase.HOLDING
-        c.full_quantum = priority.starved(c, now, self._s.policy.scheduler)
+        c.full_quantum = priority.starved(c, now, settings)
         c.lent_at = None
+        # Cut short for another's share, it has the rest of its quantum back; granted for its
+        # own share, it gives the GPU back once it has had it (`share`).
+        resumed = c.share_cut and now - c.dropped_at < self._s.time_quantum(gpu.facts.uuid)
+        c.quantum_from = c.quantum_from if resumed else now
+        c.share_cut, c.share_grant = False, gpu.last_drop == share.REQUEST
+        gpu.last_drop = ""
         c.granted_at = c.billed_until = now
         c.usage.waited_s += now - c.requested_at
         self._s.counters["grants"] += 1
@@ -292,6 +315,8 @@ class Lock:
         self._bill(c, now)
         c.phase = Phase.DRAINING
         c.dropped_at = now
+        c.share_cut = why == share.REQUEST and not c.share_grant
+        self._s.gpus[c.gpu].last_drop = why
         c.usage.drops[why] += 1
         self._s.counters[f"drops_{why}"] += 1
         log.debug("drop client %d (pid %d): %s", c.id, c.ident.pid, why)
@@ -305,6 +330,8 @@ class Lock:
             c.quota.bill_drain(c.billed_until, now, settings)
         elif c.quota is not None and c.phase is Phase.HOLDING:
             c.quota.bill(c.billed_until, now, settings)
+        if c.guarantee is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
+            c.guarantee.bill(c.billed_until, now, settings)  # the drain ran its work too
         c.billed_until = now
 
     def _end_hold(self, c: Client, now: float) -> None:
@@ -327,6 +354,8 @@ class Lock:
             for w in waiters
             if w.quota is not None and not self._eligible(w, now)
         ]
+        # A waiter that has had its share is owed a new one when its window turns.
+        times += [w.guarantee.next_window(settings) for w in waiters if w.guarantee is not None]
         if (due := self._next_yield(gpu, now)) is not None:
             times.append(due[0])
         for h in holding:

@@ -20,7 +20,7 @@ from typing import Any
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import views
+from appliance.core import share, views
 from appliance.core.admin import Admin
 from appliance.core.annotations import AnnotationProblem
 from appliance.core.gpus import GpuFacts
@@ -128,6 +128,7 @@ class NodeCore:
         self.unhooked.forget(c.ident.pid, why=REGISTERED)
         c.pod_source = s.pods.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
+        share.rescale(s, c.gpu, now)
         self._note_claim(c)
         s.counters["registrations"] += 1
         peers = self.ledger.peer_updates()
@@ -149,6 +150,7 @@ class NodeCore:
             return []
         self.admin.client_gone(c.ident.pid)
         held = self.lock.leave(c, now)
+        share.rescale(s, c.gpu, now)
         s.retain_usage(c)
         s.counters["disconnects"] += 1
         log.info(
@@ -204,6 +206,8 @@ class NodeCore:
             s.counters["limit_updates"] += 1
             if c.enforced.mode is Mode.OFF:
                 out += self.lock.ungate(c, now)
+        for uuid in s.gpus:
+            share.rescale(s, uuid, now)
         return out + self.lock.schedule_all(now) + self.ledger.peer_updates()
 
     # ------------------------------------------------------------ policy and pods

@@ -21,7 +21,7 @@ drop and to know when to look again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from appliance.core.state import Client
 from appliance.policy.model import SchedulerSettings
@@ -35,12 +35,23 @@ def starved(c: Client, now: float, settings: SchedulerSettings) -> bool:
     return now >= c.requested_at + settings.starvation_limit_s
 
 
-def line(waiters: Iterable[Client], now: float, settings: SchedulerSettings) -> list[Client]:
-    """Waiters in the order they are granted: offenders last, then the starved, then by
-    priority; equal ones in the order they came (the sort is stable)."""
+def line(
+    waiters: Iterable[Client],
+    now: float,
+    settings: SchedulerSettings,
+    owed: Collection[int] = (),
+) -> list[Client]:
+    """Waiters in the order they are granted: offenders last; first those still `owed` part of
+    their guaranteed share (`share`), then the starved, then by priority; equal ones in the
+    order they came (the sort is stable)."""
     return sorted(
         waiters,
-        key=lambda c: (c.offender, not starved(c, now, settings), -c.limits.priority),
+        key=lambda c: (
+            c.offender,
+            c.id not in owed,
+            not starved(c, now, settings),
+            -c.limits.priority,
+        ),
     )
 
 
@@ -52,8 +63,8 @@ def yield_at(
     if waiter.limits.priority > holder.limits.priority and not holder.full_quantum:
         lent = waiter.lent_at is not None and holder.granted_at >= waiter.lent_at
         slice_s = 0.0 if lent else settings.preempt_after_s
-        return min(holder.granted_at + slice_s, holder.granted_at + quantum_s), PREEMPTED
-    quantum_over = holder.granted_at + quantum_s
+        return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
+    quantum_over = holder.quantum_from + quantum_s
     if waiter.limits.priority < holder.limits.priority:
         starving_at = waiter.requested_at + settings.starvation_limit_s
         return max(quantum_over, starving_at), QUANTUM

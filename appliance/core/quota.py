@@ -28,7 +28,7 @@ IDLE_WINDOWS = 10  # windows without use after which debt is forgotten
 
 @dataclass(slots=True)
 class QuotaAccount:
-    percent: int
+    percent: float
     window_start: float
     used_s: float = 0.0  # billed in this window, debt carried in included
     drain_s: float = 0.0  # expected time from a drop to the release
@@ -42,12 +42,16 @@ class QuotaAccount:
         window = settings.compute_window_s
         while now >= self.window_start + window:
             over = max(0.0, self.used_s - self.budget_s(settings))
-            self.used_s = over * settings.carry_over_percent / 100.0
+            self.used_s = over * self.carried_percent(settings) / 100.0
             self.window_start += window
             if now >= self.window_start + IDLE_WINDOWS * window:  # long idle: skip ahead
                 skipped = int((now - self.window_start) // window)
                 self.window_start += skipped * window
                 self.used_s = 0.0
+
+    def carried_percent(self, settings: SchedulerSettings) -> int:
+        """How much of a window's overshoot becomes debt in the next one."""
+        return settings.carry_over_percent
 
     def bill(self, start: float, end: float, settings: SchedulerSettings) -> None:
         """The client held the lock from `start` to `end` before it was told to drop."""
@@ -88,3 +92,15 @@ class QuotaAccount:
 
     def next_window(self, settings: SchedulerSettings) -> float:
         return self.window_start + settings.compute_window_s
+
+
+@dataclass(slots=True)
+class GuaranteeAccount(QuotaAccount):
+    """A guaranteed share (`core.share`): its budget is what the client is owed in a window.
+    Time used beyond it is burst, GPU time nobody else wanted, so it is never debt."""
+
+    def carried_percent(self, settings: SchedulerSettings) -> int:
+        return 0
+
+    def owed_s(self, settings: SchedulerSettings) -> float:
+        return max(0.0, self.remaining_s(settings))

@@ -17,7 +17,7 @@ from appliance.core.events import LimitTarget
 from appliance.core.gpus import GpuFacts, GpuUse
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import EffectiveLimits, HookLimits, gpu_settings, resolve_limits
-from appliance.core.quota import QuotaAccount
+from appliance.core.quota import GuaranteeAccount, QuotaAccount
 from appliance.policy.model import Limits, Mode, Policy
 
 
@@ -81,6 +81,7 @@ class Client:
     reserved: int = 0
     used: int = 0
     quota: QuotaAccount | None = None
+    guarantee: GuaranteeAccount | None = None  # its guaranteed share, if it asks for one
     requeue: bool = False  # asked for the lock again while draining
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
@@ -88,6 +89,9 @@ class Client:
     lent_at: float | None = None  # handed the lock over idle while others waited (`priority`)
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
+    quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
+    share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted
+    share_grant: bool = False  # granted for its share: it gives way once it has had it
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
     nvml_used: int | None = None  # what NVML last showed its process holding
@@ -109,6 +113,8 @@ class Gpu:
     facts: GpuFacts
     queue: deque[int] = field(default_factory=deque)
     holders: set[int] = field(default_factory=set)
+    requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
+    last_drop: str = ""  # why the last holder was told to drop, until the next grant
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from appliance.core.gputime import (
     quota_use,
 )
 from appliance.core.limits import describe
+from appliance.core.share import guaranteed_percent
 from appliance.core.state import Client, NodeState, Phase, UnhookedProcess
 from appliance.policy.model import Mode, Policy
 
@@ -53,6 +54,7 @@ class GpuView:
     memory_total: int  # what the scheduler plans with (declared or reported)
     holders: tuple[int, ...]
     queue: tuple[int, ...]
+    core_requested: int = 0  # its clients' guaranteed shares together; over 100: scaled down
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class ClientView:
     quota: QuotaUse | None = None
     memory_refusals: int = 0  # allocations refused, by the scheduler or by its hook
     priority: int = 0  # higher is granted first (`core.priority`)
+    core_request: int = 0  # guaranteed percent it asks for (`core.share`)
+    core_guaranteed: float = 0.0  # what it is guaranteed: the request, scaled if over 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,8 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         quota=quota_use(c, now, s.policy.scheduler),
         memory_refusals=c.refusals,
         priority=c.limits.priority,
+        core_request=c.limits.core_request,
+        core_guaranteed=guaranteed_percent(c),
     )
 
 
@@ -169,6 +175,7 @@ def gpu_view(s: NodeState, uuid: str) -> GpuView:
         memory_total=s.gpu_memory(uuid),
         holders=tuple(sorted(gpu.holders)),
         queue=tuple(gpu.queue),
+        core_requested=gpu.requested_percent,
     )
 
 
@@ -227,6 +234,7 @@ class ExplainRow:
     core: str
     gated: str
     priority: str = ""  # "high (from annotation)"
+    request: str = ""  # "30% (from rule 'serving')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +280,7 @@ def explain(s: NodeState, query: ExplainQuery) -> ExplainView:
                 said["core"],
                 said["gated"],
                 priority=said["priority"],
+                request=said["request"],
             )
         )
     return ExplainView(tuple(rows))

@@ -97,12 +97,13 @@ def _realtime_check(rt: dict[str, Any]) -> model.RealtimeCheck:
 
 
 def _limits(entry: dict[str, Any]) -> model.Limits:
-    """`memoryLimit`, `coreLimit` and `priority` of the defaults or of a rule."""
+    """`memoryLimit`, `coreLimit`, `priority` and `coreRequest` of the defaults or a rule."""
     priority = entry.get("priority")
     return model.Limits(
         memory_bytes=_opt_bytes(entry.get("memoryLimit")),
         core_percent=entry.get("coreLimit"),
         priority=None if priority is None else model.priority_value(priority),
+        core_request=entry.get("coreRequest"),
     )
 
 
@@ -147,6 +148,7 @@ def _annotations(ann: dict[str, Any]) -> model.AnnotationPolicy:
         max_memory_bytes=_opt_bytes(ann["maxMemoryLimit"]),
         min_core_percent=ann["coreLimitRange"]["min"],
         max_core_percent=ann["coreLimitRange"]["max"],
+        max_core_request=ann["maxCoreRequest"],
         min_priority=model.priority_value(ann["priorityRange"]["min"]),
         max_priority=model.priority_value(ann["priorityRange"]["max"]),
     )

@@ -111,6 +111,7 @@ class Limits:
     memory_bytes: int | None = None
     core_percent: int | None = None
     priority: int | None = None
+    core_request: int | None = None  # guaranteed percent (`core.share`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,7 @@ class AnnotationPolicy:
     max_memory_bytes: int | None = None
     min_core_percent: int = 1
     max_core_percent: int = 100
+    max_core_request: int = 100
     min_priority: int = PRIORITY_NAMES["low"]
     max_priority: int = PRIORITY_NAMES["high"]
 
@@ -186,7 +188,7 @@ class Policy:
     memory: MemorySettings = MemorySettings()
     realtime_check: RealtimeCheck = RealtimeCheck()
     unhooked_processes: UnhookedProcesses = UnhookedProcesses()
-    defaults: Limits = Limits(core_percent=100, priority=0)
+    defaults: Limits = Limits(core_percent=100, priority=0, core_request=0)
     rules: tuple[Rule, ...] = ()
     gpus: tuple[GpuRule, ...] = ()
     annotations: AnnotationPolicy = AnnotationPolicy()

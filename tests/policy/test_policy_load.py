@@ -220,7 +220,9 @@ gpus:
     assert policy.memory.reserve_bytes == 3 << 29
     assert policy.realtime_check.safety_margin_bytes == 256 << 20
     assert policy.realtime_check.max_sample_age_s == 2.5
-    assert policy.defaults == Limits(memory_bytes=8 * 10**9, core_percent=100, priority=0)
+    assert policy.defaults == Limits(
+        memory_bytes=8 * 10**9, core_percent=100, priority=0, core_request=0
+    )
     assert policy.annotations.max_memory_bytes == 16 << 30
     assert (policy.annotations.min_core_percent, policy.annotations.max_core_percent) == (10, 90)
     gpu = policy.gpus[0]

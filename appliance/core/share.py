@@ -1,0 +1,73 @@
+"""Guaranteed plus burst compute: under contention each client gets at least its request.
+
+A client's request (`EffectiveLimits.core_request`: policy `defaults.coreRequest`, rules'
+`coreRequest`, the pod annotation `nvshare.com/gpu-core-request` up to
+`annotations.maxCoreRequest`; never above its cap `coreLimit`) is a share of each compute window
+it is owed. The lock keeps it so (`lock`, through `owed_s`):
+- a waiter still owed part of its share goes first in line, and takes the GPU from a holder
+  that has had its own share (after one `quotaSampleInterval`, the shortest grant);
+- a holder still inside its own share keeps the GPU until it has had it, whatever waits.
+GPU time beyond the shares is burst: nobody is owed it, so the usual rules (priority, the time
+quantum) share it among those who want it, each up to its cap (the compute quota, `quota`);
+nobody waits while the GPU is free, so one client alone gets all of it (work-conserving).
+
+The windows of all accounts fall on one grid (multiples of the window), so every client's share
+starts again at the same instant. Requests of one GPU's clients that sum to more than 100 are
+scaled down in proportion, and said so in the log, status and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from appliance.core.quota import GuaranteeAccount
+from appliance.core.state import Client, NodeState
+from appliance.policy.model import SchedulerSettings
+
+log = logging.getLogger("nvshare.scheduler")
+
+REQUEST = "request"  # the drop reason when a waiter is owed its share
+
+
+def rescale(s: NodeState, uuid: str, now: float) -> None:
+    """Give each client of a GPU its guaranteed percent: its request, scaled down so that
+    the GPU's requests fit in 100."""
+    clients = [c for c in s.clients.values() if c.gpu == uuid]
+    asking = [c for c in clients if c.limits.core_request > 0]
+    total = sum(c.limits.core_request for c in asking)
+    factor = min(1.0, 100.0 / total) if total else 1.0
+    window = s.policy.scheduler.compute_window_s
+    for c in clients:
+        if c.limits.core_request <= 0:
+            c.guarantee = None
+            continue
+        if c.guarantee is None:
+            c.guarantee = GuaranteeAccount(percent=0.0, window_start=now - now % window)
+        c.guarantee.percent = c.limits.core_request * factor
+    gpu = s.gpus.get(uuid)
+    if gpu is None or gpu.requested_percent == total:
+        return
+    gpu.requested_percent = total
+    if total > 100:
+        asked = ", ".join(f"client {c.id}: {c.limits.core_request}%" for c in asking)
+        log.warning(
+            "GPU %s: guaranteed shares (coreRequest) sum to %d%% (%s); each is scaled by "
+            "100/%d to fit",
+            uuid,
+            total,
+            asked,
+            total,
+        )
+
+
+def owed_s(c: Client, now: float, settings: SchedulerSettings) -> float:
+    """How much of its share c is still owed in the current window (0 without a request);
+    a holder must have been billed up to now."""
+    if c.guarantee is None:
+        return 0.0
+    c.guarantee.roll(now, settings)
+    return c.guarantee.owed_s(settings)
+
+
+def guaranteed_percent(c: Client) -> float:
+    return round(c.guarantee.percent, 2) if c.guarantee is not None else 0.0
