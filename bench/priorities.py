@@ -13,7 +13,8 @@ Every worker is this script run by its own hard link of the Python interpreter, 
 tell them apart by executable (`*-nvs-infer`, ...) as they would tell programs apart on a
 workstation; all workers start together (a barrier) and measure for the same seconds.
 
-    python3 bench/priorities.py [--seconds 8] [--json OUT]   (needs PyTorch and a GPU)
+    python3 bench/priorities.py [--seconds 12] [--share-seconds 24] [--json OUT]
+    (needs PyTorch and a GPU; the 30/70 pair runs whole multiples of two compute windows)
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def rate(result: dict[str, Any]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--share-seconds", type=float, default=24.0, help="the 30/70 pair's run")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--part", choices=["a", "b", "both"], default="both")
     args = ap.parse_args()
@@ -211,12 +213,15 @@ def main() -> int:
         solo = res["a"]["train_alone_steps_per_s"] if "a" in res else None
         solo = solo or rate(run(on, ["train"], s)["train"])
         alone = rate(run(on, ["r30"], s)["r30"])
-        both = run(on, ["r30", "r70"], s)
+        both = run(on, ["r30", "r70"], args.share_seconds)
+        r30, r70 = rate(both["r30"]), rate(both["r70"])
         res["b"] = {
             "train_alone_steps_per_s": solo,
             "r30_alone_share": alone / solo,
-            "r30_share": rate(both["r30"]) / solo,
-            "r70_share": rate(both["r70"]) / solo,
+            "r30_share": r30 / solo,
+            "r70_share": r70 / solo,
+            "r30_of_pair": r30 / (r30 + r70),  # the split itself, free of the solo run's noise
+            "pair_seconds": args.share_seconds,
         }
     text = json.dumps(res, indent=2)
     print(text)

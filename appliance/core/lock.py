@@ -92,7 +92,7 @@ class Lock:
         elif c.id in gpu.queue:  # gave up waiting (e.g. exiting)
             gpu.queue.remove(c.id)
         c.phase = Phase.IDLE
-        if e.reason is ev.ReleaseReason.IDLE and self._waiters(gpu, now):
+        if e.reason is ev.ReleaseReason.IDLE:
             c.lent_at = now  # it takes the GPU back at once from a lower priority
         if c.requeue:
             c.requeue = False

@@ -7,8 +7,9 @@ which a stable sort keeps); clients that overran a drop deadline stay behind eve
 
 A holder gives way to a waiter (`yield_at`):
 - of higher priority, after the holder's minimum slice (`scheduler.preemptAfter`) instead of its
-  whole quantum; at once when the waiter had the GPU and handed it over because it sat idle
-  (`lent_at`): the holder only borrowed time the waiter was not using;
+  whole quantum; at once when the waiter had the GPU and let it go because it sat idle
+  (`lent_at`) before the holder was granted: the holder only borrowed time the waiter was not
+  using (a request loop that goes idle between requests has its GPU back within a drain);
 - of equal priority, when the holder's quantum is over (the rule without priorities);
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,

@@ -86,7 +86,7 @@ class Client:
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
     offender: bool = False  # overran its last drop: queued behind everyone who did not
-    lent_at: float | None = None  # handed the lock over idle while others waited (`priority`)
+    lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut

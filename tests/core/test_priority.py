@@ -132,6 +132,24 @@ def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
     assert drops(h.sent[-1:]) == []  # equal priority: no taking back
 
 
+def test_a_gpu_let_go_idle_while_nobody_waited_is_taken_back_at_once_too() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))  # idle, nobody waiting
+    h.advance(5)
+    assert grants(h.feed(ev.LockRequested(low, 1))) == [low]
+    h.advance(0.1)
+    assert drops(h.feed(ev.LockRequested(high, 2))) == [low]  # not after preemptAfter
+    # A client that comes new (or was dropped) waits the slice out, as before.
+    other = h.register(uid=2)
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+    h.feed(ev.LockRequested(low, 2))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.EXIT))
+    assert drops(h.feed(ev.LockRequested(other, 1))) == []
+    assert drops(h.advance(1.0)) == [low]
+
+
 def test_while_someone_waits_the_holder_is_told_to_hand_over_after_a_short_idle() -> None:
     settings = replace(SETTINGS, idle_release_s=1.0, idle_handoff_s=0.005)
     h = by_uid({1: 0}, settings)

@@ -154,6 +154,11 @@ def test_a_scrape_shows_each_client_and_pod_as_the_scheduler_and_nvml_see_them(
     assert node.value("nvshare_client_memory_refusals_total", **la) == 1
     assert node.value("nvshare_client_memory_refusals_total", **l2) == 1
 
+    # Lock time grows while a client holds: read it once the last holder let go (idle release).
+    eventually(
+        lambda: node.value("nvshare_gpu_lock_holders", gpu_uuid=uuid_of[a1.pid]) == 0,
+        "the lock free again",
+    )
     held_a = node.value("nvshare_client_lock_held_seconds_total", **la) or 0
     held_b = node.value("nvshare_client_lock_held_seconds_total", **lb) or 0
     waited = sum(node.value("nvshare_client_lock_wait_seconds_total", **x) or 0 for x in (la, lb))
