@@ -300,3 +300,31 @@ def test_a_name_whose_symlink_dangles_is_an_error_not_a_removed_file(tmp_path: P
     with pytest.raises(PolicyLoadError) as e:
         build_policy(snapshot, environ={})
     assert "policy.yaml: is a symlink to a file that does not exist" in str(e.value)
+
+
+def test_priorities_and_requests_are_read_by_name_or_number(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "p.yaml",
+        """
+defaults: {priority: low, coreRequest: 10}
+rules:
+  - {name: serving, match: {namespace: serving}, priority: high, coreRequest: 60}
+  - {name: tuned, match: {namespace: lab}, priority: -5}
+annotations: {priorityRange: {min: -20, max: normal}, maxCoreRequest: 50}
+""",
+    )
+    policy = load_policy_dir(tmp_path, environ={})
+    assert (policy.defaults.priority, policy.defaults.core_request) == (-100, 10)
+    assert [(r.limits.priority, r.limits.core_request) for r in policy.rules] == [
+        (100, 60),
+        (-5, None),
+    ]
+    ann = policy.annotations
+    assert (ann.min_priority, ann.max_priority, ann.max_core_request) == (-20, 0, 50)
+    write(tmp_path, "p.yaml", "annotations: {priorityRange: {min: high, max: low}}\n")
+    assert errors_of(tmp_path, {}) == [
+        "p.yaml:1: /annotations/priorityRange/min: min high is above max low"
+    ]
+    write(tmp_path, "p.yaml", "rules: [{priority: urgent}]\n")
+    assert len(errors_of(tmp_path, {})) == 1
