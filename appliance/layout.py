@@ -75,3 +75,15 @@ def empty(name: str, msg_type: Any) -> Any:
 
     Empty.__name__ = Empty.__qualname__ = name
     return Empty
+
+
+def same_body(base: Any, name: str, msg_type: Any) -> Any:
+    """A message type with the body of another (LOCK_TERMS is a LOCK_GRANT's): its own class,
+    not a subclass, so that telling one message from the other by type never confuses them."""
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(base)]
+    namespace = {"TYPE": msg_type, "FORMAT": base.FORMAT, "LAYOUT": base.LAYOUT}
+    made = dataclasses.make_dataclass(
+        name, fields, bases=(Fixed,), namespace=namespace, frozen=True, slots=True
+    )
+    made.__module__ = base.__module__
+    return made

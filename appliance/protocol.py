@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from appliance.layout import Fixed, empty
+from appliance.layout import Fixed, empty, same_body
 from appliance.policy.model import Backing, Mode
 
 MAGIC = 0x4853564E
@@ -212,9 +212,8 @@ class LockGrant(Fixed):
     idle_release_ms: int = 0  # policy scheduler.idleRelease; 0 = the hook's default
 
 
-@dataclass(frozen=True, slots=True)
-class LockTerms(LockGrant):  # new terms for the grant held; a hook not holding ignores them
-    TYPE: ClassVar[MsgType] = MsgType.LOCK_TERMS
+# New terms for the grant held (the idle window while others wait); a hook not holding ignores it.
+LockTerms = same_body(LockGrant, "LockTerms", MsgType.LOCK_TERMS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,7 @@ class Lock:
         return out
 
     def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
-        c.idle_told_s = self._idle_window(self._s.gpus[c.gpu], c, now)
+        c.idle_told_s = self._idle_window(c, self._waiting(self._s.gpus[c.gpu], now))
         return act.Grant(
             c.id,
             seq,
@@ -143,19 +143,19 @@ class Lock:
             idle_release_s=c.idle_told_s,
         )
 
-    def _idle_window(self, gpu: Gpu, c: Client, now: float) -> float:
+    def _idle_window(self, c: Client, waiting: list[Client]) -> float:
         """How long c may sit idle with the lock: the short hand-off while someone waits."""
         settings = self._s.policy.scheduler
         handoff = settings.idle_handoff_s
-        if handoff >= MIN_IDLE_HANDOFF_S and any(w is not c for w in self._waiters(gpu, now)):
+        if handoff >= MIN_IDLE_HANDOFF_S and any(w is not c for w in waiting):
             return min(handoff, settings.idle_release_s)
         return settings.idle_release_s
 
-    def _tell_idle_windows(self, gpu: Gpu, now: float) -> list[act.Action]:
+    def _tell_idle_windows(self, gpu: Gpu, waiting: list[Client]) -> list[act.Action]:
         """A holder whose idle window changed (someone started or stopped waiting) is told."""
         out: list[act.Action] = []
         for h in [self._s.clients[h] for h in gpu.holders]:
-            window = self._idle_window(gpu, h, now)
+            window = self._idle_window(h, waiting)
             if h.phase is Phase.HOLDING and window != h.idle_told_s:
                 h.idle_told_s = window
                 out.append(act.LockTerms(h.id, self._s.time_quantum(h.gpu), window))
@@ -171,12 +171,16 @@ class Lock:
 
     def schedule(self, gpu: Gpu, now: float) -> list[act.Action]:
         """Drop spent quotas, grant whoever may run, and preempt for whoever waits."""
-        return [
+        out = [
             *self._pass_over_late_holders(gpu, now),
             *self._drop_spent_quotas(gpu, now),
             *self._grant_waiting(gpu, now),
-            *self._preempt_for_waiters(gpu, now),
-            *self._tell_idle_windows(gpu, now),
+        ]
+        waiting = self._waiting(gpu, now)  # who is left waiting, for the holders' turns
+        return [
+            *out,
+            *self._preempt_for_waiters(gpu, waiting, now),
+            *self._tell_idle_windows(gpu, waiting),
         ]
 
     def _pass_over_late_holders(self, gpu: Gpu, now: float) -> list[act.Action]:
@@ -233,53 +237,68 @@ class Lock:
             out.append(self._grant(gpu, c, now))
         return out
 
-    def _preempt_for_waiters(self, gpu: Gpu, now: float) -> list[act.Action]:
+    def _preempt_for_waiters(self, gpu: Gpu, waiting: list[Client], now: float) -> list[act.Action]:
         """The holder whose turn for an eligible waiter has come drops (one at a time)."""
-        due = self._next_yield(gpu, now)
+        due = self._next_yield(gpu, waiting, now)
         if due is not None and now >= due[0] - EPSILON_S:
             return [self._drop(due[1], now, due[2])]
         return []
 
-    def _next_yield(self, gpu: Gpu, now: float) -> tuple[float, Client, str] | None:
-        """The earliest (time, holder, why) a holder must drop for someone eligible who waits;
-        None while nobody waits, in mode off, or while a holder is still draining."""
+    def _next_yield(
+        self, gpu: Gpu, waiting: list[Client], now: float
+    ) -> tuple[float, Client, str] | None:
+        """The earliest (time, holder, why) a holder must drop for one of the (eligible)
+        waiting; None while nobody waits, in mode off, or while a holder is still draining."""
         if self._s.gpu_mode(gpu.facts.uuid) is Mode.OFF:
             return None
-        waiters = self._waiters(gpu, now)
         holders = [self._s.clients[h] for h in gpu.holders]
-        if not waiters or any(h.phase is Phase.DRAINING for h in holders):
+        if not waiting or any(h.phase is Phase.DRAINING for h in holders):
             return None
+        owed = self._owed(waiting, now)
         turns = [
-            (*self._turn(h, w, now), h)
-            for h in holders
-            if h.phase is Phase.HOLDING
-            for w in waiters
+            (*self._turn(h, waiting, owed, now), h) for h in holders if h.phase is Phase.HOLDING
         ]
         if not turns:
             return None
         at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at))
         return at, holder, why
 
-    def _turn(self, h: Client, w: Client, now: float) -> tuple[float, str]:
-        """When holder h must drop for waiter w, and why: by priority and quantum, sooner
-        when w is owed its share, never while h is inside its own."""
+    def _turn(
+        self, h: Client, waiting: list[Client], owed: set[int], now: float
+    ) -> tuple[float, str]:
+        """When holder h must drop for one of the waiters, and why: by priority and quantum,
+        sooner for a waiter owed its share, never while h is inside its own."""
         settings = self._s.policy.scheduler
         quantum = self._s.time_quantum(h.gpu)
         self._bill(h, now)
-        at, why = priority.yield_at(h, w, quantum_s=quantum, settings=settings)
-        shortest = h.granted_at + settings.quota_sample_interval_s
-        owed = share.owed_s(w, now, settings) > EPSILON_S
-        if owed or (h.share_grant and w.limits.priority >= h.limits.priority):
-            at, why = min((at, why), (shortest, share.REQUEST))
+        shortest = (h.granted_at + settings.quota_sample_interval_s, share.REQUEST)
+        turns = []
+        for w in priority.kinds(h, waiting, owed):
+            turn = priority.yield_at(h, w, quantum_s=quantum, settings=settings)
+            if w.id in owed or (h.share_grant and w.limits.priority >= h.limits.priority):
+                turn = min(turn, shortest)
+            turns.append(turn)
+        at, why = min(turns)
         return max(at, now + share.owed_s(h, now, settings)), why
+
+    def _waiting(self, gpu: Gpu, now: float) -> list[Client]:
+        """The eligible waiters of a GPU, in the order they came."""
+        clients = self._s.clients
+        return [c for q in gpu.queue if (c := clients[q]).quota is None or self._eligible(c, now)]
+
+    def _owed(self, waiting: list[Client], now: float) -> set[int]:
+        """Those still owed part of their guaranteed share (`share`)."""
+        settings = self._s.policy.scheduler
+        return {
+            c.id
+            for c in waiting
+            if c.guarantee is not None and share.owed_s(c, now, settings) > EPSILON_S
+        }
 
     def _waiters(self, gpu: Gpu, now: float) -> list[Client]:
         """The eligible waiters of a GPU, in the order they are granted."""
-        settings = self._s.policy.scheduler
-        waiting = [self._s.clients[q] for q in gpu.queue]
-        eligible = [c for c in waiting if self._eligible(c, now)]
-        owed = {c.id for c in eligible if share.owed_s(c, now, settings) > EPSILON_S}
-        return priority.line(eligible, now, settings, owed)
+        waiting = self._waiting(gpu, now)
+        return priority.line(waiting, now, self._s.policy.scheduler, self._owed(waiting, now))
 
     def _eligible(self, c: Client, now: float) -> bool:
         if c.quota is None:
@@ -356,7 +375,7 @@ class Lock:
         ]
         # A waiter that has had its share is owed a new one when its window turns.
         times += [w.guarantee.next_window(settings) for w in waiters if w.guarantee is not None]
-        if (due := self._next_yield(gpu, now)) is not None:
+        if (due := self._next_yield(gpu, self._waiting(gpu, now), now)) is not None:
             times.append(due[0])
         for h in holding:
             if h.phase is Phase.DRAINING:

@@ -45,14 +45,10 @@ def line(
     """Waiters in the order they are granted: offenders last; first those still `owed` part of
     their guaranteed share (`share`), then the starved, then by priority; equal ones in the
     order they came (the sort is stable)."""
+    patience = now - settings.starvation_limit_s  # who asked before this is starved
     return sorted(
         waiters,
-        key=lambda c: (
-            c.offender,
-            c.id not in owed,
-            not starved(c, now, settings),
-            -c.limits.priority,
-        ),
+        key=lambda c: (c.offender, c.id not in owed, c.requested_at > patience, -c.limits.priority),
     )
 
 
@@ -70,3 +66,19 @@ def yield_at(
         starving_at = waiter.requested_at + settings.starvation_limit_s
         return max(quantum_over, starving_at), QUANTUM
     return quantum_over, QUANTUM
+
+
+def kinds(holder: Client, waiting: Iterable[Client], owed: Collection[int]) -> list[Client]:
+    """The waiters whose turns can differ for `holder`: the one that came first of each
+    priority, lent or not, owed or not (with a long queue, one or two instead of all)."""
+    first: dict[tuple[int, bool, bool], Client] = {}
+    for w in waiting:
+        key = (
+            w.limits.priority,
+            w.lent_at is not None and holder.granted_at >= w.lent_at,
+            w.id in owed,
+        )
+        seen = first.get(key)
+        if seen is None or w.requested_at < seen.requested_at:
+            first[key] = w
+    return list(first.values())
