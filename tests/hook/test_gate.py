@@ -144,11 +144,12 @@ def test_idle_holder_releases_early(
 
 
 def test_new_terms_shorten_the_idle_window_of_a_held_lock(
-    plain: Variant, start_probe, sock_dir: str
+    variant: Variant, start_probe, sock_dir: str
 ) -> None:
     # Granted with an hour of idle release: only the new terms (someone waits) make it let go.
+    # The drainer watches the short window: under the sanitizers too.
     with fs.FakeScheduler(sock_dir, idle_release_ms=3_600_000) as sched:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         p.ok("launch 3")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
@@ -160,6 +161,23 @@ def test_new_terms_shorten_the_idle_window_of_a_held_lock(
         )
         p.ok("launch 1")  # asks again, and holds again
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
+        assert_clean(*p.finish())
+
+
+def test_terms_never_open_the_gate_of_a_client_that_waits(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    # Terms meant for a hold that just ended can cross the client's next request: they must
+    # not be taken for a grant.
+    with fs.FakeScheduler(sock_dir, auto_grant=False) as sched:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        p.send("launch 1")
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) == 1)
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 5).pack())
+        assert not p.answered(0.3), "the launch ran on terms, without a grant"
+        sched.grant_waiting()
+        assert p.answer() == "ok"
         assert_clean(*p.finish())
 
 
