@@ -15,8 +15,9 @@ from appliance.core.node import NodeCore
 from appliance.core.views import ExplainQuery
 from appliance.policy.model import AnnotationPolicy, Limits, Policy, Rule, RuleMatch
 
-from .conftest import Harness, of
+from .conftest import GPU, Harness, of
 from .test_quota import SEED, Simulated, share, simulate
+from .test_views import scrape, value
 
 WINDOW = SEED.compute_window_s
 
@@ -99,3 +100,16 @@ def test_a_request_comes_from_the_annotation_within_its_cap_and_never_above_the_
     assert "50 is above the policy cap annotations.maxCoreRequest=40" in warning.message
     assert "kept previous override 35%" in warning.message
     assert h.state.clients[a].limits.core_request == 20
+
+
+def test_metrics_show_priorities_requests_and_their_scaling() -> None:
+    h = by_uid({1: Limits(core_request=80, priority=100), 2: Limits(core_request=80)})
+    a, b = h.register(uid=1), h.register(uid=2)
+    text = scrape(h)
+    gpu = {"gpu_uuid": GPU}
+    assert value(text, "nvshare_gpu_core_requested_percent", **gpu) == 160
+    labels = {"gpu_uuid": GPU, "namespace": "", "pod": ""}
+    assert value(text, "nvshare_client_core_guaranteed_percent", client_id=str(a), **labels) == 50
+    assert value(text, "nvshare_client_priority", client_id=str(a), **labels) == 100
+    assert value(text, "nvshare_client_priority", client_id=str(b), **labels) == 0
+    assert value(text, "nvshare_scheduler_drops_total", reason="request") == 0
