@@ -437,6 +437,110 @@ def torch_memory() -> None:
     RESULTS["torch_memory"] = summary
 
 
+VIEW_POLICY = """scheduler: {mode: 'off'}
+rules:
+  - {name: team, match: {namespace: team}, memoryLimit: 1Gi}
+"""
+
+
+def smi(env: dict[str, str], query: str, kind: str = "gpu") -> list[list[int]]:
+    """nvidia-smi --query-<kind>=<query> as rows of integers (MiB for memory)."""
+    out = run(["nvidia-smi", f"--query-{kind}={query}", "--format=csv,noheader,nounits"], env=env)
+    return [[int(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def shown_gpu(env: dict[str, str], *args: str) -> dict[str, Any]:
+    """tests/e2e/shown_gpu.py: the GPU through pynvml (and the CUDA driver with --cuda)."""
+    out = run([sys.executable, str(ROOT / "tests" / "e2e" / "shown_gpu.py"), *args], env=env)
+    return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def gpu_view() -> None:
+    """A pod with a 1Gi limit from policy: real nvidia-smi, pynvml with and without CUDA and
+    PyTorch all show a 1Gi GPU, the pod's use and its processes; a host process with no limit
+    sees the real GPU."""
+    sys.path.insert(0, str(ROOT / "tests" / "kube"))
+    from fakeapi import FakeApiServer  # type: ignore[import-not-found]
+
+    api_server = FakeApiServer().start()
+    api_server.add_node("gpu-node")
+    api_server.add_pod("view", namespace="team", node="gpu-node")
+    d = Daemon(VIEW_POLICY, args=["--node-name", "gpu-node", "--kube-api", api_server.url])
+    pod = d.env(NVSHARE_POD_NAMESPACE="team", NVSHARE_POD_NAME="view")
+    summary: dict[str, Any] = {}
+    try:
+        time.sleep(1.0)  # the first list
+        w = Worker(pod)
+        summary["hold"] = w.ask(f"hold {256 * MiB}")
+        time.sleep(0.5)  # the worker's usage report (a service tick)
+        torch_info = w.ask("info")
+        no_cuda, with_cuda = shown_gpu(pod), shown_gpu(pod, "--cuda", str(64 * MiB))
+        smi_memory = smi(pod, "memory.total,memory.used,memory.free")
+        smi_apps = smi(pod, "pid,used_memory", "compute-apps")
+        summary["nvidia_smi_screen"] = run(["nvidia-smi"], env=pod)
+        host_smi = smi(d.env(), "memory.total,memory.used")
+        host_nvml = shown_gpu(d.env())
+        real_total = smi(os.environ.copy(), "memory.total")[0][0]
+        summary |= {
+            "torch": torch_info,
+            "pynvml_without_cuda": no_cuda,
+            "pynvml_with_cuda": with_cuda,
+            "nvidia_smi_memory": smi_memory,
+            "nvidia_smi_compute_apps": smi_apps,
+            "host_nvidia_smi": host_smi,
+            "host_pynvml": host_nvml,
+            "real_total_mib": real_total,
+            "worker_pid": w.proc.pid,
+        }
+        pod_used = 256 * MiB
+        check(
+            "view: nvidia-smi in the pod shows a 1024 MiB GPU, the pod's 256 MiB used",
+            smi_memory == [[1024, 256, 768]],
+            f"total,used,free MiB {smi_memory}",
+        )
+        check(
+            "view: nvidia-smi in the pod lists the pod's process with its usage",
+            smi_apps == [[w.proc.pid, 256]],
+            f"pid,MiB {smi_apps} (worker pid {w.proc.pid})",
+        )
+        check(
+            "view: pynvml without CUDA agrees (memory info v1 and v2, process lists v1/v2/v3)",
+            no_cuda["v1"] == [GiB, pod_used, GiB - pod_used]
+            and no_cuda["v2"] == [GiB, pod_used, GiB - pod_used, 0]
+            and all(
+                no_cuda[k] == [[w.proc.pid, pod_used]]
+                for k in ("compute_v1", "compute_v2", "compute_v3")
+            ),
+            json.dumps(no_cuda),
+        )
+        both = pod_used + 64 * MiB
+        check(
+            "view: pynvml and the driver with CUDA agree (itself listed first)",
+            with_cuda["v1"] == [GiB, both, GiB - both]
+            and with_cuda["mem_get_info"] == [GiB - both, GiB]
+            and with_cuda["device_total"] == GiB
+            and with_cuda["compute_v3"][1:] == [[w.proc.pid, pod_used]],
+            json.dumps(with_cuda),
+        )
+        check(
+            "view: torch.cuda.mem_get_info and get_device_properties agree",
+            torch_info == {"free": GiB - pod_used, "total": GiB, "device_total": GiB},
+            json.dumps(torch_info),
+        )
+        check(
+            "view: a host process with no limit sees the real GPU and every process",
+            host_smi[0][0] == real_total
+            and host_nvml["v1"][0] // MiB == real_total
+            and w.proc.pid in [pid for pid, _ in host_nvml["compute_v3"]],
+            f"nvidia-smi {host_smi}, pynvml {host_nvml['v1']}, {host_nvml['compute_v3']}",
+        )
+        check("view: the worker exits cleanly", w.close() == 0, "")
+    finally:
+        d.stop()
+        api_server.stop()
+    RESULTS["view"] = summary
+
+
 def managed_backing() -> None:
     # Small allocations only: the shared GPU must never be oversubscribed for real.
     d = Daemon("memory: {backing: managed}\ndefaults: {memoryLimit: 1Gi}")
@@ -1059,6 +1163,7 @@ def main() -> int:
         "held",
         "captures",
         "twogpu",
+        "view",
     ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
@@ -1077,6 +1182,7 @@ def main() -> int:
         "held": held_memory,
         "captures": captures_under_drops,
         "twogpu": two_gpu,
+        "view": gpu_view,
     }
     for name in only:
         t0 = time.monotonic()

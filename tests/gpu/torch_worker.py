@@ -33,7 +33,8 @@ def serve() -> None:
         try:
             if cmd == "info":
                 free, total = torch.cuda.mem_get_info()
-                out = {"free": free, "total": total}
+                device_total = torch.cuda.get_device_properties(0).total_memory
+                out = {"free": free, "total": total, "device_total": device_total}
             elif cmd in ("alloc", "hold"):
                 n = int(args[0])
                 try:
