@@ -42,6 +42,16 @@ class RunningDaemon:
                 self.proc.wait()
 
 
+def _listening(path: Path) -> bool:
+    """The socket file appears at bind(), a moment before listen(): wait for a connect."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def start_daemon(
     tmp: Path,
     policy_yaml: str = "",
@@ -67,7 +77,7 @@ def start_daemon(
         )
     sock = socket_dir / "scheduler.sock"
     deadline = time.monotonic() + 20
-    while not sock.exists():
+    while not _listening(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"daemon did not start:\n{log.read_text()}")
         time.sleep(0.02)
