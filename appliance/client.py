@@ -1,4 +1,5 @@
-"""A blocking control connection to the daemon, for nvsharectl and tests."""
+"""A blocking connection to the daemon: nvsharectl's, on the control socket; and, for tests,
+benchmarks and drills, one that speaks as a hook on the hook socket (`ControlClient.as_hook`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from appliance import framing
+from appliance import framing, socket_dirs
 from appliance import protocol as p
 
 
@@ -16,8 +17,18 @@ class DaemonUnavailable(Exception):
 
 
 class ControlClient:
-    def __init__(self, socket_dir: Path, *, timeout: float = 10.0) -> None:
-        self.path = socket_dir / p.SOCKET_NAME
+    def __init__(
+        self,
+        socket_dir: Path | None = None,
+        *,
+        timeout: float = 10.0,
+        control_dir: Path | None = None,
+        path: Path | None = None,
+    ) -> None:
+        control = control_dir or socket_dirs.control_dir_for(
+            socket_dir or socket_dirs.socket_dir_from_env()
+        )
+        self.path = path or control / socket_dirs.CONTROL_SOCKET_NAME
         self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
@@ -35,6 +46,11 @@ class ControlClient:
         self._seq = itertools.count(1)
         self._decoder = framing.FrameDecoder(max_document=framing.MAX_DOCUMENT)
         self._pending: list[framing.Frame | framing.ProtocolError] = []
+
+    @classmethod
+    def as_hook(cls, socket_dir: Path, *, timeout: float = 10.0) -> ControlClient:
+        """A connection to the hook socket, to speak as a hook does (REGISTER, LOCK_REQUEST)."""
+        return cls(socket_dir, timeout=timeout, path=socket_dir / socket_dirs.SOCKET_NAME)
 
     def __enter__(self) -> ControlClient:
         return self

@@ -8,8 +8,8 @@ server applies these per connection, after it has checked identity and permissio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from appliance import protocol as p
@@ -17,12 +17,19 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
 from appliance.policy.model import Limits
+from appliance.policy.quantity import MAX_SIZE_BYTES
+
+# More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
+MAX_GPU_BYTES = 1 << 50
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,46}")  # GPU-<uuid>, MIG-<uuid>
+_DNS_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")  # a namespace or pod name
 
 _RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
 _STATUS = {
     act.Outcome.DONE: p.Status.OK,
     act.Outcome.INVALID: p.Status.INVALID,
     act.Outcome.NOT_FOUND: p.Status.NOT_FOUND,
+    act.Outcome.REFUSED: p.Status.PERMISSION,
 }
 
 # A registered hook's message, its client id and the frame's seq -> the core's event.
@@ -35,12 +42,9 @@ HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Control:
-    """A state change nvsharectl may ask for: what it is called in a refusal, and its event."""
-
-    what: str  # "only root may <what>; nothing changed"
-    event: Callable[[Any, str, ev.Requester], ev.Event]  # (message, who asked, reply to)
+# A state change nvsharectl asks for -> its event, from (message, who asked, reply to); the
+# core decides whether the asker may.
+Control = Callable[[Any, str, ev.Requester], ev.Event]
 
 
 def _set_tq(msg: p.SetTq, by: str, to: ev.Requester) -> ev.Event:
@@ -73,11 +77,55 @@ def _limit_set(msg: p.LimitSet, by: str, to: ev.Requester) -> ev.Event:
     )
 
 
-CONTROL: dict[type, Control] = {
-    p.SetTq: Control("set the time quantum", _set_tq),
-    p.SetMode: Control("change the scheduling mode", _set_mode),
-    p.LimitSet: Control("change limits", _limit_set),
+def _place_problem(m: p.Register | p.ViewRequest) -> str | None:
+    """What is wrong with the GPU and the pod a hook names."""
+    if not _DEVICE_NAME.fullmatch(m.gpu_uuid):
+        return f"GPU name {m.gpu_uuid[:48]!r} is not a device UUID"
+    if m.gpu_total_mem > MAX_GPU_BYTES:
+        return "a byte count beyond any GPU"
+    for what, name in (("namespace", m.pod_namespace), ("pod name", m.pod_name)):
+        if name and not _DNS_NAME.fullmatch(name):
+            return f"{what} {name[:64]!r} is not a Kubernetes name"
+    return None
+
+
+def _register_problem(m: p.Register) -> str | None:
+    if m.env_mem_limit > MAX_SIZE_BYTES:
+        return "a byte count beyond any GPU"
+    if m.env_core_limit > 100:
+        return f"core limit {m.env_core_limit} is above 100"
+    return _place_problem(m)
+
+
+def _bytes_problem(m: p.MemReserve | p.MemReturn) -> str | None:
+    if m.nbytes > MAX_GPU_BYTES or m.used > MAX_GPU_BYTES:
+        return "a byte count beyond any GPU"
+    if isinstance(m, p.MemReserve) and m.nbytes == 0:
+        return "a reservation of 0 bytes"
+    return None
+
+
+def _refusals_problem(m: p.MemRefusals) -> str | None:
+    return "a byte count beyond any GPU" if m.largest > MAX_GPU_BYTES else None
+
+
+# A hook's message -> what is out of range in it, if anything (the daemon then closes it).
+_HOOK_CHECKS: dict[type, Callable[[Any], str | None]] = {
+    p.Register: _register_problem,
+    p.ViewRequest: _place_problem,
+    p.MemReserve: _bytes_problem,
+    p.MemReturn: _bytes_problem,
+    p.MemRefusals: _refusals_problem,
 }
+
+
+def hook_problem(message: Any) -> str | None:
+    """What makes a hook's message unacceptable (a field out of range), or None."""
+    check = _HOOK_CHECKS.get(type(message))
+    return check(message) if check is not None else None
+
+
+CONTROL: dict[type, Control] = {p.SetTq: _set_tq, p.SetMode: _set_mode, p.LimitSet: _limit_set}
 
 
 def wire_limits(limits: HookLimits) -> p.WireLimits:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import grp
 import logging
+import os
 import signal
 import sys
 import time
@@ -20,14 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from appliance import sdnotify
+from appliance import sdnotify, socket_dirs
+from appliance.admission import raise_open_files
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.authority import Authority
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
+from appliance.host.cgroup import cgroup_identity
 from appliance.host.process import ProcessIdentities
+from appliance.limits_file import LimitsFile
 from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
@@ -53,6 +58,7 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 class DaemonConfig:
     policy_dir: Path
     socket_dir: Path
+    control_dir: Path | None = None  # None: the socket directory's sibling `<name>-control`
     admin_group: str | None = None
     node_name: str | None = None
     kube_api: str | None = None
@@ -61,15 +67,18 @@ class DaemonConfig:
     device_plugin_dir: Path = DEVICE_PLUGIN_DIR  # kubelet's; tests give a temp dir
     debug: bool = False
     metrics: bool = True  # tests turn the HTTP endpoint off
+    open_files: int = 65536  # the soft limit of open files the daemon raises itself to
+    proc_root: Path = Path("/proc")  # tests give a tree whose cgroup files say "a pod"
+
+    @property
+    def control(self) -> Path:
+        return self.control_dir or socket_dirs.control_dir_for(self.socket_dir, {})
 
 
 class Daemon:
-    def __init__(
-        self, config: DaemonConfig, *, nvml: Nvml | None = None, proc_root: Path = Path("/proc")
-    ) -> None:
+    def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
         self.config = config
         self.nvml = nvml or Nvml()
-        self.proc_root = proc_root
         self.loop: asyncio.AbstractEventLoop | None = None
         self.watcher = PolicyWatcher(
             config.policy_dir,
@@ -123,6 +132,7 @@ class Daemon:
             on_pod=lambda pod: engine.submit(ev.PodSeen(pod)),
             on_pod_deleted=lambda ref: engine.submit(ev.PodRemoved(ref)),
             permissions=permissions,
+            on_listed=lambda uids: engine.submit(ev.PodsListed(frozenset(uids))),
         )
         watcher.start()
         self._threads.append(watcher)
@@ -178,7 +188,7 @@ class Daemon:
     def _start_nvml_sampler(self) -> None:
         assert self.engine is not None
         engine = self.engine
-        identities = ProcessIdentities(proc_root=self.proc_root)
+        identities = ProcessIdentities(proc_root=self.config.proc_root)
         consumers: list[Consumer] = [
             lambda samples: engine.submit(gpu_sampled(samples)),
             lambda samples: engine.submit(processes_seen(samples, identities)),
@@ -212,11 +222,39 @@ class Daemon:
             log.error("refusing to start: %s", problem)
             return 2
         assert policy is not None
+        self._build(policy, self.loop)
+        assert self.server is not None and self.engine is not None
+        # Before the sockets exist: a SIGTERM as soon as they appear still ends in a clean exit
+        # that removes them, not in the default action.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._stopping.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self._reload)
+        try:
+            await self.server.start()
+        except SocketUnavailable as exc:
+            log.error("refusing to start: %s", exc)
+            self.watcher.stop()
+            return 1
+        self.engine.dispatch(ev.Tick())  # the first event: publishes the limits hooks fall back to
+        try:
+            return await self._serve(policy)
+        finally:
+            await self._shutdown()
+
+    def _build(self, policy: Policy, loop: asyncio.AbstractEventLoop) -> None:
+        """The core, the engine that feeds it, and the server and limits file it speaks through."""
+        config = self.config
+        open_files = raise_open_files(config.open_files)
         inventory = {g.uuid: g for g in (self.nvml.inventory() if self.nvml.available else [])}
+        limits_file = LimitsFile(config.socket_dir)
         self.core = NodeCore(
-            policy, inventory=inventory, watching_pods=self.config.node_name is not None
+            policy,
+            inventory=inventory,
+            watching_pods=config.node_name is not None,
+            authority=Authority(admin_group=config.admin_group, own_pod_uid=_own_pod(config)),
+            remembered=limits_file.read_previous(),
         )
-        self.engine = Engine(self.core, loop=self.loop)
+        self.engine = Engine(self.core, loop=loop)
         self.answers = Answers(
             self.core,
             clock=self.engine.now,
@@ -224,26 +262,21 @@ class Daemon:
             policy_dir=self.config.policy_dir,
             nvml_available=self.nvml.available,
         )
+        engine, core = self.engine, self.core
         self.server = SchedulerServer(
-            socket_dir=self.config.socket_dir,
-            dispatch=self.engine.dispatch,
+            socket_dir=config.socket_dir,
+            control_dir=config.control,
+            dispatch=engine.dispatch,
             status=self.answers.status,
             queries=self.answers.queries,
-            view=self.core.memory_view,
-            admin_group=self.config.admin_group,
-            proc_root=self.proc_root,
+            view=core.memory_view,
+            generation=lambda: engine.generation,
+            caps=lambda: core.state.policy.connections,
+            open_files=open_files,
+            proc_root=config.proc_root,
         )
-        self.engine.connect(self.server.send, *SchedulerServer.ACTIONS)
-        try:
-            await self.server.start()
-        except SocketUnavailable as exc:
-            log.error("refusing to start: %s", exc)
-            self.watcher.stop()
-            return 1
-        try:
-            return await self._serve(policy)
-        finally:
-            await self._shutdown()
+        engine.connect(self.server.send, *SchedulerServer.ACTIONS)
+        engine.connect(lambda a: limits_file.write(a.limits), act.LimitsPublished)
 
     def _preflight(self) -> str | None:
         """What makes the configuration unusable, found before anything is claimed."""
@@ -296,9 +329,6 @@ class Daemon:
         except Exception as exc:
             log.error("stopping: %s", exc)
             return 1
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self._stopping.set)
-        self.loop.add_signal_handler(signal.SIGHUP, self._reload)
         if (interval := sdnotify.watchdog_interval()) is not None:
             self._tasks.append(asyncio.create_task(self._watchdog(interval)))
         self._ready = True
@@ -371,6 +401,14 @@ class Daemon:
             self.engine.close()
         if self.server is not None:
             await self.server.stop()
+
+
+def _own_pod(config: DaemonConfig) -> str | None:
+    """The daemon's own pod (an operator's `kubectl exec` into it is the node's admin)."""
+    try:
+        return cgroup_identity(os.getpid(), proc_root=config.proc_root).pod_uid
+    except (OSError, ProcessLookupError):
+        return None
 
 
 def run_daemon(config: DaemonConfig) -> int:

@@ -36,6 +36,7 @@ class Engine:
         self._loop = loop
         self._sinks: dict[type, Sink] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self.generation = 0  # counts the events fed: whatever was read of the core before is stale
 
     def connect(self, sink: Sink, *kinds: type) -> None:
         """Send every action of these types to `sink` (called on the loop, never blocking)."""
@@ -49,6 +50,7 @@ class Engine:
 
     def dispatch(self, event: ev.Event) -> None:
         """Feed one event to the core and route what it returns (event-loop thread only)."""
+        self.generation += 1
         actions = self._core.handle(event, self.now())
         for action in actions:
             sink = self._sinks.get(type(action))

@@ -71,15 +71,22 @@ def encode(message: Message, *, seq: int = 0) -> bytes:
     """The frame of a message; a JSON document over MAX_BODY becomes JSON_PART frames and a
     last frame of its own type."""
     body: bytes = message.pack()
-    if len(body) <= MAX_BODY:
-        return HEADER.pack(MAGIC, VERSION, int(message.TYPE), 0, len(body), seq) + body
-    if not isinstance(message, p.JsonBody) or len(body) > MAX_DOCUMENT:
+    if len(body) > MAX_BODY and not isinstance(message, p.JsonBody):
         raise ValueError(f"a {message.TYPE.name} body of {len(body)} bytes cannot be sent")
+    return encode_body(message.TYPE, body, seq=seq)
+
+
+def encode_body(msg_type: MsgType, body: bytes, *, seq: int = 0) -> bytes:
+    """Frames of a body already packed (a JSON document encoded once, sent to many)."""
+    if len(body) <= MAX_BODY:
+        return HEADER.pack(MAGIC, VERSION, int(msg_type), 0, len(body), seq) + body
+    if len(body) > MAX_DOCUMENT:
+        raise ValueError(f"a {msg_type.name} body of {len(body)} bytes cannot be sent")
     frames = []
     for start in range(0, len(body), MAX_BODY):
         chunk = body[start : start + MAX_BODY]
         last = start + MAX_BODY >= len(body)
-        kind = int(message.TYPE) if last else int(MsgType.JSON_PART)
+        kind = int(msg_type) if last else int(MsgType.JSON_PART)
         frames.append(HEADER.pack(MAGIC, VERSION, kind, 0, len(chunk), seq) + chunk)
     return b"".join(frames)
 
@@ -126,10 +133,16 @@ class FrameDecoder:
     any other, which the daemon does not accept.
     """
 
-    def __init__(self, *, max_document: int = 0) -> None:
+    def __init__(self, *, max_document: int = 0, max_body: int = MAX_BODY) -> None:
         self._buf = bytearray()
         self._max_document = max_document
+        self._max_body = max_body
         self._parts: dict[int, bytearray] = {}
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame not yet complete."""
+        return len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame | ProtocolError]:
         self._buf += data
@@ -140,8 +153,11 @@ class FrameDecoder:
                 raise ProtocolError(
                     Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer"
                 )
-            if length > MAX_BODY:
-                raise ProtocolError(Status.BAD_BODY, f"frame body of {length} bytes is too large")
+            if length > self._max_body:
+                raise ProtocolError(
+                    Status.BAD_BODY,
+                    f"frame body of {length} bytes is too large (at most {self._max_body} here)",
+                )
             if len(self._buf) < HEADER.size + length:
                 break
             body = bytes(self._buf[HEADER.size : HEADER.size + length])

@@ -5,18 +5,17 @@ types). `tests/protocol` compiles a C probe that prints every size and offset of
 structs and checks them against the formats here, so the two sides cannot drift apart.
 
 What travels on a stream of frames (encoding, decoding, JSON documents split over frames) is
-in `appliance.framing`; sockets live in `appliance.server` and `appliance.client`.
+in `appliance.framing`; sockets live in `appliance.server` and `appliance.client`, and where
+they are in `appliance.socket_dirs`.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import os
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from appliance.layout import Fixed, empty, same_body
@@ -29,17 +28,6 @@ NAME_LEN = 64
 MESSAGE_LEN = 248
 
 HEADER = struct.Struct("<IHHIIQ")
-
-# Where the daemon listens and every client (hooks, nvsharectl, the device plugin's mounts)
-# looks. Containers mount the directory, never the socket file.
-SOCKET_NAME = "scheduler.sock"
-DEFAULT_SOCKET_DIR = Path("/var/run/nvshare")
-
-
-def socket_dir_from_env(environ: Mapping[str, str] | None = None) -> Path:
-    """`NVSHARE_SOCKET_DIR`, else the default: the same rule as the hook's."""
-    env = os.environ if environ is None else environ
-    return Path(env.get("NVSHARE_SOCKET_DIR") or DEFAULT_SOCKET_DIR)
 
 
 class MsgType(enum.IntEnum):

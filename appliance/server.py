@@ -1,78 +1,69 @@
-"""The asyncio Unix-socket server: frames from hooks and nvsharectl in, the core's actions out.
+"""The daemon's two Unix sockets: frames from hooks and nvsharectl in, the core's actions out.
 
-It only translates: one task per connection reads frames and turns them into core events for
-`dispatch` (the engine); the engine routes the core's actions for peers back to `send`. It knows
-nothing of pods, policy or NVML. Actions are written without awaiting the peer, so a slow or
-stuck reader never stalls anyone else: its transport buffer is bounded and the connection is
-dropped when it overflows. Garbage (a bad magic, an oversized frame) closes that one connection
-after an ERROR frame; an unknown type or version, a malformed body or a query with bad arguments
-is answered with an ERROR frame and the connection stays up. Every request gets an answer, even
-one that meets a bug here (logged with its traceback, answered with an ERROR). Replies larger
-than a frame (status with thousands of clients) are streamed as JSON_PART frames.
+- `scheduler.sock`, in the directory pods mount: hooks only (REGISTER, the lock, memory,
+  heartbeats). A field out of range, or a body that does not parse, closes that hook alone.
+- `control.sock`, in a directory of its own that is never mounted into pods: nvsharectl's
+  status, questions and state changes. Whether the asker may change state is the core's
+  decision (`core.authority`), from who the kernel says it is.
 
-The socket is claimed through `appliance.socket_claim`: one daemon per socket directory.
+It only translates: each connection (`connection.PeerConnection`, which keeps every per-peer
+I/O bound) hands complete frames here; they become core events for `dispatch` (the engine),
+and the engine routes the core's actions for peers back to `send`. It knows nothing of pods,
+policy or NVML. Actions are written without awaiting the peer, so a slow or stuck reader never
+stalls anyone else. Garbage (a bad magic, an oversized frame) closes that one connection after
+an ERROR frame; an unknown type or version is answered with an ERROR frame and the connection
+stays up. Every request gets an answer, even one that meets a bug here (logged with its
+traceback, answered with an ERROR). Status is encoded once and shared by every request until
+something changes (or for at most `STATUS_REUSE_S`), so a flood of status requests costs one
+encoding, not one each. Replies larger than a frame are streamed as JSON_PART frames.
+
+Who may connect at all, and how many, is `admission`; the sockets are claimed through
+`socket_claim`: one daemon per socket directory, in directories that are its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import itertools
+import json
 import logging
 import pwd
-import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance import codec, framing
+from appliance import codec, framing, socket_dirs
 from appliance import protocol as p
+from appliance.admission import FILES_IN_RESERVE, Admission
+from appliance.connection import Bounds, Budget, PeerConnection
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.identity import ClientIdentity
 from appliance.core.shown import MemoryView
-from appliance.host.peer import identify, is_admin, peer_credentials
+from appliance.host.peer import identify
 from appliance.host.pidns import pids_seen_by
-from appliance.socket_claim import SocketClaim, claim_socket
+from appliance.policy.model import ConnectionSettings
+from appliance.socket_claim import SocketClaim, claim_sockets
 
 log = logging.getLogger("nvshare.server")
 
-MAX_WRITE_BUFFER = 1 << 20
+STATUS_REUSE_S = 0.1
+SWEEP_S = 1.0
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
 ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
+Handler = Callable[[PeerConnection, Any, int], None]
 
 
-@dataclass(slots=True, eq=False)  # compared and hashed by identity: kept in a set
-class Connection:
-    writer: asyncio.StreamWriter
-    pid: int
-    uid: int
-    gid: int
-    number: int  # for replies to control requests
-    client_id: int | None = None  # once registered as a hook
-    asked: dict[int, int] = field(default_factory=dict)  # seq -> type of a pending request
-    closed: bool = False
-    peer: str = field(default="")
-    flush: bool = False  # a large reply was written: let it drain before reading on
+class Role(enum.Enum):
+    HOOK = "hook socket"
+    CONTROL = "control socket"
 
-    def send(self, message: Any, seq: int = 0) -> bool:
-        if self.closed:
-            return False
-        transport = self.writer.transport
-        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
-            log.warning("%s is not reading its socket; disconnecting it", self.peer)
-            self.closed = True
-            transport.abort()  # close() would wait to flush what it never reads
-            return False
-        self.writer.write(framing.encode(message, seq=seq))
-        return True
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.writer.close()
+BOUNDS = {Role.HOOK: Bounds(max_body=512), Role.CONTROL: Bounds(max_body=64 << 10)}
 
 
 class SchedulerServer:
@@ -82,36 +73,48 @@ class SchedulerServer:
         self,
         *,
         socket_dir: Path,
+        control_dir: Path,
         dispatch: Callable[[ev.Event], None],
         status: Callable[[], views.StatusView],
         queries: Mapping[str, QueryHandler],
         view: ViewHandler,
+        generation: Callable[[], int] = lambda: 0,
+        caps: Callable[[], ConnectionSettings] = ConnectionSettings,
+        open_files: int = 1024,
         proc_root: Path = Path("/proc"),
-        admin_group: str | None = None,
     ) -> None:
         self.socket_dir = socket_dir
+        self.control_dir = control_dir
         self.proc_root = proc_root
-        self.admin_group = admin_group
         self._dispatch = dispatch
         self._status = status
+        self._generation = generation
         self.queries = queries
         self._view = view
-        self._clients: dict[int, Connection] = {}  # registered hooks, by client id
-        self._connections: dict[int, Connection] = {}  # every open one, by its number
+        self.admission = Admission(total=max(16, open_files - FILES_IN_RESERVE), caps=caps)
+        self._budget = Budget()
+        self._clients: dict[int, PeerConnection] = {}  # registered hooks, by client id
+        self._connections: dict[int, PeerConnection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
         self._ids = itertools.count(1)
         self._numbers = itertools.count(1)
-        self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.base_events.Server] = []
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._status_cache: tuple[int, float, bytes] | None = None
         # What each message a peer may send is turned into: greppable, no names built at run time.
-        self._handlers: dict[type, Callable[[Connection, Any, int], None]] = {
-            p.Register: self._on_register,
-            **{kind: self._on_hook_message for kind in codec.HOOK_EVENTS},
-            p.Heartbeat: self._on_heartbeat,
-            p.ViewRequest: self._on_view_request,
-            **{kind: self._on_control for kind in codec.CONTROL},
-            p.StatusRequest: self._on_status_request,
-            p.JsonBody: self._on_query,
+        self._handlers: dict[Role, dict[type, Handler]] = {
+            Role.HOOK: {
+                p.Register: self._on_register,
+                **{kind: self._on_hook_message for kind in codec.HOOK_EVENTS},
+                p.Heartbeat: self._on_heartbeat,
+                p.ViewRequest: self._on_view_request,
+            },
+            Role.CONTROL: {
+                **{kind: self._on_control for kind in codec.CONTROL},
+                p.StatusRequest: self._on_status_request,
+                p.JsonBody: self._on_query,
+                p.Heartbeat: self._on_heartbeat,
+            },
         }
 
     # The actions this server turns into frames (`send`).
@@ -119,28 +122,39 @@ class SchedulerServer:
 
     @property
     def path(self) -> Path:
-        return self.socket_dir / p.SOCKET_NAME
+        return self.socket_dir / socket_dirs.SOCKET_NAME
+
+    @property
+    def control_path(self) -> Path:
+        return self.control_dir / socket_dirs.CONTROL_SOCKET_NAME
 
     async def start(self) -> None:
-        """Claim the socket and serve; raises `SocketUnavailable` saying why it cannot."""
-        self._claim = claim_socket(self.socket_dir)
+        """Claim the sockets and serve; raises `SocketUnavailable` saying why it cannot."""
+        self._claim = claim_sockets(self.socket_dir, self.control_dir)
+        loop = asyncio.get_running_loop()
+        self.admission.quiet_accept_errors(loop)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, sock=self._claim.sock)
+            for role, bound in ((Role.HOOK, self._claim.hook), (Role.CONTROL, self._claim.control)):
+                server = await loop.create_unix_server(self._factory(role), sock=bound.sock)
+                self._servers.append(server)
         except BaseException:
             self._claim.release()
             raise
-        log.info("listening on %s", self.path)
+        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
+        log.info("listening on %s (hooks) and %s (nvsharectl)", self.path, self.control_path)
 
     async def stop(self) -> None:
-        if self._server:
-            self._server.close()
-            for conn in list(self._connections.values()):  # registered or not: nobody waits
-                conn.close()
-            if self._tasks:  # let every connection task see its EOF and finish
-                await asyncio.wait(self._tasks, timeout=5)
-            await self._server.wait_closed()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for server in self._servers:
+            server.close()
+        for conn in list(self._connections.values()):  # registered or not: nobody waits
+            conn.close()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
         if self._claim is not None:
-            self._claim.release()  # only if the socket at the path is still ours
+            self._claim.release()  # only if the sockets at the paths are still ours
             self._claim = None
 
     def send(self, action: act.Action) -> None:
@@ -157,52 +171,55 @@ class SchedulerServer:
 
     # ----------------------------------------------------------------- connections
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        sock: socket.socket = writer.get_extra_info("socket")
-        pid, uid, gid = peer_credentials(sock)
-        conn = Connection(
-            writer=writer,
-            pid=pid,
-            uid=uid,
-            gid=gid,
-            number=next(self._numbers),
-            peer=_who(pid, uid),
-        )
-        self._connections[conn.number] = conn
-        decoder = framing.FrameDecoder()
-        try:
-            while not conn.closed:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                try:
-                    items = decoder.feed(data)
-                except framing.ProtocolError as exc:
-                    log.warning("%s sent garbage (%s); closing its connection", conn.peer, exc)
-                    conn.send(p.Result(exc.status, exc.ref_type, str(exc)))
-                    break
-                for item in items:
-                    if isinstance(item, framing.ProtocolError):
-                        conn.send(p.Result(item.status, item.ref_type, str(item)))
-                        continue
-                    self._on_frame(conn, item)
-                if conn.flush:
-                    conn.flush = False
-                    await writer.drain()
-        except (ConnectionError, OSError) as exc:
-            log.debug("%s: connection error: %s", conn.peer, exc)
-        finally:
-            conn.close()
-            self._connections.pop(conn.number, None)
-            if conn.client_id is not None:
-                self._clients.pop(conn.client_id, None)
-                self._dispatch(ev.ClientGone(conn.client_id))
+    def _factory(self, role: Role) -> Callable[[], PeerConnection]:
+        def make() -> PeerConnection:
+            return PeerConnection(
+                role=role,
+                bounds=BOUNDS[role],
+                budget=self._budget,
+                number=next(self._numbers),
+                on_open=self._opened,
+                on_frame=self._on_frame,
+                on_close=self._closed,
+            )
 
-    def _on_frame(self, conn: Connection, frame: framing.Frame) -> None:
+        return make
+
+    def _opened(self, conn: PeerConnection) -> bool:
+        """Who it is (the kernel's word), and whether it may hold a connection now."""
+        conn.peer = _who(conn.pid, conn.uid)
+        conn.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root)
+        pod = conn.ident.pod_uid
+        key = ("pod", pod) if pod else ("uid", str(conn.uid))
+        refusal = self.admission.admit(key)
+        if refusal is not None:
+            conn.send(p.Result(p.Status.PERMISSION, 0, f"{refusal}; try again later"))
+            return False
+        conn.admission_key = key
+        self._connections[conn.number] = conn
+        return True
+
+    def _closed(self, conn: PeerConnection) -> None:
+        if self._connections.pop(conn.number, None) is not None and conn.admission_key:
+            self.admission.release(conn.admission_key)
+        if conn.client_id is not None:
+            self._clients.pop(conn.client_id, None)
+            self._dispatch(ev.ClientGone(conn.client_id))
+
+    def _sweep(self) -> None:
+        """Close connections that began a frame (or their first) and did not finish it."""
+        now = asyncio.get_running_loop().time()
+        for conn in list(self._connections.values()):
+            if conn.overdue(now):
+                self.admission.notes.warn(
+                    "read deadline",
+                    "%s sent no complete frame within the read deadline; closing it",
+                    conn.peer,
+                )
+                conn.abort()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+    def _on_frame(self, conn: PeerConnection, frame: framing.Frame) -> None:
         """Handle one frame; whatever happens, the peer gets an answer and the loop goes on."""
         try:
             self._handle_frame(conn, frame)
@@ -213,60 +230,49 @@ class SchedulerServer:
                 frame.seq,
             )
 
-    def _handle_frame(self, conn: Connection, frame: framing.Frame) -> None:
+    def _handle_frame(self, conn: PeerConnection, frame: framing.Frame) -> None:
+        role: Role = conn.role
         try:
             msg = framing.decode_body(frame)
         except framing.ProtocolError as exc:
-            conn.send(p.Result(exc.status, exc.ref_type, str(exc)), frame.seq)
+            answer = p.Result(exc.status, exc.ref_type, str(exc))
+            if role is Role.HOOK and exc.status is p.Status.BAD_BODY:
+                conn.refuse(answer, f"sent a malformed frame ({exc})", frame.seq)
+            else:
+                conn.send(answer, frame.seq)
             return
-        handler = self._handlers.get(type(msg))
-        if handler is None:
-            conn.send(
-                p.Result(
-                    p.Status.UNKNOWN_TYPE,
-                    frame.msg_type,
-                    f"{p.MsgType(frame.msg_type).name} is not accepted by the daemon",
-                ),
-                frame.seq,
-            )
+        handler = self._handlers[role].get(type(msg))
+        if handler is not None:
+            handler(conn, msg, frame.seq)
             return
-        handler(conn, msg, frame.seq)
-
-    def _need_client(self, conn: Connection, seq: int, ref: p.MsgType) -> int | None:
-        if conn.client_id is None:
-            conn.send(p.Result(p.Status.NOT_REGISTERED, ref, "send REGISTER first"), seq)
-        return conn.client_id
-
-    def _need_admin(self, conn: Connection, seq: int, ref: p.MsgType, what: str) -> bool:
-        if is_admin(
-            conn.pid, conn.uid, conn.gid, admin_group=self.admin_group, proc_root=self.proc_root
-        ):
-            return True
-        who = "root" + (f" or members of group {self.admin_group!r}" if self.admin_group else "")
-        conn.send(
-            p.Result(p.Status.PERMISSION, ref, f"only {who} may {what}; nothing changed"), seq
-        )
-        log.warning("refused to let %s %s", conn.peer, what)
-        return False
+        other = Role.CONTROL if role is Role.HOOK else Role.HOOK
+        name = p.MsgType(frame.msg_type).name
+        if type(msg) in self._handlers[other]:
+            where = self.control_path if other is Role.CONTROL else self.path
+            problem = f"{name} is not accepted on the {role.value}; it belongs on {where}"
+            conn.send(p.Result(p.Status.PERMISSION, frame.msg_type, problem), frame.seq)
+            return
+        problem = f"{name} is not accepted by the daemon"
+        conn.send(p.Result(p.Status.UNKNOWN_TYPE, frame.msg_type, problem), frame.seq)
 
     # hooks
 
-    def _identify(self, conn: Connection, msg: p.Register | p.ViewRequest) -> ClientIdentity:
-        """Who the peer is, from the kernel; the pod it names is only a flagged hint."""
-        return identify(
-            conn.pid,
-            conn.uid,
-            conn.gid,
-            proc_root=self.proc_root,
-            claimed_namespace=msg.pod_namespace,
-            claimed_pod=msg.pod_name,
+    def _claiming(self, conn: PeerConnection, msg: p.Register | p.ViewRequest) -> ClientIdentity:
+        """Who the peer is, from the kernel (at connect); the pod it names is only a hint, which
+        the core weighs (`trust.podClaimUids`)."""
+        assert conn.ident is not None
+        return dataclasses.replace(
+            conn.ident, claimed_namespace=msg.pod_namespace, claimed_pod=msg.pod_name
         )
 
-    def _on_register(self, conn: Connection, msg: p.Register, seq: int) -> None:
+    def _on_register(self, conn: PeerConnection, msg: p.Register, seq: int) -> None:
         if conn.client_id is not None:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
             return
-        ident = self._identify(conn, msg)
+        if (problem := codec.hook_problem(msg)) is not None:
+            conn.refuse(p.Result(p.Status.INVALID, p.MsgType.REGISTER, problem), problem, seq)
+            return
+        ident = self._claiming(conn, msg)
         conn.client_id = next(self._ids)
         conn.peer = f"client {conn.client_id} (pid {conn.pid}, uid {conn.uid})"
         self._clients[conn.client_id] = conn
@@ -282,15 +288,22 @@ class SchedulerServer:
             )
         )
 
-    def _on_hook_message(self, conn: Connection, msg: Any, seq: int) -> None:
-        if (cid := self._need_client(conn, seq, msg.TYPE)) is not None:
-            self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, cid, seq))
+    def _on_hook_message(self, conn: PeerConnection, msg: Any, seq: int) -> None:
+        if conn.client_id is None:
+            conn.send(p.Result(p.Status.NOT_REGISTERED, msg.TYPE, "send REGISTER first"), seq)
+            return
+        if (problem := codec.hook_problem(msg)) is not None:
+            conn.refuse(p.Result(p.Status.INVALID, msg.TYPE, problem), problem, seq)
+            return
+        self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, conn.client_id, seq))
 
-    def _on_view_request(self, conn: Connection, msg: p.ViewRequest, seq: int) -> None:
+    def _on_view_request(self, conn: PeerConnection, msg: p.ViewRequest, seq: int) -> None:
         """How a GPU looks to the asker, registered or not (nvidia-smi never registers), with
         the PIDs of its pod's processes as its own PID namespace numbers them."""
-        ident = self._identify(conn, msg)
-        view = self._view(ident, msg.gpu_uuid, msg.gpu_total_mem)
+        if (problem := codec.hook_problem(msg)) is not None:
+            conn.refuse(p.Result(p.Status.INVALID, msg.TYPE, problem), problem, seq)
+            return
+        view = self._view(self._claiming(conn, msg), msg.gpu_uuid, msg.gpu_total_mem)
         seen = pids_seen_by(conn.pid, [h.pid for h in view.processes], proc_root=self.proc_root)
         listed = tuple(
             p.ViewProcess(seen[h.pid], p.VIEW_SELF if h.asker else 0, h.used)
@@ -305,24 +318,31 @@ class SchedulerServer:
         )
         conn.send(reply, seq)
 
-    def _on_heartbeat(self, conn: Connection, msg: Any, seq: int) -> None:
+    def _on_heartbeat(self, conn: PeerConnection, msg: Any, seq: int) -> None:
         # Liveness only: the hook treats a daemon that stops answering as gone.
         conn.send(p.HeartbeatAck(), seq)
 
     # nvsharectl
 
-    def _on_control(self, conn: Connection, msg: Any, seq: int) -> None:
-        control = codec.CONTROL[type(msg)]
-        if not self._need_admin(conn, seq, msg.TYPE, control.what):
-            return
+    def _on_control(self, conn: PeerConnection, msg: Any, seq: int) -> None:
         conn.asked[seq] = msg.TYPE  # the reply names the request it answers
-        self._dispatch(control.event(msg, conn.peer, ev.Requester(conn.number, seq)))
+        asker = ev.Requester(conn.number, seq, conn.ident)
+        self._dispatch(codec.CONTROL[type(msg)](msg, conn.peer, asker))
 
-    def _on_status_request(self, conn: Connection, msg: Any, seq: int) -> None:
-        status = views.to_json(self._status())
-        self._send_document(conn, p.JsonBody(p.MsgType.STATUS_REPLY, status), seq)
+    def _on_status_request(self, conn: PeerConnection, msg: Any, seq: int) -> None:
+        conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, self._status_body(), seq=seq))
 
-    def _on_query(self, conn: Connection, msg: p.JsonBody, seq: int) -> None:
+    def _status_body(self) -> bytes:
+        """The status document, encoded once for every request until the core changes."""
+        now, generation = asyncio.get_running_loop().time(), self._generation()
+        cached = self._status_cache
+        if cached is not None and cached[0] == generation and now - cached[1] < STATUS_REUSE_S:
+            return cached[2]
+        body = json.dumps(views.to_json(self._status()), sort_keys=True).encode("utf-8")
+        self._status_cache = (generation, now, body)
+        return body
+
+    def _on_query(self, conn: PeerConnection, msg: p.JsonBody, seq: int) -> None:
         if msg.msg_type is not p.MsgType.QUERY or not isinstance(msg.doc, dict):
             conn.send(p.Result(p.Status.INVALID, msg.msg_type, "expected a QUERY object"), seq)
             return
@@ -338,14 +358,8 @@ class SchedulerServer:
         except views.QueryError as exc:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.QUERY, str(exc)), seq)
             return
-        self._send_document(conn, p.JsonBody(p.MsgType.QUERY_REPLY, views.to_json(answer)), seq)
-
-    def _send_document(self, conn: Connection, reply: p.JsonBody, seq: int) -> None:
-        """A JSON reply of any size up to MAX_DOCUMENT, streamed in frames."""
-        if conn.closed:
-            return
-        conn.writer.write(framing.encode(reply, seq=seq))
-        conn.flush = True
+        reply = p.JsonBody(p.MsgType.QUERY_REPLY, views.to_json(answer))
+        conn.send_raw(framing.encode(reply, seq=seq))
 
 
 def _who(pid: int, uid: int) -> str:

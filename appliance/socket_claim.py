@@ -1,17 +1,23 @@
-"""One daemon per socket: claim the scheduler socket's path, and give it back only if still ours.
+"""One daemon per socket directory, in directories that are ours: claim the hook socket and the
+control socket, and give each back only if it is still ours.
 
-A second daemon started on the same socket directory used to delete the first one's live socket
-and listen in its place (the first kept running, unreachable by every hook and by nvsharectl),
-then delete the path again on exit. Now, at start:
+A second daemon started on the same directory used to delete the first one's live socket and
+listen in its place (the first kept running, unreachable by every hook and by nvsharectl),
+then delete the path again on exit. And a directory someone else made (the README once
+suggested `/tmp/nvshare`) let them swap in a socket of their own: a root program then took its
+limits, and its lock, from an impostor. Now, at start:
 
-- a lock file next to the socket (`scheduler.sock.lock`, flock) settles daemons that start at
+- each directory (the hooks' socket directory, the control directory) is created by the daemon
+  (mode 0755), or, if it exists, must belong to the daemon's user and be writable by nobody
+  else, in a path no other user can rename (`ensure_private_directory`); else a clear refusal;
+- a lock file in the control directory (`scheduler.lock`, flock) settles daemons that start at
   the same moment, and holds the PID of the daemon that has it;
 - a socket that answers belongs to a live daemon, even a hung one (the kernel queues the
   connection): refused, naming that daemon's PID from SO_PEERCRED;
 - a socket nobody answers on was left by a daemon that died: replaced;
-- anything else at that path (a file, a directory) is refused, never deleted.
+- anything else at a socket's path (a file, a directory) is refused, never deleted.
 
-On exit the path is removed only if it is still the socket this daemon bound (same inode).
+On exit each path is removed only if it is still the socket this daemon bound (same inode).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.host.peer import peer_credentials
-from appliance.protocol import SOCKET_NAME
+from appliance.socket_dirs import CONTROL_SOCKET_NAME, SOCKET_NAME
 
-LOCK_NAME = SOCKET_NAME + ".lock"
+LOCK_NAME = "scheduler.lock"
 _BACKLOG = 128
 
 
@@ -36,67 +42,114 @@ class SocketUnavailable(Exception):
 
 
 @dataclass(slots=True)
-class SocketClaim:
-    """A bound, listening socket at `path`, and the lock that makes it this daemon's."""
-
+class BoundSocket:
     path: Path
     sock: socket.socket
-    _lock_fd: int
-    _inode: tuple[int, int]
+    inode: tuple[int, int]
 
     def release(self) -> None:
-        """Remove the socket file if it is still the one we bound, then drop the lock."""
+        """Remove the socket file if it is still the one we bound."""
         try:
             info = os.lstat(self.path)
-            if (info.st_dev, info.st_ino) == self._inode:
+            if (info.st_dev, info.st_ino) == self.inode:
                 self.path.unlink()
         except FileNotFoundError:
             pass
+
+
+@dataclass(slots=True)
+class SocketClaim:
+    """The bound, listening sockets (hooks', nvsharectl's) and the lock that makes them ours."""
+
+    hook: BoundSocket
+    control: BoundSocket
+    _lock_fd: int
+
+    def release(self) -> None:
+        self.hook.release()
+        self.control.release()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
 
-def claim_socket(directory: Path) -> SocketClaim:
-    """Bind and listen on `directory/scheduler.sock`, or raise `SocketUnavailable`."""
-    _ensure_directory(directory)
-    path = directory / SOCKET_NAME
-    lock_fd = _take_lock(directory)
+def claim_sockets(socket_dir: Path, control_dir: Path) -> SocketClaim:
+    """Bind and listen on the hook socket and the control socket, or raise `SocketUnavailable`."""
+    ensure_private_directory(socket_dir)
+    ensure_private_directory(control_dir)
+    lock_fd = _take_lock(control_dir, socket_dir)
+    bound: list[BoundSocket] = []
     try:
-        _clear_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(str(path))
-            os.chmod(path, 0o666)  # any local user may connect; identity comes from the kernel
-            sock.listen(_BACKLOG)
-            info = os.lstat(path)
-        except OSError as e:
-            sock.close()
-            raise SocketUnavailable(_os_problem(f"cannot listen on {path}", e)) from None
+        for path in (socket_dir / SOCKET_NAME, control_dir / CONTROL_SOCKET_NAME):
+            _clear_stale(path)
+            bound.append(_listen(path))
     except BaseException:
+        for b in bound:
+            b.sock.close()
+            b.release()
         os.close(lock_fd)
         raise
-    return SocketClaim(path, sock, lock_fd, (info.st_dev, info.st_ino))
+    return SocketClaim(bound[0], bound[1], lock_fd)
 
 
-def _ensure_directory(directory: Path) -> None:
+def _listen(path: Path) -> BoundSocket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        sock.bind(str(path))
+        os.chmod(path, 0o666)  # any local user may connect; identity comes from the kernel
+        sock.listen(_BACKLOG)
+        info = os.lstat(path)
+    except OSError as e:
+        sock.close()
+        raise SocketUnavailable(_os_problem(f"cannot listen on {path}", e)) from None
+    return BoundSocket(path, sock, (info.st_dev, info.st_ino))
+
+
+def ensure_private_directory(directory: Path) -> None:
+    """Create `directory` (0755), or accept it only if it is ours and no one else can change
+    it or what leads to it; else `SocketUnavailable` saying what is wrong."""
+    try:
+        directory.mkdir(mode=0o755, parents=True)
+        directory.chmod(0o755)  # whatever the umask: other users' hooks must reach the socket
     except FileExistsError:
-        pass  # not a directory: said below
+        pass
     except OSError as e:
         raise SocketUnavailable(_os_problem(f"cannot create {directory}", e)) from None
-    if not directory.is_dir():
+    real = Path(os.path.realpath(directory))
+    if not real.is_dir():
         raise SocketUnavailable(
             f"{directory} is not a directory; point NVSHARE_SOCKET_DIR (--socket-dir) at a "
             "directory for scheduler.sock"
         )
+    problem = directory_problem(real, owner=os.geteuid())
+    if problem is not None:
+        raise SocketUnavailable(
+            f"{directory}: {problem}; another user could replace the daemon's sockets there. "
+            "Use a directory of your own (the default /var/run/nvshare as root), or fix its "
+            "owner and mode"
+        )
 
 
-def _take_lock(directory: Path) -> int:
+def directory_problem(real: Path, *, owner: int) -> str | None:
+    """What lets someone other than `owner` (or root) change `real` or a directory above it."""
+    info = os.stat(real)
+    if info.st_uid != owner:
+        return f"it belongs to uid {info.st_uid}, not to this daemon's user (uid {owner})"
+    if info.st_mode & 0o022:
+        return f"it is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    for parent in real.parents:
+        info = os.stat(parent)
+        if info.st_uid not in (0, owner):
+            return f"{parent} above it belongs to uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{parent} above it is writable by others and not sticky"
+    return None
+
+
+def _take_lock(directory: Path, serving: Path) -> int:
     lock_path = directory / LOCK_NAME
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         raise SocketUnavailable(_os_problem(f"cannot open {lock_path}", e)) from None
     try:
@@ -105,7 +158,7 @@ def _take_lock(directory: Path) -> int:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
         os.close(fd)
         raise SocketUnavailable(
-            f"another nvshare scheduler (pid {holder}) is serving {directory}; stop it first, "
+            f"another nvshare scheduler (pid {holder}) is serving {serving}; stop it first, "
             "or give this one another --socket-dir"
         ) from None
     os.ftruncate(fd, 0)

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 from appliance import protocol as p
+from appliance import socket_dirs
 from appliance.client import ControlClient
+from appliance.socket_claim import answering_pid
 
 GPU = "GPU-bench000-0000-0000-0000-000000000000"
 
@@ -27,10 +29,15 @@ class BenchDaemon:
         (self.policy_dir / "policy.yaml").write_text(policy + "\nmetrics: {enabled: false}\n")
         self.socket_dir = self.tmp / "run"
         self.log = self.tmp / "daemon.log"
+        self.args = args or []
+        self.tree = tree
+        self.start()
+
+    def start(self) -> None:
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
-        if tree is not None:
-            env["PYTHONPATH"] = str(tree)
-        with self.log.open("w") as out:
+        if self.tree is not None:
+            env["PYTHONPATH"] = str(self.tree)
+        with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -38,24 +45,31 @@ class BenchDaemon:
                     "appliance",
                     "--policy-dir",
                     str(self.policy_dir),
-                    *(args or []),
+                    *self.args,
                 ],
                 env=env,
-                cwd=tree,
+                cwd=self.tree,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30
-        while not (self.socket_dir / "scheduler.sock").exists():
+        # this daemon's, not a socket left by one killed before (`start` again after a kill)
+        while answering_pid(self.socket_dir / socket_dirs.SOCKET_NAME) != self.proc.pid:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(self.log.read_text())
             time.sleep(0.02)
 
+    def hook(self) -> ControlClient:
+        return ControlClient.as_hook(self.socket_dir)
+
     def client(self, **register: object) -> ControlClient:
-        c = ControlClient(self.socket_dir)
+        c = self.hook()
         reply = c.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 << 30, **register))  # type: ignore[arg-type]
         assert isinstance(reply, p.Registered), reply
         return c
+
+    def control(self) -> ControlClient:
+        return ControlClient(self.socket_dir)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -83,7 +83,7 @@ def status_once(count: int, tree: Path | None) -> tuple[float, str]:
     os.environ.clear()
     os.environ.update(env_for(tree))  # BenchDaemon's daemon inherits it
     try:
-        d = BenchDaemon("")
+        d = BenchDaemon(f"connections: {{perUid: {count + 100}}}")  # one user, many clients
     finally:
         os.environ.clear()
         os.environ.update(saved)

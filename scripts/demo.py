@@ -30,6 +30,7 @@ WIDTH = 60  # characters of timeline
 
 
 def start_scheduler(work: Path, quantum: int) -> subprocess.Popen[bytes]:
+    sockets = work / "run"  # its control socket goes beside it, in work/run-control
     policy = work / "policy"
     policy.mkdir()
     (policy / "demo.yaml").write_text(
@@ -37,12 +38,12 @@ def start_scheduler(work: Path, quantum: int) -> subprocess.Popen[bytes]:
     )
     log = (work / "scheduler.log").open("wb")
     daemon = subprocess.Popen(
-        [str(BIN / "nvshare-scheduler"), "--policy-dir", str(policy), "--socket-dir", str(work)],
+        [str(BIN / "nvshare-scheduler"), "--policy-dir", str(policy), "--socket-dir", str(sockets)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 20
-    while not (work / "scheduler.sock").exists():
+    while not (sockets / "scheduler.sock").exists():
         if daemon.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"demo: the scheduler did not start:\n{(work / 'scheduler.log').read_text()}")
         time.sleep(0.05)
@@ -54,7 +55,7 @@ def start_program(work: Path, name: str, seconds: float) -> subprocess.Popen[str
         **os.environ,
         "LD_PRELOAD": str(BUILD / "libnvshare.so"),
         "LD_LIBRARY_PATH": str(BUILD / "fake"),
-        "NVSHARE_SOCKET_DIR": str(work),
+        "NVSHARE_SOCKET_DIR": str(work / "run"),
         "NVSHARE_FAKE_TRACE": str(work / "trace"),
         "NVSHARE_FAKE_LAUNCH_US": "2000",
         "NVSHARE_GPU_MEMORY_LIMIT": "4Gi" if name == "A" else "",
@@ -108,14 +109,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="nvshare-demo-"))  # short: a socket path has 108 bytes
     daemon = start_scheduler(work, args.quantum)
     try:
-        print(f"scheduler running on {work}/scheduler.sock, mode on, quantum {args.quantum} s")
+        print(f"scheduler running on {work}/run/scheduler.sock, mode on, quantum {args.quantum} s")
         programs = {name: start_program(work, name, args.seconds) for name in "AB"}
         time.sleep(min(1.5, args.seconds / 2))
         print("\n$ nvsharectl status   (while both compute)")
         sys.stdout.flush()
         subprocess.run(
             [str(BIN / "nvsharectl"), "status"],
-            env={**os.environ, "NVSHARE_SOCKET_DIR": str(work)},
+            env={**os.environ, "NVSHARE_SOCKET_DIR": str(work / "run")},
             check=False,
         )
         counts = {}

@@ -71,3 +71,12 @@ socket_dir_option: Callable[[F], F] = click.option(
     default=None,
     help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
 )
+
+control_dir_option: Callable[[F], F] = click.option(
+    "--control-dir",
+    type=click.Path(path_type=Path),
+    envvar="NVSHARE_CONTROL_DIR",
+    default=None,
+    help="Directory of control.sock, nvsharectl's socket [env NVSHARE_CONTROL_DIR; default the "
+    "socket directory's sibling <name>-control, /var/run/nvshare-control].",
+)

@@ -14,13 +14,20 @@ from typing import NoReturn
 
 import click
 
-from appliance import protocol as p
-from appliance.cli.common import kube_api_option, policy_dir_option, program, socket_dir_option
+from appliance import socket_dirs
+from appliance.cli.common import (
+    control_dir_option,
+    kube_api_option,
+    policy_dir_option,
+    program,
+    socket_dir_option,
+)
 
 
 @program("nvshare-scheduler")
 @policy_dir_option("Directory of policy files (a mounted ConfigMap)")
 @socket_dir_option
+@control_dir_option
 @click.option(
     "--admin-group",
     envvar="NVSHARE_ADMIN_GROUP",
@@ -46,6 +53,24 @@ from appliance.cli.common import kube_api_option, policy_dir_option, program, so
     help="Where the hook lives on the host, for the device plugin's mounts.",
 )
 @click.option(
+    "--open-files",
+    type=click.IntRange(256, 1 << 20),
+    envvar="NVSHARE_OPEN_FILES",
+    default=65536,
+    show_default=True,
+    help="Raise the soft limit of open files to this (at most the hard limit); every "
+    "connection takes one [env NVSHARE_OPEN_FILES].",
+)
+@click.option(
+    "--proc-root",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="NVSHARE_PROC_ROOT",
+    default=Path("/proc"),
+    show_default=True,
+    help="Where clients' /proc/<pid> entries are read (tests give a tree whose cgroup files "
+    "place processes in pods) [env NVSHARE_PROC_ROOT].",
+)
+@click.option(
     "--debug", is_flag=True, envvar="NVSHARE_DEBUG", help="Debug logging [env NVSHARE_DEBUG]."
 )
 @click.pass_context
@@ -53,11 +78,14 @@ def scheduler_main(
     ctx: click.Context,
     policy_dir: Path,
     socket_dir: Path | None,
+    control_dir: Path | None,
     admin_group: str | None,
     node_name: str | None,
     kube_api: str | None,
     device_plugin: bool,
     hook_host_path: str,
+    open_files: int,
+    proc_root: Path,
     debug: bool,
 ) -> None:
     """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
@@ -67,12 +95,15 @@ def scheduler_main(
 
     config = DaemonConfig(
         policy_dir=policy_dir,
-        socket_dir=socket_dir or p.socket_dir_from_env(),
+        socket_dir=socket_dir or socket_dirs.socket_dir_from_env(),
+        control_dir=control_dir,
         admin_group=admin_group,
         node_name=node_name,
         kube_api=kube_api,
         device_plugin=device_plugin,
         hook_host_path=hook_host_path,
+        open_files=open_files,
+        proc_root=proc_root,
         debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
     )
     sys.exit(run_daemon(config))

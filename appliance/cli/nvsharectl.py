@@ -15,9 +15,9 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from appliance import framing
+from appliance import framing, socket_dirs
 from appliance import protocol as p
-from appliance.cli.common import program, socket_dir_option
+from appliance.cli.common import control_dir_option, program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.views import (
     ExplainView,
@@ -57,7 +57,7 @@ def _time_quantum(ctx: click.Context, param: click.Parameter, value: str | None)
 
 def _connect(ctx: click.Context) -> ControlClient:
     try:
-        return ControlClient(ctx.obj["socket_dir"])
+        return ControlClient(control_dir=ctx.obj["control_dir"])
     except DaemonUnavailable as exc:
         _fail(str(exc))
 
@@ -101,12 +101,18 @@ def _request(ctx: click.Context, message: Any) -> Any:
     "or 'policy' to follow the policy's mode again.",
 )
 @socket_dir_option
+@control_dir_option
 @click.pass_context
 def nvsharectl(
-    ctx: click.Context, set_tq: int | str | None, anti_thrash: str | None, socket_dir: Path | None
+    ctx: click.Context,
+    set_tq: int | str | None,
+    anti_thrash: str | None,
+    socket_dir: Path | None,
+    control_dir: Path | None,
 ) -> None:
     """Control and inspect the nvshare scheduler."""
-    ctx.obj = {"socket_dir": socket_dir or p.socket_dir_from_env()}
+    socket_dir = socket_dir or socket_dirs.socket_dir_from_env()
+    ctx.obj = {"control_dir": control_dir or socket_dirs.control_dir_for(socket_dir, {})}
     if set_tq == FOLLOW_POLICY:
         _answer(_request(ctx, p.SetTq(0, flags=p.SET_FOLLOW_POLICY)))
     elif isinstance(set_tq, int):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from appliance.core.annotations import PodRef
 from appliance.core.events import Requester
 from appliance.core.limits import HookLimits
+from appliance.core.published import PublishedLimits
 
 # ------------------------------------------------------------------ to hooks
 
@@ -106,6 +107,7 @@ class Outcome(enum.Enum):
     DONE = "done"
     INVALID = "invalid"  # the request itself is wrong: out of bounds, zero, malformed
     NOT_FOUND = "not found"  # it names no connected client, known GPU or stored override
+    REFUSED = "refused"  # the asker may not change state (a tenant, or not root/admin group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,13 @@ class PodWarning:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsPublished:
+    """What hooks that cannot register should apply changed: write it where they read it."""
+
+    limits: PublishedLimits
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicasChanged:
     """The policy's `devicePlugin.replicasPerGpu` changed: advertise this many per GPU."""
 
@@ -145,5 +154,6 @@ Action = (
     | PeersChanged
     | Reply
     | PodWarning
+    | LimitsPublished
     | ReplicasChanged
 )

@@ -181,15 +181,19 @@ def _percent(value: Any) -> str:
 
 
 class PodTable:
-    """The pods bound to this node, by UID, and the overrides their annotations ask for."""
+    """The pods bound to this node, by UID, and the overrides their annotations ask for; and,
+    after a restart, the memory limits the previous daemon published for pods the pod watch has
+    not listed yet (`remembered`: pod UID -> bytes, None = no limit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remembered: Mapping[str, int | None] | None = None) -> None:
         self.pods: dict[str, PodInfo] = {}
         self.overrides: dict[str, PodOverrides] = {}
+        self.remembered: dict[str, int | None] = dict(remembered or {})
 
     def seen(self, pod: PodInfo, policy: AnnotationPolicy) -> list[AnnotationProblem]:
         """A pod appeared or changed: judge its annotations; the problems are what was refused."""
         self.pods[pod.uid] = pod
+        self.remembered.pop(pod.uid, None)  # what the API says now replaces what was published
         self.overrides[pod.uid], problems = resolve_overrides(
             pod.annotations, pod=pod.ref, policy=policy, previous=self.overrides.get(pod.uid)
         )
@@ -198,6 +202,11 @@ class PodTable:
     def removed(self, ref: PodRef) -> None:
         self.pods.pop(ref.uid, None)
         self.overrides.pop(ref.uid, None)
+        self.remembered.pop(ref.uid, None)
+
+    def listed(self, uids: frozenset[str]) -> None:
+        """The pod watch listed every pod of the node: a remembered pod not among them is gone."""
+        self.remembered = {uid: m for uid, m in self.remembered.items() if uid in uids}
 
     def judge_again(self, policy: AnnotationPolicy) -> list[AnnotationProblem]:
         """The annotation caps may have changed: judge every pod's annotations again."""
@@ -206,12 +215,13 @@ class PodTable:
             problems += self.seen(pod, policy)
         return problems
 
-    def pod_of(self, ident: ClientIdentity) -> tuple[PodInfo | None, str]:
+    def pod_of(self, ident: ClientIdentity, *, claims: bool) -> tuple[PodInfo | None, str]:
         """A client's pod and how it is known: "cgroup" (the kernel's word) or "claimed" (the
-        pod name the client gave, flagged as such wherever it is shown)."""
+        pod name the client gave, counted only where `claims` says the policy trusts it, and
+        flagged as such wherever it is shown)."""
         if ident.pod_uid and ident.pod_uid in self.pods:
             return self.pods[ident.pod_uid], "cgroup"
-        if ident.claimed_pod:
+        if claims and ident.claimed_pod:
             for pod in self.pods.values():
                 if pod.name == ident.claimed_pod and pod.namespace == ident.claimed_namespace:
                     return pod, "claimed"

@@ -99,6 +99,13 @@ class PodRemoved:
 
 
 @dataclass(frozen=True, slots=True)
+class PodsListed:
+    """The pod watch listed every pod of this node (at start, and after each relist)."""
+
+    uids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class GpuFreeMemory:
     """A real-time sample of a GPU's free memory (NVML), including non-hooked processes, and
     what each process holds on it (pids as the daemon sees them: it runs with the host's). It is
@@ -138,11 +145,13 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class Requester:
-    """Who asked a control request, as the socket server numbers it; the core only echoes it
-    back on its `Reply`."""
+    """Who asked a control request: the connection and sequence number the socket server echoes
+    on the `Reply`, and who the kernel says the asking process is (the core decides whether it
+    may)."""
 
     connection: int = 0
     seq: int = 0
+    ident: ClientIdentity | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -210,6 +219,7 @@ Event = (
     | PolicyChanged
     | PodSeen
     | PodRemoved
+    | PodsListed
     | GpuFreeMemory
     | GpuProcessesSeen
     | Tick

@@ -16,6 +16,7 @@ class ClientIdentity:
     systemd_unit: str | None = None
     pod_uid: str | None = None
     container_id: str | None = None
+    cgroup_known: bool = True  # False: /proc/<pid>/cgroup was unreadable, where it runs unknown
     # What the client said about itself (NVSHARE_POD_NAMESPACE/NAME). Only a fallback, flagged
     # as such wherever it is shown.
     claimed_namespace: str = ""

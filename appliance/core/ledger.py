@@ -59,7 +59,7 @@ class Ledger:
         c = self._s.clients.get(e.client_id)
         if c is None:
             return []
-        c.used = e.used
+        c.used = self._usage(c, e.used)
         limit = self._limit(c)
         others = self._others_footprint(c)
         # What c would hold with exactly this grant. Its usage counts even where its reservation
@@ -89,7 +89,7 @@ class Ledger:
         if c is None:
             return []
         c.reserved = max(0, c.reserved - e.bytes)
-        c.used = e.used
+        c.used = self._usage(c, e.used)
         return self._memory_moved(c, now)
 
     def refused_by_hook(self, e: ev.MemoryRefusedByHook, now: float) -> list[act.Action]:
@@ -107,6 +107,28 @@ class Ledger:
             )
         return []
 
+    def _usage(self, c: Client, reported: int) -> int:
+        """What a client's report of its own usage counts for: up to what the daemon granted
+        it, and beyond that (a hook that reconnected to a restarted daemon holds memory granted
+        before) up to what its ledger may hold at all, never more. A client that claims more
+        can only crowd its own ledger, and only that far."""
+        bound = max(c.reserved, self._limit(c))
+        if reported <= bound:
+            return reported
+        self._s.counters["usage_reports_capped"] += 1
+        if not c.usage_capped:
+            c.usage_capped = True
+            log.warning(
+                "client %d (pid %d) reports %s in use, more than it was granted or may hold "
+                "(%s); counted as %s (said once per client)",
+                c.id,
+                c.ident.pid,
+                format_bytes(reported),
+                format_bytes(bound),
+                format_bytes(bound),
+            )
+        return bound
+
     def _memory_moved(self, c: Client, now: float) -> list[act.Action]:
         """In mode auto what fits decides who runs: look at c's GPU again."""
         if self._s.gpu_mode(c.gpu) is Mode.AUTO:
@@ -119,9 +141,10 @@ class Ledger:
         limit = self._s.resolve(c, with_env=False).memory_bytes
         if limit is not None:
             return limit
-        if self._s.policy.memory.backing is Backing.MANAGED:
-            return UNBOUNDED
-        return self._s.gpu_memory(c.gpu) - self._s.policy.memory.reserve_bytes
+        size = self._s.gpu_memory(c.gpu)
+        if self._s.policy.memory.backing is Backing.MANAGED or not size:
+            return UNBOUNDED  # an unknown size bounds nothing: the driver refuses past the GPU
+        return size - self._s.policy.memory.reserve_bytes
 
     def _others_footprint(self, c: Client) -> int:
         """What the other clients on c's ledger (same subject, same GPU) use or have reserved."""
@@ -207,7 +230,7 @@ class Ledger:
 
     def _realtime_enabled(self, c: Client) -> bool:
         """The policy's default, unless the client's pod says otherwise by annotation."""
-        pod, _ = self._s.pods.pod_of(c.ident)
+        pod, _ = self._s.pod_of(c.ident)
         override = self._s.pods.overrides_of(pod)
         if override is not None and override.realtime_check is not None:
             return override.realtime_check

@@ -123,6 +123,7 @@ def resolve_limits(
     gpu: GpuFacts,
     pod: PodInfo | None = None,
     annotations: PodOverrides | None = None,
+    remembered: Limits | None = None,
     admin: Limits | None = None,
     env_memory_bytes: int = 0,
     env_core_percent: int = 0,
@@ -153,6 +154,8 @@ def resolve_limits(
     if annotations is not None:
         limits.over(annotations.memory_bytes, annotations.core_percent, "annotation")
         limits.over_scheduling(annotations, "annotation")
+    if remembered is not None:
+        limits.over(remembered.memory_bytes, None, "last published for its pod (not listed yet)")
     if admin is not None:
         limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")
     # A limit the process set for itself can only lower what the layers above decided.

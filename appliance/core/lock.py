@@ -207,7 +207,7 @@ class Lock:
             "every client that drops in time"
         )
         log.warning("%s", message)
-        pod, _ = self._s.pods.pod_of(c.ident)
+        pod, _ = self._s.pod_of(c.ident)
         if pod is None:
             return []
         return [act.PodWarning(pod.ref, LOCK_NOT_RELEASED, message)]
@@ -307,7 +307,10 @@ class Lock:
         return c.quota.may_start(self._s.policy.scheduler)
 
     def _fits(self, gpu: Gpu, c: Client) -> bool:
-        limit = self._s.gpu_memory(gpu.facts.uuid) - self._s.policy.memory.reserve_bytes
+        size = self._s.gpu_memory(gpu.facts.uuid)
+        if not size:
+            return False  # nothing is known to fit on a GPU of unknown size: serialise
+        limit = size - self._s.policy.memory.reserve_bytes
         running = sum(self._s.clients[h].footprint for h in gpu.holders)
         return running + c.footprint <= limit
 

@@ -15,19 +15,21 @@ and metrics show), `shown` (the GPU as a process is shown it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import share, views
 from appliance.core.admin import Admin
-from appliance.core.annotations import AnnotationProblem
+from appliance.core.annotations import AnnotationProblem, PodTable
+from appliance.core.authority import STATE_CHANGES, Authority
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
 from appliance.core.ledger import Ledger
-from appliance.core.limits import describe
+from appliance.core.limits import describe, gpu_settings
 from appliance.core.lock import Lock
+from appliance.core.published import PublishedLimits, published_limits
 from appliance.core.quota import QuotaAccount
 from appliance.core.shown import MemoryView, memory_view
 from appliance.core.state import Client, Gpu, NodeState
@@ -47,16 +49,24 @@ class NodeCore:
         *,
         inventory: dict[str, GpuFacts] | None = None,
         watching_pods: bool = False,
+        authority: Authority | None = None,
+        remembered: Mapping[str, int | None] | None = None,
     ) -> None:
         self.state = NodeState(
-            policy=policy, inventory=dict(inventory or {}), watching_pods=watching_pods
+            policy=policy,
+            inventory=dict(inventory or {}),
+            watching_pods=watching_pods,
+            pods=PodTable(remembered),
         )
+        self.authority = authority or Authority()
+        self._published: PublishedLimits | None = None
+        self._publish_due = True  # the first event publishes what hooks should fall back to
+        self._noted: set[str] = set()  # what was said once
         self.lock = Lock(self.state)
         self.ledger = Ledger(self.state, self.lock)
         self.admin = Admin(self.state, refresh=self._refresh_all)
         self.unhooked = UnhookedWatch(self.state)
         self._deadline: float | None = None
-        self._claim_noted = False
         self._handlers: dict[type, Callable[[Any, float], list[act.Action]]] = {
             ev.ClientRegistered: self._on_registered,
             ev.ClientGone: self._on_gone,
@@ -70,9 +80,10 @@ class NodeCore:
             ev.PolicyChanged: self._on_policy,
             ev.PodSeen: self._on_pod_seen,
             ev.PodRemoved: self._on_pod_removed,
-            ev.TimeQuantumSet: self.admin.set_time_quantum,
-            ev.ModeSet: self.admin.set_mode,
-            ev.AdminLimitSet: self.admin.set_limits,
+            ev.PodsListed: self._on_pods_listed,
+            ev.TimeQuantumSet: self._permitted(self.admin.set_time_quantum),
+            ev.ModeSet: self._permitted(self.admin.set_mode),
+            ev.AdminLimitSet: self._permitted(self.admin.set_limits),
             ev.Tick: self._on_tick,
         }
 
@@ -81,6 +92,8 @@ class NodeCore:
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         actions = self._handlers[type(event)](event, now)
         self._deadline = self.lock.next_deadline(now)
+        if self._publish_due:
+            actions += self._publish()
         return actions
 
     def next_deadline(self) -> float | None:
@@ -101,6 +114,21 @@ class NodeCore:
     def memory_view(self, ident: ClientIdentity, gpu_uuid: str, gpu_total: int) -> MemoryView:
         return memory_view(self.state, ident, gpu_uuid, gpu_total)
 
+    def _permitted(
+        self, change: Callable[[Any, float], list[act.Action]]
+    ) -> Callable[[Any, float], list[act.Action]]:
+        """A state change, done only for whom `authority` allows; anyone else gets a refusal."""
+
+        def guarded(e: Any, now: float) -> list[act.Action]:
+            asker = e.reply_to.ident
+            refusal = self.authority.refusal(asker, STATE_CHANGES[type(e)])
+            if refusal is None:
+                return change(e, now)
+            log.warning("refused to let %s %s: %s", e.by, STATE_CHANGES[type(e)], refusal)
+            return [act.Reply(e.reply_to, act.Outcome.REFUSED, refusal)]
+
+        return guarded
+
     # ------------------------------------------------------------ clients
 
     def _on_tick(self, e: ev.Tick, now: float) -> list[act.Action]:
@@ -109,14 +137,7 @@ class NodeCore:
     def _on_registered(self, e: ev.ClientRegistered, now: float) -> list[act.Action]:
         s = self.state
         if e.gpu_uuid not in s.gpus:
-            base = s.inventory.get(e.gpu_uuid, GpuFacts(uuid=e.gpu_uuid))
-            facts = GpuFacts(
-                uuid=e.gpu_uuid,
-                index=base.index,
-                model=base.model,
-                memory_total=base.memory_total or e.gpu_total_memory,
-            )
-            s.gpus[e.gpu_uuid] = Gpu(facts=facts)
+            s.gpus[e.gpu_uuid] = Gpu(facts=self._gpu_facts(e))
         c = Client(
             id=e.client_id,
             ident=e.ident,
@@ -126,7 +147,7 @@ class NodeCore:
         )
         s.clients[c.id] = c
         self.unhooked.forget(c.ident.pid, why=REGISTERED)
-        c.pod_source = s.pods.pod_of(c.ident)[1]
+        c.pod_source = s.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
         share.rescale(s, c.gpu, now)
         self._note_claim(c)
@@ -160,23 +181,71 @@ class NodeCore:
             " while holding the lock" if held else "",
             format_bytes(c.reserved),
         )
-        return self.lock.schedule(s.gpus[c.gpu], now) + self.ledger.peer_updates()
+        out = self.lock.schedule(s.gpus[c.gpu], now)
+        if c.gpu not in s.inventory and not any(x.gpu == c.gpu for x in s.clients.values()):
+            del s.gpus[c.gpu]  # a GPU NVML does not list is kept only while someone uses it
+        return out + self.ledger.peer_updates()
+
+    def _gpu_facts(self, e: ev.ClientRegistered) -> GpuFacts:
+        """A GPU's identity and size come from NVML; a GPU NVML does not list is known by the
+        hook's name for it, and its size from the policy (`gpus[].memory`) or, only where the
+        policy says to trust hooks with it, from the first registration."""
+        s = self.state
+        if (facts := s.inventory.get(e.gpu_uuid)) is not None:
+            return facts
+        trusted = s.policy.trust.hook_gpu_size
+        facts = GpuFacts(uuid=e.gpu_uuid, memory_total=e.gpu_total_memory if trusted else 0)
+        if not gpu_settings(s.policy, facts)[2]:
+            self._note_once(
+                "unknown-size",
+                "GPU %s is not one NVML lists and the policy declares no size for it "
+                "(gpus[].memory), so its size is unknown: it bounds no ledger (each client's "
+                "limit still does) and mode auto serialises; trust.hookGpuSize takes the first "
+                "hook's word (said once)",
+                e.gpu_uuid,
+            )
+        return facts
 
     def _note_claim(self, c: Client) -> None:
-        """Say once why a pod name a process claims has no effect here."""
+        """Say once (per reason) why a pod name a process claims has no effect."""
         ident = c.ident
-        if self.state.watching_pods or self._claim_noted or ident.pod_uid or not ident.claimed_pod:
+        if not ident.claimed_pod or c.pod_source == "claimed":
             return
-        self._claim_noted = True
-        log.warning(
+        if ident.pod_uid:
+            key, why = "in-pod", f"its cgroup names pod {ident.pod_uid}, and the kernel's word wins"
+        elif not self.state.watching_pods:
+            key, why = (
+                "no-watch",
+                (
+                    "this daemon watches no pods, so the name is ignored; start it with "
+                    "--node-name to follow pod annotations"
+                ),
+            )
+        elif ident.uid not in self.state.policy.trust.pod_claim_uids:
+            key, why = (
+                "untrusted",
+                (
+                    f"uid {ident.uid} is not in the policy's trust.podClaimUids, so the name is "
+                    "ignored"
+                ),
+            )
+        else:
+            return
+        self._note_once(
+            f"claim-{key}",
             "client %d (pid %d) names pod %s/%s (NVSHARE_POD_NAMESPACE/NVSHARE_POD_NAME), but "
-            "this daemon watches no pods, so the name is ignored; start it with --node-name "
-            "to follow pod annotations (said once)",
+            "%s (said once)",
             c.id,
             ident.pid,
             ident.claimed_namespace,
             ident.claimed_pod,
+            why,
         )
+
+    def _note_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            log.warning(message, *args)
 
     # ------------------------------------------------------------ limits
 
@@ -199,7 +268,7 @@ class NodeCore:
         s = self.state
         out: list[act.Action] = []
         for c in s.clients.values():
-            c.pod_source = s.pods.pod_of(c.ident)[1]
+            c.pod_source = s.pod_of(c.ident)[1]
             if not self._refresh_limits(c, now):
                 continue
             out.append(act.LimitsChanged(c.id, c.enforced))
@@ -208,7 +277,17 @@ class NodeCore:
                 out += self.lock.ungate(c, now)
         for uuid in s.gpus:
             share.rescale(s, uuid, now)
+        self._publish_due = True
         return out + self.lock.schedule_all(now) + self.ledger.peer_updates()
+
+    def _publish(self) -> list[act.Action]:
+        """What hooks that cannot register fall back to, when it changed."""
+        self._publish_due = False
+        published = published_limits(self.state)
+        if published == self._published:
+            return []
+        self._published = published
+        return [act.LimitsPublished(published)]
 
     # ------------------------------------------------------------ policy and pods
 
@@ -231,6 +310,10 @@ class NodeCore:
     def _on_pod_removed(self, e: ev.PodRemoved, now: float) -> list[act.Action]:
         self.state.pods.removed(e.pod)
         self.state.retained.pop(e.pod.uid, None)
+        return self._refresh_all(now)
+
+    def _on_pods_listed(self, e: ev.PodsListed, now: float) -> list[act.Action]:
+        self.state.pods.listed(e.uids)
         return self._refresh_all(now)
 
     def _warnings(self, problems: list[AnnotationProblem]) -> list[act.Action]:

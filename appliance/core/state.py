@@ -98,6 +98,7 @@ class Client:
     nvml_told: int | None = None
     usage: LockUsage = field(default_factory=LockUsage)
     refusals: int = 0  # allocations refused, by the ledger here or by its hook
+    usage_capped: bool = False  # once reported more usage than it may hold (logged once)
 
     @property
     def footprint(self) -> int:
@@ -184,15 +185,25 @@ class NodeState:
 
     # --------------------------------------------------------------- clients
 
+    def pod_of(self, ident: ClientIdentity) -> tuple[PodInfo | None, str]:
+        """A client's pod: the one its cgroup names; or, where the cgroup shows no pod at all,
+        the one it names, if the policy trusts that uid's claims (`trust.podClaimUids`)."""
+        claims = (
+            ident.pod_uid is None
+            and ident.cgroup_known
+            and ident.uid in self.policy.trust.pod_claim_uids
+        )
+        return self.pods.pod_of(ident, claims=claims)
+
     def pod_label(self, c: Client) -> str:
-        pod, source = self.pods.pod_of(c.ident)
+        pod, source = self.pod_of(c.ident)
         if pod is None:
             return "-"
         return f"{pod.namespace}/{pod.name}" + (" (claimed)" if source == "claimed" else "")
 
     def pod_uid(self, c: Client) -> str | None:
         """The UID of c's pod (by kernel identity, else as claimed), None outside pods."""
-        pod, _ = self.pods.pod_of(c.ident)
+        pod, _ = self.pod_of(c.ident)
         return pod.uid if pod is not None else c.ident.pod_uid
 
     def retain_usage(self, c: Client) -> None:
@@ -200,7 +211,7 @@ class NodeState:
         uid = self.pod_uid(c)
         if uid is None:
             return
-        pod, _ = self.pods.pod_of(c.ident)
+        pod, _ = self.pod_of(c.ident)
         kept = self.retained.pop(uid, None) or RetainedPod(
             namespace=pod.namespace if pod else "", name=pod.name if pod else ""
         )
@@ -218,7 +229,7 @@ class NodeState:
     def subject_of(self, ident: ClientIdentity) -> str:
         """Whose ledger a process draws on: its pod (by kernel identity, else as claimed), else
         its own."""
-        pod, _ = self.pods.pod_of(ident)
+        pod, _ = self.pod_of(ident)
         if pod is not None:
             return f"pod:{pod.uid}"
         if ident.pod_uid:
@@ -231,7 +242,7 @@ class NodeState:
             return [c for c in self.clients.values() if str(c.ident.pid) == target.name]
         reached = []
         for c in self.clients.values():
-            pod, _ = self.pods.pod_of(c.ident)
+            pod, _ = self.pod_of(c.ident)
             if pod is not None and LimitTarget.pod_of(pod) == target:
                 reached.append(c)
         return reached
@@ -248,17 +259,26 @@ class NodeState:
         self, ident: ClientIdentity, gpu: GpuFacts, *, env_memory: int = 0, env_core: int = 0
     ) -> EffectiveLimits:
         """The limits of a process on a GPU, registered there or not."""
-        pod, _ = self.pods.pod_of(ident)
+        pod, _ = self.pod_of(ident)
         return resolve_limits(
             policy=self.policy,
             ident=ident,
             gpu=gpu,
             pod=pod,
             annotations=self.pods.overrides_of(pod),
+            remembered=self.remembered_limit(ident) if pod is None else None,
             admin=self.overrides.limits_for(ident.pid, pod),
             env_memory_bytes=env_memory,
             env_core_percent=env_core,
         )
+
+    def remembered_limit(self, ident: ClientIdentity) -> Limits | None:
+        """For a client whose cgroup names a pod the pod watch has not listed yet (just after a
+        restart): the memory limit the previous daemon published for that pod, if any."""
+        if not ident.pod_uid or ident.pod_uid not in self.pods.remembered:
+            return None
+        memory = self.pods.remembered[ident.pod_uid]
+        return Limits(memory_bytes=memory) if memory is not None else None
 
     def enforced(self, c: Client) -> HookLimits:
         """What c's hook must enforce: its limits, whether it is gated, how memory is backed.

@@ -131,7 +131,7 @@ class StatusView:
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
-    pod, _ = s.pods.pod_of(c.ident)
+    pod, _ = s.pod_of(c.ident)
     return ClientView(
         id=c.id,
         pid=c.ident.pid,

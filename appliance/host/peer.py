@@ -1,7 +1,7 @@
 """Client identity from the kernel: SO_PEERCRED, then /proc/<pid> for groups, exe and cgroup.
 
-What a client says about itself (pod name hints in REGISTER) is kept apart and only used as a
-flagged fallback by the scheduler.
+What a client says about itself (pod name hints in REGISTER) is kept apart; the core decides
+whether it counts (`trust.podClaimUids`) and who may change state (`core.authority`).
 """
 
 from __future__ import annotations
@@ -47,15 +47,6 @@ def _group_names(ids: set[int]) -> frozenset[str]:
     return frozenset(names)
 
 
-def is_admin(pid: int, uid: int, gid: int, *, admin_group: str | None, proc_root: Path) -> bool:
-    """Root, or a member of the configured admin group (primary or supplementary)."""
-    if uid == 0:
-        return True
-    if not admin_group:
-        return False
-    return admin_group in _group_names(_group_ids(pid, gid, proc_root))
-
-
 def identify(
     pid: int,
     uid: int,
@@ -75,9 +66,10 @@ def identify(
         exe = None
     try:
         cg = cgroup_identity(pid, proc_root=proc_root)
-        pod_uid, container, unit = cg.pod_uid, cg.container_id, cg.systemd_unit
+        pod_uid, container, unit, known = cg.pod_uid, cg.container_id, cg.systemd_unit, True
     except (OSError, ProcessLookupError):
         pod_uid = container = unit = None
+        known = False  # gone, or no file to spare: where it runs is unknown, not "the host"
     return ClientIdentity(
         pid=pid,
         uid=uid,
@@ -88,6 +80,7 @@ def identify(
         systemd_unit=unit,
         pod_uid=pod_uid,
         container_id=container,
+        cgroup_known=known,
         claimed_namespace=claimed_namespace,
         claimed_pod=claimed_pod,
     )

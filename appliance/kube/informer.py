@@ -78,6 +78,7 @@ class Informer(Generic[T]):
         convert: Callable[[Obj], T | None],
         on_set: Callable[[str, T], None] = lambda key, value: None,
         on_delete: Callable[[str, T], None] = lambda key, value: None,
+        on_listed: Callable[[frozenset[str]], None] = lambda keys: None,
         key: Callable[[Obj], str] = object_uid,
         describe: Callable[[str, T], str] = lambda key, value: key,
         resource: str = "",  # what RBAC calls the collection: "pods", "nodes"
@@ -95,6 +96,7 @@ class Informer(Generic[T]):
         self._convert = convert
         self._on_set = on_set
         self._on_delete = on_delete
+        self._on_listed = on_listed
         self._key = key
         self._describe = describe
         self._resource = resource
@@ -282,6 +284,14 @@ class Informer(Generic[T]):
         self._rv = rv
         self.relists += 1
         self.synced.set()
+        self._listed(frozenset(current))
+
+    def _listed(self, keys: frozenset[str]) -> None:
+        """After the diff's own callbacks: the whole collection, as of this list."""
+        try:
+            self._on_listed(keys)
+        except Exception:
+            log.exception("%s: the callback after a list failed; watching on", self.name)
 
     def _watch_once(self) -> bool:
         """One watch request until it ends; True if it delivered anything."""

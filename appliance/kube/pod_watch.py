@@ -7,7 +7,8 @@ and a relist must not cost an etcd read on every node at once after an API serve
 
 `on_pod` fires when a pod appears or when what `PodInfo` carries (node, labels, annotations)
 changes; status-only updates are not passed on. `on_pod_deleted` fires when it goes, including
-a deletion that happened while the watch was down (found by the relist's diff). Callbacks run
+a deletion that happened while the watch was down (found by the relist's diff); `on_listed`
+after every full list, with the UIDs of all the node's pods. Callbacks run
 on the watcher's thread, in API order; a callback that raises is logged and the watch goes on.
 """
 
@@ -33,6 +34,7 @@ class PodWatcher:
         node_name: str,
         on_pod: Callable[[PodInfo], None],
         on_pod_deleted: Callable[[PodRef], None],
+        on_listed: Callable[[frozenset[str]], None] = lambda uids: None,
         bookmark: bool = True,
         watch_timeout_s: int = 300,
         inactivity_timeout_s: float = 120.0,
@@ -46,6 +48,7 @@ class PodWatcher:
             convert=pod_info,
             on_set=lambda uid, info: on_pod(info),
             on_delete=lambda uid, info: on_pod_deleted(info.ref),
+            on_listed=on_listed,
             describe=lambda uid, info: f"pod {info.namespace}/{info.name}",
             field_selector=f"spec.nodeName={node_name}",
             resource="pods",

@@ -48,6 +48,13 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
         metrics=model.MetricsSettings(
             enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]
         ),
+        trust=model.TrustSettings(
+            pod_claim_uids=frozenset(doc["trust"]["podClaimUids"]),
+            hook_gpu_size=doc["trust"]["hookGpuSize"],
+        ),
+        connections=model.ConnectionSettings(
+            per_uid=doc["connections"]["perUid"], per_pod=doc["connections"]["perPod"]
+        ),
         sources=dict(merge.sources),
         document=copy.deepcopy(doc),
         files=tuple(f.name for f in snapshot.files),

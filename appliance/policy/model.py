@@ -182,6 +182,22 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TrustSettings:
+    """What the daemon takes on a client's word; everything else comes from the kernel or NVML."""
+
+    pod_claim_uids: frozenset[int] = frozenset()  # may name their pod where the cgroup shows none
+    hook_gpu_size: bool = False  # without NVML or a declared size, the first hook's word
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    """Caps on the daemon's socket connections, so no user or pod can use up its files."""
+
+    per_uid: int = 1024  # processes of one user outside pods
+    per_pod: int = 256  # processes of one pod, whatever their uids
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     version: int = 1
     scheduler: SchedulerSettings = SchedulerSettings()
@@ -195,6 +211,8 @@ class Policy:
     device_plugin: DevicePluginSettings = DevicePluginSettings()
     mig_fallback: MigFallback = MigFallback()
     metrics: MetricsSettings = MetricsSettings()
+    trust: TrustSettings = TrustSettings()
+    connections: ConnectionSettings = ConnectionSettings()
     # Provenance: JSON path of each value ("/scheduler/timeQuantum") -> where it came from
     # ("10-team.yaml", "env NVSHARE_COMPUTE_WINDOW_MS" or "default").
     sources: Mapping[str, str] = field(default_factory=dict)

@@ -9,6 +9,7 @@ import pytest
 
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import HookLimits
 from appliance.core.node import NodeCore
@@ -18,6 +19,8 @@ from appliance.policy.model import Policy
 GiB = 1 << 30
 MiB = 1 << 20
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
+# A state change asked by root on the host, as the socket server would name it.
+ADMIN = ev.Requester(ident=ClientIdentity(pid=1, uid=0, gid=0))
 A = TypeVar("A")
 
 
@@ -27,6 +30,9 @@ class Harness:
     now: float = 1000.0
     next_id: int = 1
     sent: list[act.Action] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.feed(ev.Tick())  # as the daemon starts: publishes the fallback limits
 
     @property
     def state(self) -> NodeState:
@@ -58,8 +64,13 @@ class Harness:
         env_mem: int = 0,
         env_core: int = 0,
         groups: frozenset[str] = frozenset(),
+        nvml: bool = True,
         **ident: Any,
     ) -> int:
+        """Register a client; with `nvml`, NVML lists its GPU with `total` bytes (else the GPU
+        is known only by what the hook says)."""
+        if nvml:
+            self.state.inventory.setdefault(gpu, GpuFacts(uuid=gpu, memory_total=total))
         cid = self.next_id
         self.next_id += 1
         identity = ClientIdentity(

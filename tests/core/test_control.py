@@ -15,7 +15,7 @@ from appliance.core.node import NodeCore
 from appliance.core.views import OverrideRow
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
-from .conftest import GPU, GiB, Harness, of
+from .conftest import ADMIN, GPU, GiB, Harness, of
 
 OTHER = "GPU-00000000-0000-0000-0000-000000000002"
 
@@ -27,7 +27,7 @@ def reply(actions: list[act.Action]) -> act.Reply:
 
 @pytest.mark.parametrize("seconds", [0.01, 0.999, 86401, 1e8])
 def test_a_time_quantum_out_of_bounds_changes_nothing(harness: Harness, seconds: float) -> None:
-    answer = reply(harness.feed(ev.TimeQuantumSet(seconds)))
+    answer = reply(harness.feed(ev.TimeQuantumSet(seconds, reply_to=ADMIN)))
     assert answer.outcome is act.Outcome.INVALID
     assert answer.message.endswith("is outside 1-86400 s; nothing changed")
     assert harness.state.overrides.time_quantum_s is None
@@ -38,17 +38,17 @@ def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
 ) -> None:
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     a = harness.register()
-    out = harness.feed(ev.TimeQuantumSet(86400, by="pid 7 (uid 0, root)"))
+    out = harness.feed(ev.TimeQuantumSet(86400, by="pid 7 (uid 0, root)", reply_to=ADMIN))
     assert (
         reply(out).message == "time quantum set to 86400 s on every GPU (was 30 s from the policy)"
     )
     assert "pid 7 (uid 0, root) set the time quantum to 86400 s" in caplog.text
     assert of(harness.feed(ev.LockRequested(a, 1)), act.Grant)[0].time_quantum_s == 86_400
-    out = harness.feed(ev.TimeQuantumSet(None, by="pid 8"))
+    out = harness.feed(ev.TimeQuantumSet(None, by="pid 8", reply_to=ADMIN))
     assert reply(out).message == "the time quantum follows the policy again (30 s)"
     assert harness.state.time_quantum(GPU) == 30
     assert "pid 8 handed the time quantum back to the policy" in caplog.text
-    assert reply(harness.feed(ev.TimeQuantumSet(None))).message == (
+    assert reply(harness.feed(ev.TimeQuantumSet(None, reply_to=ADMIN))).message == (
         "the time quantum already follows the policy"
     )
 
@@ -56,23 +56,25 @@ def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
 def test_a_mode_for_an_unknown_gpu_is_refused_naming_the_known_ones() -> None:
     h = Harness(NodeCore(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER)}))
     h.register()  # on GPU
-    answer = reply(h.feed(ev.ModeSet(Mode.OFF, "GPU-nosuch")))
+    answer = reply(h.feed(ev.ModeSet(Mode.OFF, "GPU-nosuch", reply_to=ADMIN)))
     assert answer.outcome is act.Outcome.NOT_FOUND
     assert answer.message == (
         f"no GPU GPU-nosuch is known here (known: {GPU}, {OTHER}); nothing changed"
     )
     assert h.state.overrides.modes == {}
-    assert reply(h.feed(ev.ModeSet(Mode.OFF, OTHER))).outcome is act.Outcome.DONE  # NVML knows it
+    assert (
+        reply(h.feed(ev.ModeSet(Mode.OFF, OTHER, reply_to=ADMIN))).outcome is act.Outcome.DONE
+    )  # NVML knows it
 
 
 def test_a_mode_handed_back_to_policy_reaches_the_hooks(harness: Harness) -> None:
     a = harness.register()
-    harness.feed(ev.ModeSet(Mode.OFF))
+    harness.feed(ev.ModeSet(Mode.OFF, reply_to=ADMIN))
     assert harness.enforced(a).mode is Mode.OFF
-    out = harness.feed(ev.ModeSet(None))
+    out = harness.feed(ev.ModeSet(None, reply_to=ADMIN))
     assert reply(out).message == "the mode on every GPU follows the policy again"
     assert of(out, act.LimitsChanged, a)[0].limits.mode is Mode.ON
-    assert reply(harness.feed(ev.ModeSet(None, GPU))).message == (
+    assert reply(harness.feed(ev.ModeSet(None, GPU, reply_to=ADMIN))).message == (
         f"the mode on {GPU} already follows the policy"
     )
 
@@ -82,8 +84,8 @@ def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
 ) -> None:
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     harness.register()
-    harness.feed(ev.TimeQuantumSet(45))
-    harness.feed(ev.ModeSet(Mode.AUTO, GPU))
+    harness.feed(ev.TimeQuantumSet(45, reply_to=ADMIN))
+    harness.feed(ev.ModeSet(Mode.AUTO, GPU, reply_to=ADMIN))
     harness.feed(ev.PolicyChanged(Policy(scheduler=SchedulerSettings(time_quantum_s=12))))
     assert harness.state.time_quantum(GPU) == 12 and harness.state.gpu_mode(GPU) is Mode.ON
     assert (
@@ -95,7 +97,9 @@ def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
 def test_a_pid_that_is_not_connected_is_refused(harness: Harness) -> None:
     harness.register(pid=500)
     answer = reply(
-        harness.feed(ev.AdminLimitSet(LimitTarget.pid(999999), Limits(memory_bytes=GiB)))
+        harness.feed(
+            ev.AdminLimitSet(LimitTarget.pid(999999), Limits(memory_bytes=GiB), reply_to=ADMIN)
+        )
     )
     assert answer.outcome is act.Outcome.NOT_FOUND
     assert answer.message.startswith("no connected client has pid 999999; nothing changed")
@@ -115,7 +119,7 @@ def test_an_override_that_means_nothing_is_refused(
     harness: Harness, limits: Limits, message: str
 ) -> None:
     harness.register(pid=500)
-    answer = reply(harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), limits)))
+    answer = reply(harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), limits, reply_to=ADMIN)))
     assert answer.outcome is act.Outcome.INVALID and message in answer.message
     assert answer.message.endswith("nothing changed") and harness.state.overrides.limits == {}
 
@@ -126,29 +130,37 @@ def test_an_override_says_what_changed_and_whom_it_reaches(
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     harness.register(pid=500)
     target = LimitTarget.pid(500)
-    out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB), by="pid 9 (uid 0)"))
+    out = harness.feed(
+        ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB), by="pid 9 (uid 0)", reply_to=ADMIN)
+    )
     assert reply(out).message == (
         "pid 500: memory override 4Gi (was none); applies to 1 connected client(s), pid 500"
     )
     assert "pid 9 (uid 0) changed the limits of pid 500: memory override 4Gi (was none)" in (
         caplog.text
     )
-    out = harness.feed(ev.AdminLimitSet(target, Limits(core_percent=50)))
+    out = harness.feed(ev.AdminLimitSet(target, Limits(core_percent=50), reply_to=ADMIN))
     assert reply(out).message.startswith("pid 500: core override 50% (was none);")
-    out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB)))
+    out = harness.feed(ev.AdminLimitSet(target, Limits(memory_bytes=4 * GiB), reply_to=ADMIN))
     assert reply(out).message == "pid 500 already has memory 4Gi, core 50%; no change"
-    out = harness.feed(ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True))
+    out = harness.feed(
+        ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True, reply_to=ADMIN)
+    )
     assert reply(out).message.startswith(
         "pid 500: memory override none (was 4Gi), core override none (was 50%);"
     )
-    out = harness.feed(ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True))
+    out = harness.feed(
+        ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True, reply_to=ADMIN)
+    )
     assert reply(out).outcome is act.Outcome.NOT_FOUND
     assert reply(out).message == "pid 500 has no such override to clear; nothing changed"
 
 
 def test_an_override_under_a_lower_env_limit_says_the_env_limit_wins(harness: Harness) -> None:
     a = harness.register(pid=500, env_mem=1 * GiB)
-    out = harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB)))
+    out = harness.feed(
+        ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB), reply_to=ADMIN)
+    )
     assert reply(out).message.endswith(
         "pid 500's own NVSHARE_GPU_MEMORY_LIMIT=1Gi is lower and still applies"
     )
@@ -161,7 +173,9 @@ def test_a_pid_override_ends_with_its_process(
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
     a = harness.register(pid=500)
     b = harness.register(pid=500, gpu=OTHER)  # the same process on a second GPU
-    harness.feed(ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB)))
+    harness.feed(
+        ev.AdminLimitSet(LimitTarget.pid(500), Limits(memory_bytes=4 * GiB), reply_to=ADMIN)
+    )
     harness.feed(ev.ClientGone(a))
     assert LimitTarget.pid(500) in harness.state.overrides.limits  # still connected through b
     harness.feed(ev.ClientGone(b))
@@ -173,7 +187,9 @@ def test_a_pid_override_ends_with_its_process(
 
 def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
     out = harness.feed(
-        ev.AdminLimitSet(LimitTarget.pod("ml", "trainer"), Limits(memory_bytes=2 * GiB))
+        ev.AdminLimitSet(
+            LimitTarget.pod("ml", "trainer"), Limits(memory_bytes=2 * GiB), reply_to=ADMIN
+        )
     )
     assert reply(out).outcome is act.Outcome.DONE
     assert reply(out).message.endswith(

@@ -9,7 +9,7 @@ from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.policy.model import Mode, Policy, SchedulerSettings
 
-from .conftest import GiB, Harness, of
+from .conftest import ADMIN, GiB, Harness, of
 
 
 def policy(mode: Mode = Mode.ON, tq: float = 30.0) -> Policy:
@@ -64,7 +64,7 @@ def test_mode_off_tells_clients_not_to_gate() -> None:
     h = Harness(NodeCore(policy(Mode.OFF)))
     a = h.register()
     assert h.enforced(a).mode is Mode.OFF
-    out = h.feed(ev.ModeSet(Mode.ON))
+    out = h.feed(ev.ModeSet(Mode.ON, reply_to=ADMIN))
     assert of(out, act.LimitsChanged, a)[0].limits.mode is Mode.ON
 
 
@@ -72,7 +72,7 @@ def test_switching_to_off_unblocks_waiters(harness: Harness) -> None:
     a, b = harness.register(), harness.register()
     harness.feed(ev.LockRequested(a, 1))
     harness.feed(ev.LockRequested(b, 9))
-    out = harness.feed(ev.ModeSet(Mode.OFF))
+    out = harness.feed(ev.ModeSet(Mode.OFF, reply_to=ADMIN))
     assert of(out, act.Grant, b)[0].seq == 9
     assert {s.client_id for s in of(out, act.LimitsChanged)} == {a, b}
 
@@ -95,14 +95,14 @@ def test_auto_runs_concurrently_while_memory_fits_then_serialises() -> None:
 
 
 def test_set_tq_reaches_grants(harness: Harness) -> None:
-    harness.feed(ev.TimeQuantumSet(1))
+    harness.feed(ev.TimeQuantumSet(1, reply_to=ADMIN))
     assert harness.state.time_quantum("GPU-x") == 1.0
     a = harness.register()
     assert of(harness.feed(ev.LockRequested(a, 1)), act.Grant)[0].time_quantum_s == 1
 
 
 def test_policy_change_replaces_runtime_overrides(harness: Harness) -> None:
-    harness.feed(ev.TimeQuantumSet(5))
+    harness.feed(ev.TimeQuantumSet(5, reply_to=ADMIN))
     new = Policy(scheduler=replace(SchedulerSettings(), time_quantum_s=12))
     harness.feed(ev.PolicyChanged(new))
     assert harness.state.time_quantum("GPU-x") == 12

@@ -17,7 +17,7 @@ from appliance.policy.model import (
     RealtimeCheckMode,
 )
 
-from .conftest import GPU, GiB, Harness, MiB, of
+from .conftest import ADMIN, GPU, GiB, Harness, MiB, of
 
 
 def harness(**kw: object) -> Harness:
@@ -76,10 +76,14 @@ def test_admin_limit_beats_annotation_and_clear_restores_it() -> None:
     h = harness()
     h.feed(ev.PodSeen(PodInfo("a", "ns", "web", "n", annotations={MEMORY_LIMIT: "4Gi"})))
     a = h.register(pod_uid="a")
-    out = h.feed(ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(memory_bytes=1 * GiB)))
+    out = h.feed(
+        ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(memory_bytes=1 * GiB), reply_to=ADMIN)
+    )
     assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes == 1 * GiB
     assert h.state.clients[a].limits.sources["memory"] == "nvsharectl limit set"
-    out = h.feed(ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(), clear_memory=True))
+    out = h.feed(
+        ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(), clear_memory=True, reply_to=ADMIN)
+    )
     assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes == 4 * GiB
 
 

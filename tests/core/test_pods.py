@@ -9,7 +9,7 @@ from appliance.core.annotations import MEMORY_LIMIT, PodInfo
 from appliance.core.node import ANNOTATION_WARNING
 from appliance.policy.model import AnnotationPolicy, DevicePluginSettings, Limits, Policy
 
-from .conftest import GiB, Harness
+from .conftest import ADMIN, GiB, Harness
 
 
 def pod(memory: str) -> ev.PodSeen:
@@ -49,6 +49,6 @@ def test_the_device_plugin_hears_of_a_new_replica_count_only(harness: Harness) -
 
 
 def test_a_limit_request_that_names_nobody_is_refused(harness: Harness) -> None:
-    [answer] = harness.feed(ev.AdminLimitSet(None, Limits(memory_bytes=GiB)))
+    [answer] = harness.feed(ev.AdminLimitSet(None, Limits(memory_bytes=GiB), reply_to=ADMIN))
     assert isinstance(answer, act.Reply) and answer.outcome is act.Outcome.INVALID
     assert answer.message == "name a --pid, or a --pod as NAMESPACE/NAME; nothing changed"

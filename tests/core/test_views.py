@@ -17,7 +17,7 @@ from appliance.core.node import NodeCore
 from appliance.metrics import ApplianceCollector
 from appliance.policy.model import Limits, Mode, Policy
 
-from .conftest import GPU, GiB, Harness
+from .conftest import ADMIN, GPU, GiB, Harness
 
 
 @pytest.fixture
@@ -26,8 +26,8 @@ def busy(harness: Harness) -> Harness:
     harness.feed(ev.LockRequested(a, 1))
     harness.feed(ev.LockRequested(b, 2))
     harness.feed(ev.MemoryReserveRequested(a, 3, GiB, GiB))
-    harness.feed(ev.ModeSet(Mode.AUTO, GPU))
-    harness.feed(ev.AdminLimitSet(LimitTarget.pid(10), Limits(core_percent=50)))
+    harness.feed(ev.ModeSet(Mode.AUTO, GPU, reply_to=ADMIN))
+    harness.feed(ev.AdminLimitSet(LimitTarget.pid(10), Limits(core_percent=50), reply_to=ADMIN))
     return harness
 
 

@@ -26,6 +26,10 @@ class RunningDaemon:
     log: Path
 
     @property
+    def control_path(self) -> Path:
+        return self.socket_dir.with_name(self.socket_dir.name + "-control") / "control.sock"
+
+    @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
 

@@ -38,6 +38,7 @@ def alive(pid: int) -> bool:
 
 def test_make_run_twice_refuses_and_stopping_make_stops_the_daemon(tmp_path: Path) -> None:
     socket_dir = Path(tempfile.mkdtemp(prefix="nvs-run-"))  # short enough for a socket path
+    control_dir = socket_dir.with_name(socket_dir.name + "-control")
     policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "p.yaml").write_text("metrics: {enabled: false}\n")
@@ -49,7 +50,7 @@ def test_make_run_twice_refuses_and_stopping_make_stops_the_daemon(tmp_path: Pat
                 tmp_path / "first.log"
             ).read_text()
             time.sleep(0.1)
-        daemon_pid = int((socket_dir / "scheduler.sock.lock").read_text())
+        daemon_pid = int((control_dir / "scheduler.lock").read_text())
         assert int(Path(f"/proc/{daemon_pid}/stat").read_text().split()[3]) == first.pid  # exec'd
         second = make_run(socket_dir, policy, tmp_path / "second.log")
         assert second.wait(60) != 0
@@ -68,3 +69,4 @@ def test_make_run_twice_refuses_and_stopping_make_stops_the_daemon(tmp_path: Pat
         if first.poll() is None:
             first.kill()
         shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(control_dir, ignore_errors=True)

@@ -29,7 +29,7 @@ def ctl(d: RunningDaemon | None, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def registered(d: RunningDaemon) -> ControlClient:
-    c = ControlClient(d.socket_dir, timeout=5)
+    c = ControlClient.as_hook(d.socket_dir, timeout=5)
     track(c._sock)
     assert isinstance(
         c.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 * GiB)), p.Registered

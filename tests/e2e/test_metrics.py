@@ -2,12 +2,14 @@
 
 The fake API server has the pods, the fake libnvidia-ml.so.1 shows the daemon what NVML would
 (utilisation, memory in use, what each probe process holds), and the probes allocate and
-launch under the hook. Scraped over HTTP and parsed as Prometheus would.
+launch under the hook; they name their pod, which counts because the policy trusts this uid's
+claims (`trust.podClaimUids`). Scraped over HTTP and parsed as Prometheus would.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -85,7 +87,8 @@ def node() -> Iterator[Node]:
     port = free_port()
     d = start_daemon(
         tmp,
-        f"scheduler: {{mode: 'on', timeQuantum: 1s}}\nmetrics: {{address: '127.0.0.1:{port}'}}\n",
+        f"scheduler: {{mode: 'on', timeQuantum: 1s}}\nmetrics: {{address: '127.0.0.1:{port}'}}\n"
+        f"trust: {{podClaimUids: [{os.getuid()}]}}\n",
         args=["--node-name", "node-1"],
         extra_env={
             "KUBECONFIG": kubeconfig,

@@ -2,14 +2,17 @@
 
 Two "pods" are two probe processes (ld_hook/tests/probe.c on the fake libcuda.so.1, with
 libnvshare.so preloaded). They name their pod through NVSHARE_POD_NAMESPACE/NAME, because
-test processes are not in a pod's cgroup; kernel identity from cgroups is tested on its own
-in tests/kube/test_cgroup_identity.py. Annotations are changed with real kubectl where it is
-installed and with the real kubernetes client otherwise.
+test processes are not in a pod's cgroup, and the policy trusts this uid's claims
+(`trust.podClaimUids`); kernel identity from cgroups is tested on its own in
+tests/host/test_cgroup_identity.py and against a real daemon in tests/abuse. Annotations
+are changed with real kubectl where it is installed and with the real kubernetes client
+otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -46,6 +49,8 @@ def cluster() -> Iterator[tuple[FakeApiServer, RunningDaemon]]:
     kubeconfig = api.write_kubeconfig(
         tmp / "kubeconfig", namespace="nvshare-system", service_account="nvshare-node"
     )
+    (tmp / "policy").mkdir()
+    (tmp / "policy" / "zz-trust.yaml").write_text(f"trust: {{podClaimUids: [{os.getuid()}]}}\n")
     d = start_daemon(
         tmp,
         "scheduler: {mode: 'off'}\n",

@@ -906,7 +906,11 @@ def kube_annotations() -> None:
     api_server.add_pod(
         "pod-b", namespace="team", node=node, annotations={"nvshare.com/gpu-memory-limit": "3Gi"}
     )
-    d = Daemon("scheduler: {mode: 'off'}", args=["--node-name", node, "--kube-api", api_server.url])
+    # The workers name their pods (they run in none); the policy trusts this user's claims.
+    d = Daemon(
+        f"scheduler: {{mode: 'off'}}\ntrust: {{podClaimUids: [{os.getuid()}]}}",
+        args=["--node-name", node, "--kube-api", api_server.url],
+    )
     summary: dict[str, Any] = {}
     try:
         time.sleep(1.0)  # the first list

@@ -927,6 +927,8 @@ class FakeApiServer:
         self._conns_lock = threading.Lock()
         self._stalled: set[socket.socket] = set()
         self._stopping = False
+        self._lists_open = threading.Event()  # hold_lists clears it: lists wait (a slow server)
+        self._lists_open.set()
         self.discovery: dict[str, Callable[[], Obj]] = {
             "/api": self._api_versions,
             "/api/v1": self._api_v1,
@@ -1013,6 +1015,13 @@ class FakeApiServer:
         with self._conns_lock:
             self._stalled |= self._conns
             return len(self._stalled)
+
+    def hold_lists(self) -> None:
+        """Every list request waits (a slow API server after a restart) until release_lists."""
+        self._lists_open.clear()
+
+    def release_lists(self) -> None:
+        self._lists_open.set()
 
     def token_for(self, namespace: str, service_account: str) -> str:
         """A bearer token for a service account; its rights come from `rbac` (see load_rbac)."""
@@ -1253,6 +1262,7 @@ class FakeApiServer:
         As in Kubernetes 1.32, `resourceVersion=0` is answered from the watch cache, which does
         not page: `limit` is ignored there.
         """
+        self._lists_open.wait(timeout=120)
         fmatch = field_matcher(query.get("fieldSelector"), plural)
         lmatch = label_matcher(query.get("labelSelector"))
         limit = int(query.get("limit") or 0)

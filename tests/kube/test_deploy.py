@@ -155,12 +155,16 @@ def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> Non
     host_paths = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
     (daemon,) = spec["containers"]  # no bind-mount sidecar
     mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+    env = {e["name"]: e for e in daemon["env"]}
     sockets = [n for n, p in host_paths.items() if p["path"] == "/var/run/nvshare"]
     assert sockets and host_paths[sockets[0]]["type"] == "DirectoryOrCreate"
     assert mounts[sockets[0]] == "/var/run/nvshare"
     assert not any(p["path"].endswith(".sock") for p in host_paths.values())
+    # nvsharectl's socket lives beside, never inside, the directory pods are given
+    control = [n for n, p in host_paths.items() if p["path"] == "/var/run/nvshare-control"]
+    assert control and mounts[control[0]] == "/var/run/nvshare-control"
+    assert env["NVSHARE_OPEN_FILES"]["value"] == "65536"
     assert "/var/lib/kubelet/device-plugins" in {p["path"] for p in host_paths.values()}
-    env = {e["name"]: e for e in daemon["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert daemon["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -26,7 +26,7 @@ SAMPLES = [
 
 
 def test_every_action_the_core_returns_has_a_sink() -> None:
-    routed = {*codec.TO_HOOKS, act.Reply, act.PodWarning, act.ReplicasChanged}
+    routed = {*codec.TO_HOOKS, act.Reply, act.PodWarning, act.ReplicasChanged, act.LimitsPublished}
     assert set(typing.get_args(act.Action)) == routed
     assert {type(a) for a in SAMPLES} == set(codec.TO_HOOKS) == set(act.HOOK_ACTIONS)
 
@@ -55,14 +55,38 @@ def test_hook_and_control_frames_become_the_core_events() -> None:
     released = codec.HOOK_EVENTS[p.LockReleased](p.LockReleased(p.ReleaseReason.UNDRAINED), 7, 9)
     assert released == ev.LockReleased(7, ev.ReleaseReason.UNDRAINED)
     to = ev.Requester(connection=2, seq=11)
-    follow = codec.CONTROL[p.SetMode].event(
+    follow = codec.CONTROL[p.SetMode](
         p.SetMode(p.WireMode.AUTO, "GPU-1", flags=p.SET_FOLLOW_POLICY), "pid 1", to
     )
     assert follow == ev.ModeSet(None, "GPU-1", by="pid 1", reply_to=to)
-    pod = codec.CONTROL[p.LimitSet].event(
+    pod = codec.CONTROL[p.LimitSet](
         p.LimitSet(flags=p.LIMIT_SET_CLEAR_MEM, pod_namespace="ml", pod_name="a"), "pid 1", to
     )
     assert isinstance(pod, ev.AdminLimitSet) and pod.target == ev.LimitTarget.pod("ml", "a")
     assert pod.clear_memory and not pod.clear_core
-    nobody = codec.CONTROL[p.LimitSet].event(p.LimitSet(flags=p.LIMIT_SET_HAS_CORE), "x", to)
+    nobody = codec.CONTROL[p.LimitSet](p.LimitSet(flags=p.LIMIT_SET_HAS_CORE), "x", to)
     assert isinstance(nobody, ev.AdminLimitSet) and nobody.target is None
+
+
+def test_a_hooks_fields_out_of_range_are_named() -> None:
+    uuid = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"
+    fine = p.Register(pid=1, gpu_uuid=uuid, gpu_total_mem=80 << 30, pod_namespace="ml")
+    assert codec.hook_problem(fine) is None
+    assert codec.hook_problem(p.Register(pid=1, gpu_uuid="", gpu_total_mem=1)) is not None
+    bad_name = p.Register(pid=1, gpu_uuid="GPU-1\n", gpu_total_mem=1)
+    assert "not a device UUID" in str(codec.hook_problem(bad_name))
+    huge = p.Register(pid=1, gpu_uuid=uuid, gpu_total_mem=1 << 62)
+    assert codec.hook_problem(huge) == "a byte count beyond any GPU"
+    core = p.Register(pid=1, gpu_uuid=uuid, gpu_total_mem=1, env_core_limit=101)
+    assert codec.hook_problem(core) == "core limit 101 is above 100"
+    pod = p.Register(pid=1, gpu_uuid=uuid, gpu_total_mem=1, pod_name="Big Pod")
+    assert codec.hook_problem(pod) == "pod name 'Big Pod' is not a Kubernetes name"
+    assert codec.hook_problem(p.MemReserve(0, 0)) == "a reservation of 0 bytes"
+    assert codec.hook_problem(p.MemReturn(0, 1 << 62)) == "a byte count beyond any GPU"
+    assert codec.hook_problem(p.MemReserve(2 << 20, 1 << 30)) is None
+    assert codec.hook_problem(p.LockRequest()) is None
+    assert codec.hook_problem(p.MemRefusals(1, 1 << 62)) == "a byte count beyond any GPU"
+    assert codec.hook_problem(p.MemRefusals(3, 2 << 20)) is None
+    assert codec.hook_problem(p.ViewRequest(uuid, 80 << 30, "team", "small")) is None
+    view = p.ViewRequest(uuid, 80 << 30, "team", "Big Pod")
+    assert codec.hook_problem(view) == "pod name 'Big Pod' is not a Kubernetes name"

@@ -49,8 +49,9 @@ def test_unit_is_a_notify_service_with_watchdog_reload_and_socket_dir() -> None:
     assert d["WatchdogSec"] == ["30"]
     assert d["ExecStart"] == [f"{EXEC} --policy-dir /etc/nvshare/policy.d"]
     assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    assert d["RuntimeDirectory"] == ["nvshare"]
+    assert d["RuntimeDirectory"] == ["nvshare nvshare-control"]  # hooks', nvsharectl's
     assert d["RuntimeDirectoryMode"] == ["0755"]
+    assert d["LimitNOFILE"] == ["65536"]  # a file per connection; the default 1024 is few
     assert d["ConfigurationDirectory"] == ["nvshare"]
     assert d["Restart"] == ["on-failure"]
 

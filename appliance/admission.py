@@ -1,0 +1,124 @@
+"""Who may hold a connection to the daemon: caps per user, per pod and in all, and one log line
+a minute, not a storm, when they bite or the kernel runs out of files.
+
+Every connection costs the daemon a file. Unbounded, 1,100 idle connections from one user took
+the whole default limit of 1,024: status timed out, accept failed tens of thousands of times a
+second, each failure logged with a traceback, and a new CUDA process ran unregistered. Now:
+- the daemon raises its own open-files limit at start (`raise_open_files`) and keeps
+  `FILES_IN_RESERVE` of them for its own use (/proc reads, the policy, metrics);
+- the processes of one pod may hold `connections.perPod` connections, those of one user outside
+  pods `connections.perUid` (policy); past a cap, or past the daemon's total, a new connection
+  gets an error frame saying which cap and is closed;
+- what is refused, and accept failing for want of files, is logged once a minute per reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from appliance.policy.model import ConnectionSettings
+
+log = logging.getLogger("nvshare.server")
+
+FILES_IN_RESERVE = 128
+_LOG_EVERY_S = 60.0
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+
+
+def raise_open_files(wanted: int) -> int:
+    """Raise the soft limit of open files toward `wanted` (at most the hard limit); the limit
+    now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit to %d: %s; %d it is", target, exc, soft)
+    if soft < wanted:
+        log.warning(
+            "open files are limited to %d (wanted %d): raise LimitNOFILE (systemd) or the "
+            "container runtime's limit for more connections",
+            soft,
+            wanted,
+        )
+    return int(soft)
+
+
+class EveryMinute:
+    """Logs a line per key at most once a minute, saying how many were left unsaid."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._unsaid: Counter[str] = Counter()
+
+    def warn(self, key: str, message: str, *args: Any) -> None:
+        now = self._clock()
+        if now - self._last.get(key, -_LOG_EVERY_S) < _LOG_EVERY_S:
+            self._unsaid[key] += 1
+            return
+        self._last[key] = now
+        unsaid = self._unsaid.pop(key, 0)
+        extra = f" ({unsaid} more like it in the last minute)" if unsaid else ""
+        log.warning(message + extra, *args)
+
+
+class Admission:
+    def __init__(self, *, total: int, caps: Callable[[], ConnectionSettings]) -> None:
+        self.total = total
+        self._caps = caps
+        self._open: Counter[tuple[str, str]] = Counter()
+        self.count = 0
+        self.notes = EveryMinute()
+
+    def admit(self, key: tuple[str, str]) -> str | None:
+        """Count a new connection of `key` (("pod", uid) or ("uid", n)); or why it may not."""
+        caps = self._caps()
+        kind, name = key
+        cap, setting = (caps.per_pod, "perPod") if kind == "pod" else (caps.per_uid, "perUid")
+        if self.count >= self.total:
+            why = f"the daemon holds {self.count} connections, all it can (open-files limit)"
+        elif self._open[key] >= cap:
+            who = f"pod {name}" if kind == "pod" else f"uid {name}"
+            why = f"{who} holds {self._open[key]} connections, its cap (connections.{setting})"
+        else:
+            self._open[key] += 1
+            self.count += 1
+            return None
+        self.notes.warn(f"cap {kind} {name}", "refusing connections: %s", why)
+        return why
+
+    def release(self, key: tuple[str, str]) -> None:
+        self.count -= 1
+        self._open[key] -= 1
+        if self._open[key] <= 0:
+            del self._open[key]
+
+    def quiet_accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
+        """asyncio logs every failed accept with a traceback and retries a second later; say it
+        once a minute instead, in a line."""
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if context.get("message") == _ACCEPT_FAILED:
+                self.notes.warn(
+                    "accept",
+                    "cannot accept connections: %s (%d open); retrying every second",
+                    context.get("exception"),
+                    self.count,
+                )
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)

@@ -1,0 +1,233 @@
+"""One peer of the daemon's sockets, with every I/O bound the daemon keeps per connection.
+
+No peer can make the daemon hold much for it or wait on it:
+- bytes read but not yet handled are capped per connection (a frame's body is at most
+  `Bounds.max_body`: hooks' frames are a few hundred bytes, nvsharectl's questions small) and
+  in total across connections (`TOTAL_BUFFERED`); past either, that connection is closed;
+- a frame begun must be complete within `READ_DEADLINE_S`, and a connection must send its first
+  frame within the same time, or it is closed (a parked partial frame holds nothing for long);
+- at most `FRAMES_PER_TURN` frames of one connection are handled before every other connection
+  has had its turn, so a flood of requests delays nobody else by more than a few frames' work;
+- a peer that does not read what it is sent is not served: reading from it pauses while its
+  send buffer is above the transport's high-water mark, and one over `MAX_WRITE_BUFFER` is
+  dropped.
+
+It reads with `asyncio.BufferedProtocol` into one shared scratch buffer, so an idle connection
+costs no read buffer at all. What a frame means is the server's business (`on_frame`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from appliance import framing
+from appliance import protocol as p
+from appliance.core.identity import ClientIdentity
+from appliance.host.peer import peer_credentials
+
+log = logging.getLogger("nvshare.server")
+
+READ_DEADLINE_S = 5.0
+FRAMES_PER_TURN = 8
+MAX_WRITE_BUFFER = 1 << 20
+TOTAL_BUFFERED = 32 << 20
+_SCRATCH = bytearray(64 << 10)  # every read lands here first; handled before the next read
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one connection of a socket may send: the largest frame body it may use."""
+
+    max_body: int
+
+    @property
+    def max_buffered(self) -> int:
+        # one whole frame, and one read's worth behind it
+        return p.HEADER.size + self.max_body + len(_SCRATCH)
+
+
+class Budget:
+    """Bytes read and not yet handled, across every connection."""
+
+    def __init__(self, total: int = TOTAL_BUFFERED) -> None:
+        self.total = total
+        self.used = 0
+
+
+class PeerConnection(asyncio.BufferedProtocol):
+    def __init__(
+        self,
+        *,
+        role: Any,
+        bounds: Bounds,
+        budget: Budget,
+        number: int,
+        on_open: Callable[[PeerConnection], bool],
+        on_frame: Callable[[PeerConnection, framing.Frame], None],
+        on_close: Callable[[PeerConnection], None],
+    ) -> None:
+        self.role = role
+        self.number = number
+        self._bounds = bounds
+        self._budget = budget
+        self._on_open = on_open
+        self._on_frame = on_frame
+        self._on_close = on_close
+        self._decoder = framing.FrameDecoder(max_body=bounds.max_body)
+        self._pending: deque[framing.Frame | framing.ProtocolError] = deque()
+        self._held = 0  # bytes of this connection counted in the budget
+        self._turn_scheduled = False
+        self._write_paused = False
+        self.transport: asyncio.Transport | None = None
+        self.pid = self.uid = self.gid = -1
+        self.ident: ClientIdentity | None = None
+        self.client_id: int | None = None  # once registered as a hook
+        self.asked: dict[int, int] = {}  # seq -> type of a pending control request
+        self.peer = "a peer"
+        self.opened_at = 0.0
+        self.partial_since: float | None = 0.0  # a frame begun (or none yet) since this time
+        self.closed = False
+        self.admission_key: tuple[str, str] | None = None
+
+    # ------------------------------------------------------------------ transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=256 << 10)
+        loop = asyncio.get_running_loop()
+        self.opened_at = self.partial_since = loop.time()
+        sock: socket.socket = transport.get_extra_info("socket")
+        try:
+            self.pid, self.uid, self.gid = peer_credentials(sock)
+        except OSError:
+            pass  # -1s: nobody, refused by every check that needs a name
+        if not self._on_open(self):
+            self.close()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        room = self._bounds.max_buffered - self._held
+        return memoryview(_SCRATCH)[: max(1, min(len(_SCRATCH), room))]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.closed:
+            return
+        try:
+            frames = self._decoder.feed(bytes(_SCRATCH[:nbytes]))
+        except framing.ProtocolError as exc:
+            self.refuse(p.Result(exc.status, exc.ref_type, str(exc)), f"sent garbage ({exc})")
+            return
+        self._pending.extend(frames)  # answered in order, a turn at a time
+        self._account()
+        if self._held > self._bounds.max_buffered or self._budget.used > self._budget.total:
+            why = "sent more than the daemon buffers for a connection without waiting"
+            if self._budget.used > self._budget.total:
+                why = "sent a frame while the daemon's read buffers are full"
+            self.refuse(p.Result(p.Status.BAD_BODY, 0, why), why)
+            return
+        self._serve_turn()
+
+    def eof_received(self) -> bool:
+        return False  # a half-closed peer is gone: close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pending.clear()
+        self._account()
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True  # it does not read: stop reading what it asks
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume_if_idle()
+
+    # ------------------------------------------------------------------ serving
+
+    def _serve_turn(self) -> None:
+        """Handle a few frames; if more wait, stop reading and come back after the others."""
+        self._turn_scheduled = False
+        for _ in range(FRAMES_PER_TURN):
+            if not self._pending or self.closed or self._write_paused:
+                break
+            item = self._pending.popleft()
+            if isinstance(item, framing.ProtocolError):  # a version we do not speak
+                self.send(p.Result(item.status, item.ref_type, str(item)))
+            else:
+                self._on_frame(self, item)
+        self._account()
+        if self.closed or self.transport is None:
+            return
+        if self._pending and not self._write_paused:
+            self.transport.pause_reading()
+            if not self._turn_scheduled:
+                self._turn_scheduled = True
+                asyncio.get_running_loop().call_soon(self._serve_turn)
+        else:
+            self._resume_if_idle()
+
+    def _resume_if_idle(self) -> None:
+        if self.transport is None or self.closed:
+            return
+        if self._pending:
+            self._serve_turn()
+        elif not self._write_paused and not self.transport.is_reading():
+            self.transport.resume_reading()
+
+    def _account(self) -> None:
+        queued = (len(f.body) for f in self._pending if isinstance(f, framing.Frame))
+        held = self._decoder.buffered + sum(queued) + p.HEADER.size * len(self._pending)
+        if self.closed:
+            held = 0
+        self._budget.used += held - self._held
+        self._held = held
+        if self._decoder.buffered == 0:
+            self.partial_since = None
+        elif self.partial_since is None:
+            self.partial_since = asyncio.get_running_loop().time()
+
+    # ------------------------------------------------------------------ writing
+
+    def send(self, message: Any, seq: int = 0) -> bool:
+        if self.closed or self.transport is None:
+            return False
+        if self.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            log.warning("%s is not reading its socket; disconnecting it", self.peer)
+            self.abort()
+            return False
+        self.transport.write(framing.encode(message, seq=seq))
+        return True
+
+    def send_raw(self, data: bytes) -> None:
+        """Frames already encoded (a document); the write buffer's pause bounds what piles up."""
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def refuse(self, message: Any, why: str, seq: int = 0) -> None:
+        """Say why in one frame (answering `seq`) and close: this peer alone."""
+        log.warning("%s %s; closing its connection", self.peer, why)
+        self.send(message, seq)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.closed = True
+            self.transport.abort()  # close() would wait to flush what it never reads
+
+    def overdue(self, now: float) -> bool:
+        """A frame begun (or the first one) not complete within the read deadline."""
+        return self.partial_since is not None and now - self.partial_since > READ_DEADLINE_S

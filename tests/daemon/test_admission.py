@@ -1,0 +1,86 @@
+"""Running out of files is said once a minute, in a line, not once per failed accept with a
+traceback; and the daemon raises its own open-files limit."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from appliance.admission import EveryMinute, raise_open_files
+
+# A real asyncio server with the admission's quiet handler, short of files: every connection
+# past its limit fails in accept(), over and over, for three seconds.
+SERVER = """
+import asyncio, logging, os, resource, sys
+from appliance.admission import Admission
+from appliance.policy.model import ConnectionSettings
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+async def main():
+    admission = Admission(total=1000, caps=ConnectionSettings)
+    admission.quiet_accept_errors(asyncio.get_running_loop())
+    await asyncio.get_running_loop().create_unix_server(asyncio.Protocol, path=sys.argv[1])
+    print("listening", flush=True)
+    await asyncio.sleep(3)
+    sys.stderr.flush()
+    os._exit(0)  # as it was: whatever the loop would say on the way out is not the point
+asyncio.run(main())
+"""
+
+
+def test_accept_failing_for_want_of_files_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+    clients = []
+    for _ in range(100):
+        c = socket.socket(socket.AF_UNIX)
+        c.setblocking(False)
+        try:
+            c.connect(str(path))
+        except BlockingIOError:
+            pass  # the backlog is full: still a pending accept
+        clients.append(c)
+    _, err = server.communicate(timeout=30)
+    for c in clients:
+        c.close()
+    assert err.count("cannot accept connections") == 1, err
+    assert "Too many open files" in err and "Traceback" not in err
+
+
+def test_what_is_unsaid_is_counted() -> None:
+    now = [0.0]
+    notes = EveryMinute(clock=lambda: now[0])
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("nvshare.server")
+    logger.addHandler(handler)
+    try:
+        for _ in range(5):
+            notes.warn("k", "refusing %s", "x")
+        now[0] = 61.0
+        notes.warn("k", "refusing %s", "x")
+    finally:
+        logger.removeHandler(handler)
+    assert said == ["refusing x", "refusing x (4 more like it in the last minute)"]
+
+
+def test_the_open_files_limit_is_raised_toward_what_is_wanted() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        want = 512 if hard == resource.RLIM_INFINITY else min(512, hard)
+        assert raise_open_files(512) == want
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
