@@ -57,6 +57,9 @@ static const char WHY_NO_REGISTRATION[] = "the nvshare scheduler did not answer 
 static const char WHY_NOT_READING[] = "the nvshare scheduler stopped reading its socket";
 static const char WHY_GARBAGE[] = "the nvshare scheduler sent something that is not an nvshare frame";
 static const char WHY_NO_PATH[] = "the scheduler socket path does not fit in a Unix socket address";
+static const char WHY_IMPOSTOR[] =
+    "the socket is served by a process of another user (neither root nor this process's), "
+    "which is not trusted as the nvshare scheduler";
 
 static struct conn *conn_of(const struct nvs_gpu *g) { return &conns[g->index]; }
 
@@ -384,6 +387,18 @@ static void *reader_main(void *p)
 
 /* ------------------------------------------------------------------ connecting */
 
+/* The daemon may set this process's limits and hold its GPU: only root or our own user may be
+ * it. Someone else's socket where ours should be (a shared directory created first by another
+ * user) is an impostor: no limits, no lock from it. */
+static int trusted_peer(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
+    return cred.uid == 0 || cred.uid == geteuid();
+}
+
+/* A connected socket; -1 when nobody answers, -2 when an impostor does. */
 static int open_socket(void)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -394,6 +409,10 @@ static int open_socket(void)
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         close(fd);
         return -1;
+    }
+    if (!trusted_peer(fd)) {
+        close(fd);
+        return -2;
     }
     int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK); /* the reader blocks; sends use MSG_DONTWAIT */
@@ -412,7 +431,7 @@ static const char *start_locked(struct nvs_gpu *g, struct conn *c)
     if (a == NULL) {
         if (fd >= 0) close(fd);
         down_locked(c);
-        return WHY_UNREACHABLE;
+        return fd == -2 ? WHY_IMPOSTOR : WHY_UNREACHABLE;
     }
     c->state = CONN_CONNECTING;
     c->generation++;

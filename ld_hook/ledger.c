@@ -4,8 +4,11 @@
  * Limits: the process's own view is the smaller of NVSHARE_GPU_MEMORY_LIMIT and the daemon's
  * mem_limit (managed backing is also capped at the GPU's size, unless the policy allows every
  * process past it or this one asks with NVSHARE_ENABLE_SINGLE_OVERSUB=1: the policy's managed
- * backing is what allows it, since device memory cannot go past the GPU at all). While the daemon is unreachable a process of a pod with several processes keeps
- * what it had reserved and may grow to an equal share of the pod's limit, not to all of it.
+ * backing is what allows it, since device memory cannot go past the GPU at all). Before it has
+ * ever registered, the daemon's word is what it last published for this process's pod, or its
+ * node-wide default (fallback.c), not "no limit". While the daemon is unreachable a process of a
+ * pod with several processes keeps what it had reserved and may grow to an equal share of the
+ * pod's limit, not to all of it.
  *
  * Reservations: the daemon's grants carry the client's whole reservation, and that absolute
  * figure is what the ledger keeps, so a grant can never be counted twice. A surplus goes back at
@@ -13,8 +16,11 @@
  */
 #include <string.h>
 
+#include <stdatomic.h>
+
 #include "config.h"
 #include "conn.h"
+#include "fallback.h"
 #include "ledger.h"
 #include "log.h"
 
@@ -26,7 +32,9 @@ struct ledger {
     pthread_cond_t cv;
     int registered;         /* reservations go to the daemon */
     int have_limits;
+    atomic_int limits_known; /* have_limits, readable without the mutex */
     struct nvs_limits limits;
+    uint64_t published;     /* never registered: what the daemon last published for us, 0 = none */
     uint64_t usage;         /* charged by the hooks: allocations, pool and graph reservations */
     uint64_t external;      /* NVML shows the process holding this much more (beyond the allowance) */
     uint64_t usage_hwm;     /* the highest usage since NVML was last heard */
@@ -56,7 +64,8 @@ static uint64_t min_limit(uint64_t a, uint64_t b)
 /* With l->mu held; 0 = no limit. */
 static uint64_t effective_limit(const struct nvs_gpu *g, const struct ledger *l)
 {
-    uint64_t limit = min_limit(nvs_cfg.env_mem_limit, l->have_limits ? l->limits.mem_limit : 0);
+    uint64_t daemon = l->have_limits ? l->limits.mem_limit : l->published;
+    uint64_t limit = min_limit(nvs_cfg.env_mem_limit, daemon);
     if (l->have_limits && l->limits.backing == NVS_BACKING_MANAGED &&
         !(l->limits.flags & NVS_LIMIT_SINGLE_OVERSUB) && !nvs_cfg.single_oversub)
         limit = min_limit(limit, g->total_mem);
@@ -107,11 +116,22 @@ static CUresult reserve(struct nvs_gpu *g, struct ledger *l, uint64_t need)
     return l->reply.granted == 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
+/* Before the first registration: what the daemon published for us (read outside the mutex). */
+static void take_published(struct ledger *l)
+{
+    if (atomic_load_explicit(&l->limits_known, memory_order_relaxed)) return;
+    uint64_t published = nvs_fallback_memory_limit();
+    nvs_lock(&l->mu);
+    l->published = published;
+    nvs_unlock(&l->mu);
+}
+
 CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
 {
     if (g == NULL || bytes == 0) return CUDA_SUCCESS;
     nvs_conn_use(g);
     struct ledger *l = ledger_of(g);
+    take_published(l);
     nvs_lock(&l->mu);
     while (l->reserving) pthread_cond_wait(&l->cv, &l->mu);
     CUresult r = CUDA_SUCCESS;
@@ -169,6 +189,7 @@ void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes)
 void nvs_ledger_peek(struct nvs_gpu *g, uint64_t *limit, uint64_t *used)
 {
     struct ledger *l = ledger_of(g);
+    take_published(l);
     nvs_lock(&l->mu);
     *limit = effective_limit(g, l);
     *used = l->usage + l->external;
@@ -206,6 +227,7 @@ static void apply_limits(struct nvs_gpu *g, struct ledger *l, const struct nvs_l
 {
     l->limits = *lim;
     l->have_limits = 1;
+    atomic_store_explicit(&l->limits_known, 1, memory_order_relaxed);
     NVS_DEBUG("GPU %d: limits mem=%llu core=%u mode=%u backing=%u flags=%u", g->index,
               (unsigned long long)lim->mem_limit, lim->core_limit, lim->mode, lim->backing,
               lim->flags);

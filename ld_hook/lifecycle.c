@@ -14,6 +14,7 @@
 #include "conn.h"
 #include "contexts.h"
 #include "dispatch.h"
+#include "fallback.h"
 #include "gate.h"
 #include "ledger.h"
 #include "log.h"
@@ -35,6 +36,7 @@ static void after_fork_child(void)
     nvs_pools_after_fork();
     nvs_ledger_after_fork();
     nvs_shown_after_fork();
+    nvs_fallback_after_fork();
     nvs_gate_after_fork();
     nvs_session_after_fork();
     nvs_notice_reset();
