@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "conn.h"
+#include "fallback.h"
 #include "ledger.h"
 #include "log.h"
 #include "shown.h"
@@ -98,8 +99,11 @@ int nvs_shown_get(const char *uuid, uint64_t real_total, struct nvs_shown *out)
     if (g != NULL) nvs_ledger_peek(g, &own_limit, &own_used);
     struct nvs_view view;
     int asked = daemon_view(uuid, real_total, &view);
-    /* the ledger already has the daemon's limit for a GPU it uses */
-    uint64_t limit = g != NULL || !asked ? own_limit : smaller_limit(own_limit, view.mem_limit);
+    /* the ledger already has the daemon's limit (or the published one) for a GPU it uses;
+     * otherwise the daemon's answer, else what the daemon published for this pod */
+    uint64_t limit = own_limit;
+    if (g == NULL)
+        limit = smaller_limit(own_limit, asked ? view.mem_limit : nvs_fallback_memory_limit());
     if (limit == 0) return 0;
     memset(out, 0, sizeof *out);
     out->limit = limit;

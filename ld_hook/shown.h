@@ -5,7 +5,8 @@
  * pod; it is asked on a short connection of its own that needs no registration, since
  * nvidia-smi and monitoring agents never initialise CUDA. This process's own ledger is fresher
  * for its own figure and overrides the daemon's there. Without a daemon the process's own
- * knowledge stands: NVSHARE_GPU_MEMORY_LIMIT, and what it holds itself.
+ * knowledge stands: the limit its ledger applies (NVSHARE_GPU_MEMORY_LIMIT, the limit the
+ * daemon published for its pod), and what it holds itself.
  */
 #ifndef NVSHARE_SHOWN_H
 #define NVSHARE_SHOWN_H

@@ -24,6 +24,9 @@ from daemon.conftest import RunningDaemon, start_daemon
 from hook.fake_scheduler import FakeScheduler
 from kube.fakeapi import FakeApiServer
 
+from appliance.core.published import PublishedLimits
+from appliance.limits_file import render
+
 from .probes import BUILD, Probe
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -179,3 +182,26 @@ def test_a_daemon_that_does_not_answer_leaves_the_process_its_own_view(daemon: s
     shown = json.loads(out.stdout)
     assert shown["v1"] == [512 * MiB, 0, 512 * MiB]
     assert shown["compute_v3"] == []
+
+
+def test_without_a_daemon_a_viewer_sees_the_limit_published_for_it() -> None:
+    """The daemon restarting or gone: nvidia-smi shows the limit the pod's CUDA processes apply
+    meanwhile (the one the daemon published), not the whole GPU."""
+    lonely = Path(tempfile.mkdtemp(prefix="nvs-"))
+    try:
+        lonely.chmod(0o755)
+        (lonely / "limits").write_text(render(PublishedLimits(default=2 * GiB)))
+        (lonely / "limits").chmod(0o644)
+        env = {
+            **os.environ,
+            "LD_PRELOAD": str(BUILD / "libnvshare.so"),
+            "LD_LIBRARY_PATH": str(BUILD / "fake"),
+            "NVSHARE_SOCKET_DIR": str(lonely),
+        }
+        out = subprocess.run(
+            [sys.executable, str(VIEWER)], env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        shutil.rmtree(lonely, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["v1"] == [2 * GiB, 0, 2 * GiB]
