@@ -151,57 +151,55 @@ def test_another_pod_and_the_host_see_their_own_gpu(node: RunningDaemon) -> None
     assert "Traceback" not in node.output()
 
 
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A socket directory of our own (short: a socket path must fit in 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="nvs-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def look_alone(sock_dir: Path, **extra: str) -> dict[str, Any]:
+    """How GPU 0 looks to a process without CUDA, with whatever serves `sock_dir` (if anyone)."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("NVSHARE_")},
+        "LD_PRELOAD": str(BUILD / "libnvshare.so"),
+        "LD_LIBRARY_PATH": str(BUILD / "fake"),
+        "NVSHARE_SOCKET_DIR": str(sock_dir),
+        **extra,
+    }
+    out = subprocess.run(
+        [sys.executable, str(VIEWER)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("daemon", ["hung", "old"])
-def test_a_daemon_that_does_not_answer_leaves_the_process_its_own_view(daemon: str) -> None:
+def test_a_daemon_that_does_not_answer_leaves_the_process_its_own_view(
+    daemon: str, sock_dir: Path
+) -> None:
     """A scheduler that accepts but never answers (hung), or answers VIEW_REQUEST with an
     error (an older daemon): every query is answered, the wait bounded by the daemon timeout,
     with what the process knows itself."""
-    sock_dir = tempfile.mkdtemp(prefix="nvs-")
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(BUILD / "libnvshare.so"),
-        "LD_LIBRARY_PATH": str(BUILD / "fake"),
-        "NVSHARE_SOCKET_DIR": sock_dir,
-        "NVSHARE_GPU_MEMORY_LIMIT": "512Mi",
-        "NVSHARE_DAEMON_TIMEOUT_MS": "300",
-    }
-    try:
-        with contextlib.ExitStack() as stack:
-            if daemon == "hung":
-                hung = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
-                hung.bind(os.path.join(sock_dir, "scheduler.sock"))
-                hung.listen(16)  # connections wait in the backlog; nobody reads them
-            else:
-                stack.enter_context(FakeScheduler(sock_dir))  # answers VIEW_REQUEST: unknown
-            out = subprocess.run(
-                [sys.executable, str(VIEWER)], env=env, capture_output=True, text=True, timeout=60
-            )
-    finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
-    assert out.returncode == 0, out.stderr
-    shown = json.loads(out.stdout)
+    with contextlib.ExitStack() as stack:
+        if daemon == "hung":
+            hung = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            hung.bind(str(sock_dir / "scheduler.sock"))
+            hung.listen(16)  # connections wait in the backlog; nobody reads them
+        else:
+            stack.enter_context(FakeScheduler(str(sock_dir)))  # VIEW_REQUEST: unknown type
+        shown = look_alone(
+            sock_dir, NVSHARE_GPU_MEMORY_LIMIT="512Mi", NVSHARE_DAEMON_TIMEOUT_MS="300"
+        )
     assert shown["v1"] == [512 * MiB, 0, 512 * MiB]
     assert shown["compute_v3"] == []
 
 
-def test_without_a_daemon_a_viewer_sees_the_limit_published_for_it() -> None:
+def test_without_a_daemon_a_viewer_sees_the_limit_published_for_it(sock_dir: Path) -> None:
     """The daemon restarting or gone: nvidia-smi shows the limit the pod's CUDA processes apply
     meanwhile (the one the daemon published), not the whole GPU."""
-    lonely = Path(tempfile.mkdtemp(prefix="nvs-"))
-    try:
-        lonely.chmod(0o755)
-        (lonely / "limits").write_text(render(PublishedLimits(default=2 * GiB)))
-        (lonely / "limits").chmod(0o644)
-        env = {
-            **os.environ,
-            "LD_PRELOAD": str(BUILD / "libnvshare.so"),
-            "LD_LIBRARY_PATH": str(BUILD / "fake"),
-            "NVSHARE_SOCKET_DIR": str(lonely),
-        }
-        out = subprocess.run(
-            [sys.executable, str(VIEWER)], env=env, capture_output=True, text=True, timeout=60
-        )
-    finally:
-        shutil.rmtree(lonely, ignore_errors=True)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["v1"] == [2 * GiB, 0, 2 * GiB]
+    (sock_dir / "limits").write_text(render(PublishedLimits(default=2 * GiB)))
+    (sock_dir / "limits").chmod(0o644)
+    assert look_alone(sock_dir)["v1"] == [2 * GiB, 0, 2 * GiB]
