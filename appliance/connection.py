@@ -37,7 +37,10 @@ READ_DEADLINE_S = 5.0
 FRAMES_PER_TURN = 8
 MAX_WRITE_BUFFER = 1 << 20
 TOTAL_BUFFERED = 32 << 20
-_SCRATCH = bytearray(64 << 10)  # every read lands here first; handled before the next read
+# Every read lands here first, and is handled before the next read. Small: what one read makes
+# the daemon decode stays small, so a loop iteration that reads from hundreds of flooding peers
+# still ends soon.
+_SCRATCH = bytearray(4096)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ class PeerConnection(asyncio.BufferedProtocol):
         self._on_close = on_close
         self._decoder = framing.FrameDecoder(max_body=bounds.max_body)
         self._pending: deque[framing.Frame | framing.ProtocolError] = deque()
+        self._queued = 0  # bytes of the frames in _pending, kept as they come and go
         self._held = 0  # bytes of this connection counted in the budget
         self._turn_scheduled = False
         self._write_paused = False
@@ -124,6 +128,7 @@ class PeerConnection(asyncio.BufferedProtocol):
             self.refuse(p.Result(exc.status, exc.ref_type, str(exc)), f"sent garbage ({exc})")
             return
         self._pending.extend(frames)  # answered in order, a turn at a time
+        self._queued += sum(map(_size, frames))
         self._account()
         if self._held > self._bounds.max_buffered or self._budget.used > self._budget.total:
             why = "sent more than the daemon buffers for a connection without waiting"
@@ -139,6 +144,7 @@ class PeerConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._pending.clear()
+        self._queued = 0
         self._account()
         self._on_close(self)
 
@@ -160,6 +166,7 @@ class PeerConnection(asyncio.BufferedProtocol):
             if not self._pending or self.closed or self._write_paused:
                 break
             item = self._pending.popleft()
+            self._queued -= _size(item)
             if isinstance(item, framing.ProtocolError):  # a version we do not speak
                 self.send(p.Result(item.status, item.ref_type, str(item)))
             else:
@@ -176,16 +183,17 @@ class PeerConnection(asyncio.BufferedProtocol):
             self._resume_if_idle()
 
     def _resume_if_idle(self) -> None:
-        if self.transport is None or self.closed:
+        # Nothing while the peer does not read its answers: resume_writing comes back here.
+        if self.transport is None or self.closed or self._write_paused:
             return
         if self._pending:
             self._serve_turn()
-        elif not self._write_paused and not self.transport.is_reading():
+        elif not self.transport.is_reading():
             self.transport.resume_reading()
 
     def _account(self) -> None:
-        queued = (len(f.body) for f in self._pending if isinstance(f, framing.Frame))
-        held = self._decoder.buffered + sum(queued) + p.HEADER.size * len(self._pending)
+        # O(1): a flood queues thousands of frames, and this runs every turn
+        held = self._decoder.buffered + self._queued
         if self.closed:
             held = 0
         self._budget.used += held - self._held
@@ -231,3 +239,8 @@ class PeerConnection(asyncio.BufferedProtocol):
     def overdue(self, now: float) -> bool:
         """A frame begun (or the first one) not complete within the read deadline."""
         return self.partial_since is not None and now - self.partial_since > READ_DEADLINE_S
+
+
+def _size(item: framing.Frame | framing.ProtocolError) -> int:
+    """What a queued frame holds of the read budget."""
+    return p.HEADER.size + (len(item.body) if isinstance(item, framing.Frame) else 0)

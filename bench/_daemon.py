@@ -24,6 +24,7 @@ class BenchDaemon:
     ) -> None:
         """`tree`: run the appliance of another checkout (an older commit, side by side)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="nvs-bench-"))
+        self.tmp.chmod(0o755)  # other users' clients (bench/abuse.py's uid 65534) reach its sockets
         self.policy_dir = self.tmp / "policy"
         self.policy_dir.mkdir()
         (self.policy_dir / "policy.yaml").write_text(policy + "\nmetrics: {enabled: false}\n")
@@ -59,11 +60,11 @@ class BenchDaemon:
                 raise RuntimeError(self.log.read_text())
             time.sleep(0.02)
 
-    def hook(self) -> ControlClient:
-        return ControlClient.as_hook(self.socket_dir)
+    def hook(self, *, timeout: float = 10.0) -> ControlClient:
+        return ControlClient.as_hook(self.socket_dir, timeout=timeout)
 
-    def client(self, **register: object) -> ControlClient:
-        c = self.hook()
+    def client(self, *, timeout: float = 10.0, **register: object) -> ControlClient:
+        c = self.hook(timeout=timeout)
         reply = c.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 << 30, **register))  # type: ignore[arg-type]
         assert isinstance(reply, p.Registered), reply
         return c
