@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance import protocol as p
+from appliance import protocol_gang as pg
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
@@ -35,6 +36,9 @@ _STATUS = {
 # A registered hook's message, its client id and the frame's seq -> the core's event.
 HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
     p.LockRequest: lambda msg, cid, seq: ev.LockRequested(cid, seq),
+    pg.GangCatchup: lambda msg, cid, seq: ev.LockRequested(cid, seq, catch_up=True),
+    pg.GangHint: lambda msg, cid, seq: ev.GangHint(cid, msg.name),
+    pg.GangPosition: lambda msg, cid, seq: ev.GangPosition(cid, msg.cut_id, msg.collectives),
     p.LockReleased: lambda msg, cid, seq: ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]),
     p.MemReserve: lambda msg, cid, seq: ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used),
     p.MemReturn: lambda msg, cid, seq: ev.MemoryReturned(cid, msg.nbytes, msg.used),
@@ -109,8 +113,14 @@ def _refusals_problem(m: p.MemRefusals) -> str | None:
     return "a byte count beyond any GPU" if m.largest > MAX_GPU_BYTES else None
 
 
+def _gang_hint_problem(m: pg.GangHint) -> str | None:
+    # the job's name becomes a gang key in logs, status and metric labels
+    return None if m.name.isprintable() else f"job name {m.name[:64]!r} is not printable"
+
+
 # A hook's message -> what is out of range in it, if anything (the daemon then closes it).
 _HOOK_CHECKS: dict[type, Callable[[Any], str | None]] = {
+    pg.GangHint: _gang_hint_problem,
     p.Register: _register_problem,
     p.ViewRequest: _place_problem,
     p.MemReserve: _bytes_problem,
@@ -160,6 +170,9 @@ TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
         0,
     ),
     act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
+    act.GangDrop: lambda a: (a.client_id, pg.GangDrop(a.cut_id), 0),
+    act.GangCut: lambda a: (a.client_id, pg.GangCut(a.cut_id, a.collectives), 0),
+    act.GangCutOver: lambda a: (a.client_id, pg.GangCutOver(a.cut_id), 0),
     act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
     act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
     act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance import protocol as p
+from appliance import protocol_gang as pg
 from appliance.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
 
 MAX_BODY = 1 << 20
@@ -55,6 +56,12 @@ _FIXED: dict[p.MsgType, Any] = {
         p.MemRefusals,
         p.ViewRequest,
         p.View,
+        pg.GangHint,
+        pg.GangDrop,
+        pg.GangPosition,
+        pg.GangCut,
+        pg.GangCatchup,
+        pg.GangCutOver,
     )
 }
 _JSON_TYPES = {p.MsgType.STATUS_REPLY, p.MsgType.QUERY, p.MsgType.QUERY_REPLY}

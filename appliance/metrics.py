@@ -46,6 +46,7 @@ DROP_REASONS = (
     "quota",
     "priority",
     "request",
+    "gang",
 )  # always exported: rate() sees them from 0
 
 _COUNTERS = (

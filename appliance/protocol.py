@@ -59,6 +59,12 @@ class MsgType(enum.IntEnum):
     VIEW = 55
     MEM_REFUSALS = 60
     LOCK_TERMS = 80
+    GANG_HINT = 70
+    GANG_DROP = 71
+    GANG_POSITION = 72
+    GANG_CUT = 73
+    GANG_CATCHUP = 74
+    GANG_CUT_OVER = 75
 
 
 class WireMode(enum.IntEnum):

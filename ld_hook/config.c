@@ -101,6 +101,33 @@ static void load_memory_limit(void)
         nvs_cfg.env_mem_limit = bytes;
 }
 
+/* The job this process belongs to: NVSHARE_GANG, else torch.distributed's rendezvous, which
+ * torchrun and mp.spawn scripts give every rank alike (two jobs on one node cannot share a
+ * MASTER_ADDR:MASTER_PORT, and TORCHELASTIC_RUN_ID is often just "none"). */
+static void load_gang(void)
+{
+    const char *named = getenv("NVSHARE_GANG");
+    const char *port = getenv("MASTER_PORT");
+    char job[2 * NVS_GANG_LEN];
+    nvs_cfg.gang[0] = '\0';
+    if (named != NULL && *named != '\0') {
+        snprintf(job, sizeof job, "%s", named);
+    } else if (port != NULL && *port != '\0') {
+        const char *run = getenv("TORCHELASTIC_RUN_ID");
+        const char *addr = getenv("MASTER_ADDR");
+        snprintf(job, sizeof job, "torch/%s@%s:%s", run ? run : "", addr ? addr : "", port);
+    } else {
+        return;
+    }
+    if (strlen(job) >= sizeof nvs_cfg.gang) {
+        nvs_log("the job name %.40s... is %zu bytes long, more than %zu; this process takes its "
+                "GPUs' locks on its own, not with its job's other processes",
+                job, strlen(job), sizeof nvs_cfg.gang - 1);
+        return;
+    }
+    memcpy(nvs_cfg.gang, job, strlen(job) + 1);
+}
+
 void nvs_config_load(void)
 {
     if (atomic_load_explicit(&loaded, memory_order_acquire)) return;
@@ -125,6 +152,7 @@ void nvs_config_load(void)
         text_env(nvs_cfg.pod_namespace, sizeof nvs_cfg.pod_namespace, "NVSHARE_POD_NAMESPACE",
                  "namespace");
         text_env(nvs_cfg.pod_name, sizeof nvs_cfg.pod_name, "NVSHARE_POD_NAME", "pod name hint");
+        load_gang();
         atomic_store_explicit(&loaded, 1, memory_order_release);
     }
     pthread_mutex_unlock(&load_mu);

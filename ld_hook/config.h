@@ -23,6 +23,7 @@ struct nvs_config {
     int single_oversub;        /* NVSHARE_ENABLE_SINGLE_OVERSUB=1: past the GPU's size (managed only) */
     char pod_namespace[NVS_NAME_LEN];
     char pod_name[NVS_NAME_LEN];
+    char gang[NVS_GANG_LEN];   /* the job outside pods (appliance/core/gang.py); "" = none */
 };
 
 extern struct nvs_config nvs_cfg;

@@ -252,6 +252,9 @@ static int decode(const struct nvs_gpu *g, const struct nvs_header *h, const cha
         {NVS_MSG_MEM_OBSERVED, sizeof(struct nvs_mem_observed), NVS_EV_MEM_OBSERVED},
         {NVS_MSG_LEDGER_PEERS, sizeof(struct nvs_ledger_peers), NVS_EV_LEDGER_PEERS},
         {NVS_MSG_ERROR, sizeof(struct nvs_result), NVS_EV_ERROR},
+        {NVS_MSG_GANG_DROP, sizeof(struct nvs_gang_cut), NVS_EV_GANG_DROP},
+        {NVS_MSG_GANG_CUT, sizeof(struct nvs_gang_cut), NVS_EV_GANG_CUT},
+        {NVS_MSG_GANG_CUT_OVER, sizeof(struct nvs_gang_cut), NVS_EV_GANG_CUT_OVER},
         {NVS_MSG_HEARTBEAT_ACK, 0, NVS_EV_ERROR /* not delivered */},
     };
     size_t i = 0;
@@ -450,6 +453,11 @@ static const char *start_locked(struct nvs_gpu *g, struct conn *c)
     memcpy(reg.pod_namespace, nvs_cfg.pod_namespace, sizeof reg.pod_namespace);
     memcpy(reg.pod_name, nvs_cfg.pod_name, sizeof reg.pod_name);
     queue_locked(c, NVS_MSG_REGISTER, &reg, sizeof reg, &c->register_seq);
+    if (nvs_cfg.gang[0] != '\0') {
+        struct nvs_gang_hint hint;
+        memcpy(hint.name, nvs_cfg.gang, sizeof hint.name);
+        queue_locked(c, NVS_MSG_GANG_HINT, &hint, sizeof hint, NULL);
+    }
     flush_locked(c);
     *a = (struct reader_arg){.g = g, .fd = fd, .generation = c->generation};
     if (nvs_thread_start("nvshare-reader", reader_main, a) != 0) {

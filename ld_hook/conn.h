@@ -24,6 +24,9 @@ enum nvs_event_kind {
     NVS_EV_MEM_OBSERVED,  /* u.observed */
     NVS_EV_LEDGER_PEERS,  /* u.peers */
     NVS_EV_ERROR,         /* u.error: the daemon refused a request of type u.error.ref_type */
+    NVS_EV_GANG_DROP,     /* u.cut */
+    NVS_EV_GANG_CUT,      /* u.cut */
+    NVS_EV_GANG_CUT_OVER, /* u.cut */
 };
 
 struct nvs_event {
@@ -37,6 +40,7 @@ struct nvs_event {
         struct nvs_mem_observed observed;
         struct nvs_ledger_peers peers;
         struct nvs_result error;
+        struct nvs_gang_cut cut;
         const char *why;
     } u;
 };

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "conn.h"
 #include "contexts.h"
+#include "cut.h"
 #include "gate.h"
 #include "log.h"
 #include "thread.h"
@@ -161,9 +162,10 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
     while (!is_open(gt->state)) {
         int request = gt->state == NVS_LOCK_IDLE;
         if (request) {
+            /* behind its gang's cut, it may have the GPU back while the gang stops */
+            uint16_t type = nvs_cut_behind(g) ? NVS_MSG_GANG_CATCHUP : NVS_MSG_LOCK_REQUEST;
             set_state(g, NVS_LOCK_REQUESTED);
-            if (nvs_conn_queue(g, NVS_MSG_LOCK_REQUEST, NULL, 0, NULL) != 0)
-                set_state(g, NVS_LOCK_UNGATED);
+            if (nvs_conn_queue(g, type, NULL, 0, NULL) != 0) set_state(g, NVS_LOCK_UNGATED);
         }
         nvs_unlock(&gt->mu);
         if (request) {
@@ -436,6 +438,23 @@ void nvs_gate_on_drop(struct nvs_gpu *g)
         NVS_DEBUG("GPU %d: lock drop requested", g->index);
     }
     nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_cut_reached(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (gt->state == NVS_LOCK_HELD) begin_release(g, NVS_RELEASE_DROPPED);
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_cut_behind(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    int ask = gt->state == NVS_LOCK_REQUESTED && nvs_conn_queue(g, NVS_MSG_GANG_CATCHUP, NULL, 0, NULL) == 0;
+    nvs_unlock(&gt->mu);
+    if (ask) nvs_conn_flush(g);
 }
 
 void nvs_gate_on_refused(struct nvs_gpu *g)

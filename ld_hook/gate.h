@@ -91,6 +91,9 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant);
 void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms);
 void nvs_gate_on_drop(struct nvs_gpu *g);
 void nvs_gate_on_refused(struct nvs_gpu *g);
+/* The gang's cut (cut.h): reached, release as on a drop; behind it, ask to get there. */
+void nvs_gate_on_cut_reached(struct nvs_gpu *g);
+void nvs_gate_on_cut_behind(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);
 void nvs_gate_tick(struct nvs_gpu *g, uint64_t now_ns); /* idle release */
 void nvs_gate_after_fork(void);

@@ -22,6 +22,7 @@
 #define NVS_UUID_LEN 48
 #define NVS_NAME_LEN 64
 #define NVS_MESSAGE_LEN 248
+#define NVS_GANG_LEN 128
 
 /* Message types. Numbers are never reused. */
 enum {
@@ -59,6 +60,17 @@ enum {
     NVS_MSG_VIEW = 55,          /* daemon -> hook: struct nvs_view */
     /* what the hook decided on its own, for the daemon's counts */
     NVS_MSG_MEM_REFUSALS = 60,  /* hook -> daemon: struct nvs_mem_refusals; no reply */
+    /* gangs: the clients of one job hold their GPUs' locks together (appliance/core/gang.py) */
+    NVS_MSG_GANG_HINT = 70,     /* hook -> daemon: struct nvs_gang_hint, right after REGISTER */
+    NVS_MSG_GANG_DROP = 71,     /* daemon -> hook: struct nvs_gang_cut; begin no collective past
+                                 * the count now, answer GANG_POSITION */
+    NVS_MSG_GANG_POSITION = 72, /* hook -> daemon: struct nvs_gang_cut: collectives begun */
+    NVS_MSG_GANG_CUT = 73,      /* daemon -> hook: struct nvs_gang_cut: submit collectives up to
+                                 * this count, then release as on LOCK_DROP */
+    NVS_MSG_GANG_CATCHUP = 74,  /* hook -> daemon: empty; a lock request to reach the cut,
+                                 * answered LOCK_GRANT */
+    NVS_MSG_GANG_CUT_OVER = 75, /* daemon -> hook: struct nvs_gang_cut: the gang has released;
+                                 * collectives are free again */
     /* the lock's terms while it is held */
     NVS_MSG_LOCK_TERMS = 80,    /* daemon -> hook: struct nvs_lock_grant, unsolicited (seq 0); new
                                  * terms for the grant held (a shorter idle window while others
@@ -236,6 +248,19 @@ struct nvs_view {
     struct nvs_view_process processes[NVS_VIEW_MAX_PROCESSES];
 };
 
+/* The job a process belongs to outside pods: NVSHARE_GANG, else torch.distributed's rendezvous
+ * (TORCHELASTIC_RUN_ID@MASTER_ADDR:MASTER_PORT). Only groups processes of one user. */
+struct nvs_gang_hint {
+    char name[NVS_GANG_LEN];
+};
+
+/* One gang drop: the daemon numbers it (cut_id); collectives are NCCL-style launches (the remote
+ * memory-synchronisation domain) on this client's GPU, counted from the process's start. */
+struct nvs_gang_cut {
+    uint64_t cut_id;
+    uint64_t collectives; /* GANG_DROP, GANG_CUT_OVER: 0 */
+};
+
 #define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
 NVS_ASSERT_SIZE(struct nvs_header, 24);
 NVS_ASSERT_SIZE(struct nvs_register, 200);
@@ -256,5 +281,7 @@ NVS_ASSERT_SIZE(struct nvs_mem_refusals, 16);
 NVS_ASSERT_SIZE(struct nvs_view_request, 184);
 NVS_ASSERT_SIZE(struct nvs_view_process, 16);
 NVS_ASSERT_SIZE(struct nvs_view, 280);
+NVS_ASSERT_SIZE(struct nvs_gang_hint, 128);
+NVS_ASSERT_SIZE(struct nvs_gang_cut, 16);
 
 #endif /* NVSHARE_PROTO_H */

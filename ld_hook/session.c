@@ -9,6 +9,7 @@
 #include "capture.h"
 #include "config.h"
 #include "conn.h"
+#include "cut.h"
 #include "dispatch.h"
 #include "gate.h"
 #include "ledger.h"
@@ -29,6 +30,7 @@ static void on_event(struct nvs_gpu *g, const struct nvs_event *e)
         break;
     case NVS_EV_DOWN:
         nvs_ledger_on_down(g);
+        nvs_cut_on_down(g);
         nvs_gate_on_down(g);
         break;
     case NVS_EV_LIMITS:
@@ -43,6 +45,18 @@ static void on_event(struct nvs_gpu *g, const struct nvs_event *e)
         break;
     case NVS_EV_LOCK_DROP:
         nvs_gate_on_drop(g);
+        break;
+    case NVS_EV_GANG_DROP:
+        nvs_cut_on_drop(g, e->u.cut.cut_id);
+        break;
+    case NVS_EV_GANG_CUT: {
+        int reached = nvs_cut_on_cut(g, e->u.cut.cut_id, e->u.cut.collectives);
+        if (reached == 1) nvs_gate_on_cut_reached(g);
+        if (reached == 0) nvs_gate_on_cut_behind(g);
+        break;
+    }
+    case NVS_EV_GANG_CUT_OVER:
+        nvs_cut_on_over(g, e->u.cut.cut_id);
         break;
     case NVS_EV_MEM_GRANT:
         nvs_ledger_on_grant(g, e->seq, &e->u.mem);
@@ -95,6 +109,7 @@ void nvs_start(void)
         if (NVS_CALL(cuDeviceGetCount, (&count)) != CUDA_SUCCESS) count = 0;
         nvs_conn_init(on_event);
         nvs_gate_start();
+        nvs_cut_start();
         nvs_ledger_start();
         nvs_gpus_init(count);
         if (count > 0 && nvs_thread_start("nvshare-service", service_main, NULL) != 0)

@@ -5,7 +5,9 @@
  * of the GPU its stream belongs to (the calling thread's current device for the default
  * streams), and stays marked in flight until the driver call returns.
  */
+#include "capture.h"
 #include "contexts.h"
+#include "cut.h"
 #include "dispatch.h"
 #include "gate.h"
 #include "pools.h"
@@ -30,9 +32,24 @@
 
 NVS_GATED_ON(cuLaunchKernel, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
 NVS_GATED_ON(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
-NVS_GATED_ON(cuLaunchKernelEx, NVS_EX_PARAMS, (cfg, f, params, extra), cfg ? cfg->hStream : NULL)
-NVS_GATED_ON(cuLaunchKernelEx_ptsz, NVS_EX_PARAMS, (cfg, f, params, extra),
-             cfg ? cfg->hStream : NULL)
+/* A launch with attributes may be a collective (cut.h): counted, and held while a gang stops.
+ * One recorded into a capture runs later, with its graph: not counted. */
+#define NVS_LAUNCH_EX(name)                                                      \
+    NVS_EXPORT CUresult name NVS_EX_PARAMS                                       \
+    {                                                                            \
+        CUstream s = cfg ? cfg->hStream : NULL;                                  \
+        struct nvs_gpu *g = nvs_submit_gpu(s);                                   \
+        int coll = g != NULL && nvs_is_collective(cfg) &&                     \
+                   !(nvs_capture_active(g) > 0 && nvs_stream_capturing(s));     \
+        if (NVS_UNLIKELY(coll)) nvs_cut_begin(g);                                \
+        struct nvs_thread *t = nvs_gate_enter(g, s);                             \
+        CUresult r = NVS_CALL(name, (cfg, f, params, extra));                    \
+        nvs_gate_exit(t);                                                        \
+        if (NVS_UNLIKELY(coll) && nvs_cut_end(g)) nvs_gate_on_cut_reached(g);    \
+        return r;                                                                \
+    }
+NVS_LAUNCH_EX(cuLaunchKernelEx)
+NVS_LAUNCH_EX(cuLaunchKernelEx_ptsz)
 NVS_GATED_ON(cuLaunchCooperativeKernel, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
 NVS_GATED_ON(cuLaunchCooperativeKernel_ptsz, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
 NVS_GATED_ON(cuLaunch, (CUfunction f), (f), NULL)

@@ -55,6 +55,32 @@ class Drop:
 
 
 @dataclass(frozen=True, slots=True)
+class GangDrop:
+    """The client's gang drops: say how many collectives it has begun, and begin no more until
+    the cut is known."""
+
+    client_id: int
+    cut_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GangCut:
+    """Run until `collectives` collectives were submitted, then release like a drop."""
+
+    client_id: int
+    cut_id: int
+    collectives: int
+
+
+@dataclass(frozen=True, slots=True)
+class GangCutOver:
+    """Every member of the client's gang has released: collectives run freely again."""
+
+    client_id: int
+    cut_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class LimitsChanged:
     client_id: int
     limits: HookLimits
@@ -94,6 +120,9 @@ HOOK_ACTIONS = (
     Grant,
     LockTerms,
     Drop,
+    GangDrop,
+    GangCut,
+    GangCutOver,
     LimitsChanged,
     MemoryGranted,
     MemoryObserved,
@@ -148,6 +177,9 @@ Action = (
     | Grant
     | LockTerms
     | Drop
+    | GangDrop
+    | GangCut
+    | GangCutOver
     | LimitsChanged
     | MemoryGranted
     | MemoryObserved

@@ -39,6 +39,25 @@ class ClientGone:
 class LockRequested:
     client_id: int
     seq: int
+    catch_up: bool = False  # a gang member behind its gang's cut asks to get there (`gang`)
+
+
+@dataclass(frozen=True, slots=True)
+class GangHint:
+    """The job a client names (NVSHARE_GANG, or torch.distributed's rendezvous), sent right
+    after it registers; it groups only processes of one user outside pods (`gang`)."""
+
+    client_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GangPosition:
+    """How many collectives a gang member had begun when told its gang drops."""
+
+    client_id: int
+    cut_id: int
+    collectives: int
 
 
 class ReleaseReason(enum.Enum):
@@ -213,6 +232,8 @@ Event = (
     | ClientGone
     | LockRequested
     | LockReleased
+    | GangHint
+    | GangPosition
     | MemoryReserveRequested
     | MemoryReturned
     | MemoryRefusedByHook

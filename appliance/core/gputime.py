@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from appliance.core.state import Client, LockUsage, NodeState, Phase
-from appliance.policy.model import SchedulerSettings
+from appliance.core.gang import account
+from appliance.core.state import Client, GangPhase, LockUsage, NodeState, Phase
 
 if TYPE_CHECKING:
     from appliance.core.views import ClientView
@@ -66,13 +66,17 @@ def lock_time(c: Client, now: float) -> LockTime:
     return LockTime(round(held, 6), round(waited, 6), dict(c.usage.drops))
 
 
-def quota_use(c: Client, now: float, settings: SchedulerSettings) -> QuotaUse | None:
-    """Where c's quota window stands now, without touching the account."""
-    if c.quota is None:
+def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
+    """Where the quota window of c's gang (its own, for a lone client) stands now, without
+    touching the account."""
+    g = s.gangs[c.gang]
+    quota = account(s, g)
+    if quota is None:
         return None
-    preview = dataclasses.replace(c.quota)
-    if c.phase is Phase.HOLDING:
-        preview.bill(c.billed_until, now, settings)
+    settings = s.policy.scheduler
+    preview = dataclasses.replace(quota)
+    if g.phase is GangPhase.HOLDING:
+        preview.bill(g.billed_until, now, settings)
     preview.roll(now, settings)
     return QuotaUse(
         window_s=settings.compute_window_s,

@@ -132,7 +132,7 @@ class Ledger:
     def _memory_moved(self, c: Client, now: float) -> list[act.Action]:
         """In mode auto what fits decides who runs: look at c's GPU again."""
         if self._s.gpu_mode(c.gpu) is Mode.AUTO:
-            return self._lock.schedule(self._s.gpus[c.gpu], now)
+            return self._lock.schedule(now)
         return []
 
     def _limit(self, c: Client) -> int:

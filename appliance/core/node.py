@@ -72,6 +72,8 @@ class NodeCore:
             ev.ClientGone: self._on_gone,
             ev.LockRequested: self.lock.requested,
             ev.LockReleased: self.lock.released,
+            ev.GangHint: self.lock.gangs.hinted,
+            ev.GangPosition: self.lock.gangs.reported,
             ev.MemoryReserveRequested: self.ledger.reserve,
             ev.MemoryReturned: self.ledger.returned,
             ev.MemoryRefusedByHook: self.ledger.refused_by_hook,
@@ -132,7 +134,7 @@ class NodeCore:
     # ------------------------------------------------------------ clients
 
     def _on_tick(self, e: ev.Tick, now: float) -> list[act.Action]:
-        return self.lock.schedule_all(now)
+        return self.lock.schedule(now)
 
     def _on_registered(self, e: ev.ClientRegistered, now: float) -> list[act.Action]:
         s = self.state
@@ -149,6 +151,7 @@ class NodeCore:
         self.unhooked.forget(c.ident.pid, why=REGISTERED)
         c.pod_source = s.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
+        self.lock.gangs.registered(c)
         share.rescale(s, c.gpu, now)
         self._note_claim(c)
         s.counters["registrations"] += 1
@@ -170,7 +173,7 @@ class NodeCore:
         if c is None:
             return []
         self.admin.client_gone(c.ident.pid)
-        held = self.lock.leave(c, now)
+        held, out = self.lock.leave(c, now)
         share.rescale(s, c.gpu, now)
         s.retain_usage(c)
         s.counters["disconnects"] += 1
@@ -181,7 +184,7 @@ class NodeCore:
             " while holding the lock" if held else "",
             format_bytes(c.reserved),
         )
-        out = self.lock.schedule(s.gpus[c.gpu], now)
+        out += self.lock.schedule(now)
         if c.gpu not in s.inventory and not any(x.gpu == c.gpu for x in s.clients.values()):
             del s.gpus[c.gpu]  # a GPU NVML does not list is kept only while someone uses it
         return out + self.ledger.peer_updates()
@@ -277,8 +280,10 @@ class NodeCore:
                 out += self.lock.ungate(c, now)
         for uuid in s.gpus:
             share.rescale(s, uuid, now)
+        for gang in s.gangs.values():
+            self.lock.gangs.refresh(gang)
         self._publish_due = True
-        return out + self.lock.schedule_all(now) + self.ledger.peer_updates()
+        return out + self.lock.schedule(now) + self.ledger.peer_updates()
 
     def _publish(self) -> list[act.Action]:
         """What hooks that cannot register fall back to, when it changed."""

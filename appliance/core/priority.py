@@ -16,7 +16,10 @@ A holder gives way to a waiter (`yield_at`):
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
   waits at most the starvation limit plus a quantum (and a drain).
 
-Pure functions over the core's state; the lock calls them to order its queue, to pick whom to
+The lock is granted to gangs (`core.gang`; a client on one GPU is a gang of one), so these
+rules order and compare gangs: a gang's priority is its members' highest.
+
+Pure functions over the core's state; the lock calls them to order its line, to pick whom to
 drop and to know when to look again.
 """
 
@@ -24,60 +27,56 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from appliance.core.state import Client
+from appliance.core.state import Gang
 from appliance.policy.model import SchedulerSettings
 
 PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
 QUANTUM = "quantum"
 
 
-def starved(c: Client, now: float, settings: SchedulerSettings) -> bool:
-    """Whether a waiting client has waited past the starvation limit."""
-    return now >= c.requested_at + settings.starvation_limit_s
+def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
+    """Whether a waiting gang has waited past the starvation limit."""
+    return now >= g.requested_at + settings.starvation_limit_s
 
 
 def line(
-    waiters: Iterable[Client],
+    waiters: Iterable[Gang],
     now: float,
     settings: SchedulerSettings,
-    owed: Collection[int] = (),
-) -> list[Client]:
+    owed: Collection[str] = (),
+) -> list[Gang]:
     """Waiters in the order they are granted: offenders last; first those still `owed` part of
-    their guaranteed share (`share`), then the starved, then by priority; equal ones in the
-    order they came (the sort is stable)."""
+    their guaranteed share (`share`; gang keys), then the starved, then by priority; equal ones
+    in the order they came (the sort is stable)."""
     patience = now - settings.starvation_limit_s  # who asked before this is starved
     return sorted(
         waiters,
-        key=lambda c: (c.offender, c.id not in owed, c.requested_at > patience, -c.limits.priority),
+        key=lambda g: (g.offender, g.key not in owed, g.requested_at > patience, -g.priority),
     )
 
 
 def yield_at(
-    holder: Client, waiter: Client, *, quantum_s: float, settings: SchedulerSettings
+    holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
 ) -> tuple[float, str]:
     """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
     and why."""
-    if waiter.limits.priority > holder.limits.priority and not holder.full_quantum:
+    if waiter.priority > holder.priority and not holder.full_quantum:
         lent = waiter.lent_at is not None and holder.granted_at >= waiter.lent_at
         slice_s = 0.0 if lent else settings.preempt_after_s
         return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
     quantum_over = holder.quantum_from + quantum_s
-    if waiter.limits.priority < holder.limits.priority:
+    if waiter.priority < holder.priority:
         starving_at = waiter.requested_at + settings.starvation_limit_s
         return max(quantum_over, starving_at), QUANTUM
     return quantum_over, QUANTUM
 
 
-def kinds(holder: Client, waiting: Iterable[Client], owed: Collection[int]) -> list[Client]:
+def kinds(holder: Gang, waiting: Iterable[Gang], owed: Collection[str]) -> list[Gang]:
     """The waiters whose turns can differ for `holder`: the one that came first of each
     priority, lent or not, owed or not (with a long queue, one or two instead of all)."""
-    first: dict[tuple[int, bool, bool], Client] = {}
+    first: dict[tuple[int, bool, bool], Gang] = {}
     for w in waiting:
-        key = (
-            w.limits.priority,
-            w.lent_at is not None and holder.granted_at >= w.lent_at,
-            w.id in owed,
-        )
+        key = (w.priority, w.lent_at is not None and holder.granted_at >= w.lent_at, w.key in owed)
         seen = first.get(key)
         if seen is None or w.requested_at < seen.requested_at:
             first[key] = w

@@ -9,7 +9,7 @@ changes only what its job owns: `lock` the queues and phases, `ledger` the reser
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from appliance.core.annotations import PodInfo, PodTable
@@ -77,7 +77,6 @@ class Client:
     request_seq: int = 0
     requested_at: float = 0.0
     granted_at: float = 0.0
-    billed_until: float = 0.0
     reserved: int = 0
     used: int = 0
     quota: QuotaAccount | None = None
@@ -85,13 +84,10 @@ class Client:
     requeue: bool = False  # asked for the lock again while draining
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
-    offender: bool = False  # overran its last drop: queued behind everyone who did not
-    lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
-    full_quantum: bool = False  # granted as starved: no priority takes this grant early
     idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
-    quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
-    share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted
-    share_grant: bool = False  # granted for its share: it gives way once it has had it
+    gang: str = ""  # the key of the gang it takes the lock with (`core.gang`)
+    gang_hint: str = ""  # the job it names (NVSHARE_GANG, torch.distributed's rendezvous)
+    asked: bool = False  # it has asked for the lock at least once
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
     nvml_used: int | None = None  # what NVML last showed its process holding
@@ -112,10 +108,60 @@ class Client:
 @dataclass(slots=True)
 class Gpu:
     facts: GpuFacts
-    queue: deque[int] = field(default_factory=deque)
-    holders: set[int] = field(default_factory=set)
+    holders: set[int] = field(default_factory=set)  # clients holding its lock
+    owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
     requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
-    last_drop: str = ""  # why the last holder was told to drop, until the next grant
+    last_drop: str = ""  # why its last holder was told to drop, until the next grant
+
+
+class GangPhase(enum.Enum):
+    IDLE = "idle"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    DRAINING = "draining"  # told to drop: until every member has released
+
+
+@dataclass(slots=True)
+class Cut:
+    """The drop of a gang of several clients (`core.gang`): where each member's collectives
+    stood when told, and the count all of them run to before they release."""
+
+    id: int
+    expected: set[int]  # members asked where they stand
+    positions: dict[int, int] = field(default_factory=dict)  # member -> collectives begun
+    collectives: int | None = None  # the cut, once every member answered
+
+
+@dataclass(slots=True)
+class Gang:
+    """What the lock is granted to: clients that hold their GPUs together (`core.gang`)."""
+
+    key: str
+    members: set[int] = field(default_factory=set)
+    gpus: set[str] = field(default_factory=set)  # what it takes together
+    held: set[str] = field(default_factory=set)  # what it holds now
+    asked: set[str] = field(default_factory=set)  # GPUs its members asked for this turn
+    phase: GangPhase = GangPhase.IDLE
+    ticket: int = 0  # its place in line
+    requested_at: float = 0.0
+    granted_at: float = 0.0
+    dropped_at: float = 0.0
+    billed_until: float = 0.0
+    offender: bool = False  # overran its last drop: queued behind everyone who did not
+    late: bool = False  # a member was passed over in the drop under way
+    priority: int = 0  # its members' highest (`core.priority`)
+    lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
+    full_quantum: bool = False  # granted as starved: no priority takes this grant early
+    quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
+    share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted
+    share_grant: bool = False  # granted for its share: it gives way once it has had it
+    quota: QuotaAccount | None = None  # of a gang of several clients; a lone client's is its own
+    cut: Cut | None = None
+
+    @property
+    def joint(self) -> bool:
+        """Several clients: a drop runs the cut protocol."""
+        return len(self.members) > 1
 
 
 @dataclass(slots=True)
@@ -160,6 +206,10 @@ class NodeState:
     overrides: Overrides = field(default_factory=Overrides)
     counters: Counter[str] = field(default_factory=Counter)
     unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
+    gangs: dict[str, Gang] = field(default_factory=dict)  # by key; every client is in one
+    gang_gpus: dict[str, set[str]] = field(default_factory=dict)  # key -> GPUs asked, pre-gang
+    tickets: int = 0  # the last place in line given out
+    cuts: int = 0  # the last cut id given out
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
     use: dict[str, GpuUse] = field(default_factory=dict)  # by uuid: NVML's last sample
 

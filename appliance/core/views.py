@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from appliance.core.gang import label, queue
 from appliance.core.gpus import GpuUse
 from appliance.core.gputime import (
     NO_LOCK_TIME,
@@ -85,6 +86,7 @@ class ClientView:
     priority: int = 0  # higher is granted first (`core.priority`)
     core_request: int = 0  # guaranteed percent it asks for (`core.share`)
     core_guaranteed: float = 0.0  # what it is guaranteed: the request, scaled if over 100
+    gang: str = ""  # the gang it holds its GPUs with (`core.gang`); "" for a lone client
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +156,12 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         pod_name=pod.name if pod else "",
         pod_uid=s.pod_uid(c) or "",
         lock=lock_time(c, now),
-        quota=quota_use(c, now, s.policy.scheduler),
+        quota=quota_use(s, c, now),
         memory_refusals=c.refusals,
         priority=c.limits.priority,
         core_request=c.limits.core_request,
         core_guaranteed=guaranteed_percent(c),
+        gang=label(s.gangs[c.gang]),
     )
 
 
@@ -174,7 +177,7 @@ def gpu_view(s: NodeState, uuid: str) -> GpuView:
         tq_source="nvsharectl" if s.overrides.time_quantum_s else "policy",
         memory_total=s.gpu_memory(uuid),
         holders=tuple(sorted(gpu.holders)),
-        queue=tuple(gpu.queue),
+        queue=tuple(queue(s, uuid)),
         core_requested=gpu.requested_percent,
     )
 

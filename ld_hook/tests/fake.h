@@ -14,6 +14,7 @@
 #define FAKE_MAX_DEVS 8
 #define FAKE_MAX_CTX 256
 #define FAKE_GRANULE (2ull << 20)
+#define FAKE_COLL_RING 1024
 
 struct fake_ctx {
     int dev, alive;
@@ -21,6 +22,10 @@ struct fake_ctx {
     pthread_cond_t cv;
     int worker_started;
     unsigned long pending; /* queued or running kernels */
+    uint64_t launched, executed; /* kernels queued, and run, in order */
+    /* collectives waiting to run: the kernel's place in the order and the collective's number */
+    uint64_t coll_at[FAKE_COLL_RING], coll_num[FAKE_COLL_RING];
+    unsigned coll_head, coll_tail;
 };
 
 struct fake_graph {
@@ -43,6 +48,9 @@ struct fake_device_table {
     uint64_t total, used[FAKE_MAX_DEVS];
     unsigned char uuid[FAKE_MAX_DEVS][16];
     long launch_us, launch_jitter_us, submit_delay_us;
+    uint64_t collectives; /* launched by this process, numbered from 1 */
+    const char *coll_dir;  /* NVSHARE_FAKE_COLLECTIVE_DIR: where ranks meet */
+    uint64_t coll_ranks;   /* NVSHARE_FAKE_COLLECTIVE_RANKS */
     int trace_fd;
     uint64_t fail_size;
     struct fake_ctx *ctxs[FAKE_MAX_CTX];

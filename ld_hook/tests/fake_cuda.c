@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,6 +110,8 @@ EXPORT CUresult cuInit(unsigned flags)
         dev.launch_jitter_us = (long)env_u64("NVSHARE_FAKE_LAUNCH_JITTER_US", 0);
         dev.submit_delay_us = (long)env_u64("NVSHARE_FAKE_SUBMIT_DELAY_US", 0);
         dev.fail_size = env_u64("NVSHARE_FAKE_FAIL_ALLOC_SIZE", 0);
+        dev.coll_dir = getenv("NVSHARE_FAKE_COLLECTIVE_DIR");
+        dev.coll_ranks = env_u64("NVSHARE_FAKE_COLLECTIVE_RANKS", 1);
         const char *trace = getenv("NVSHARE_FAKE_TRACE");
         if (trace != NULL && *trace)
             dev.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -389,13 +392,42 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green)
     return CUDA_SUCCESS;
 }
 
+/*
+ * A collective (like NCCL's kernels) runs on every rank's GPU at once: the kernel of collective n
+ * starts, then waits until every rank's kernel of collective n has started
+ * (NVSHARE_FAKE_COLLECTIVE_DIR/n holds a byte per rank that got there).
+ */
+static void meet(uint64_t n)
+{
+    if (dev.coll_dir == NULL || *dev.coll_dir == '\0') return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%llu", dev.coll_dir, (unsigned long long)n);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    ssize_t w = write(fd, "x", 1);
+    (void)w;
+    close(fd);
+    struct stat st;
+    while (stat(path, &st) == 0 && (uint64_t)st.st_size < dev.coll_ranks) sleep_us(100);
+}
+
+/* With c->mu held: the number of the collective that the next kernel to run is, or 0. */
+static uint64_t next_collective(struct fake_ctx *c)
+{
+    if (c->coll_head == c->coll_tail || c->coll_at[c->coll_head % FAKE_COLL_RING] != c->executed)
+        return 0;
+    return c->coll_num[c->coll_head++ % FAKE_COLL_RING];
+}
+
 static void *worker_main(void *arg)
 {
     struct fake_ctx *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (c->pending == 0) pthread_cond_wait(&c->cv, &c->mu);
+        uint64_t coll = next_collective(c);
         pthread_mutex_unlock(&c->mu);
+        if (coll) meet(coll);
         uint64_t start = now_ns();
         long jitter = dev.launch_jitter_us > 0 ? (long)(start / 1000 % (uint64_t)dev.launch_jitter_us) : 0;
         if (dev.launch_us + jitter > 0) sleep_us(dev.launch_us + jitter);
@@ -408,6 +440,7 @@ static void *worker_main(void *arg)
             (void)w;
         }
         pthread_mutex_lock(&c->mu);
+        c->executed++;
         c->pending--;
         pthread_cond_broadcast(&c->cv);
     }
@@ -576,7 +609,7 @@ CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only)
 /* ---- work ---- */
 
 /* Queue one kernel on s (or record it, when s is capturing). */
-static CUresult launch(CUstream s)
+static CUresult launch_kind(CUstream s, int collective)
 {
     struct fake_ctx *c = fake_stream_ctx(s);
     if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
@@ -589,7 +622,7 @@ static CUresult launch(CUstream s)
         return r;
     }
     if (dev.submit_delay_us > 0) sleep_us(dev.submit_delay_us);
-    if (dev.launch_us == 0 && dev.trace_fd < 0) return CUDA_SUCCESS; /* nothing to wait for */
+    if (dev.launch_us == 0 && dev.trace_fd < 0 && !collective) return CUDA_SUCCESS; /* nothing to wait for */
     pthread_mutex_lock(&c->mu);
     if (!c->worker_started) {
         pthread_t t;
@@ -600,10 +633,37 @@ static CUresult launch(CUstream s)
         pthread_attr_destroy(&attr);
         c->worker_started = 1;
     }
+    if (collective) {
+        while (c->coll_tail - c->coll_head >= FAKE_COLL_RING) pthread_cond_wait(&c->cv, &c->mu);
+        c->coll_at[c->coll_tail % FAKE_COLL_RING] = c->launched;
+        c->coll_num[c->coll_tail++ % FAKE_COLL_RING] = __atomic_add_fetch(&dev.collectives, 1, __ATOMIC_SEQ_CST);
+    }
+    c->launched++;
     c->pending++;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUstream s) { return launch_kind(s, 0); }
+
+/* cuda.h's CUlaunchAttribute; a kernel in the remote memory-synchronisation domain (id 10,
+ * value 1) is a collective, as NCCL's are. */
+struct fake_attr {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int domain;
+    } value;
+};
+
+static int is_collective(const CUlaunchConfig *cfg)
+{
+    const struct fake_attr *a = cfg != NULL ? cfg->attrs : NULL;
+    for (unsigned i = 0; a != NULL && i < cfg->numAttrs; i++)
+        if (a[i].id == 10) return a[i].value.domain == 1;
+    return 0;
 }
 
 static CUresult sync_ctx(struct fake_ctx *c, struct fake_stream *only)
@@ -637,7 +697,7 @@ EXPORT CUresult cuLaunchKernel_ptsz(NVS_LAUNCH_ARGS)
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {
     (void)f, (void)p, (void)e;
-    return launch(cfg != NULL ? cfg->hStream : NULL);
+    return launch_kind(cfg != NULL ? cfg->hStream : NULL, is_collective(cfg));
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {

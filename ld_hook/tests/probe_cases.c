@@ -179,6 +179,31 @@ static void *burst_main(void *p)
     return NULL;
 }
 
+/* One rank of a data-parallel job: a kernel and a collective (a launch in the remote
+ * memory-synchronisation domain, as NCCL's are) per step, synchronised every `every` steps, for
+ * `n` steps on the current context. Every rank runs the same number of collectives, as a real
+ * job does: one that stopped early would leave its peers in their last collective for ever. */
+static CUresult train(unsigned long long n, unsigned long long every, unsigned long long *steps)
+{
+    struct {
+        int id;
+        char pad[4];
+        union {
+            char bytes[64];
+            int domain;
+        } value;
+    } attr = {.id = 10, .value.domain = 1};
+    CUlaunchConfig cfg = {1, 1, 1, 1, 1, 1, 0, NULL, &attr, 1};
+    CUresult r = CUDA_SUCCESS;
+    while (!r && *steps < n) {
+        r = cuLaunchKernel(FN, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        if (!r) r = cuLaunchKernelEx(&cfg, FN, NULL, NULL);
+        if (!r && ++*steps % (every ? every : 1) == 0) r = cuCtxSynchronize();
+    }
+    if (!r) r = cuCtxSynchronize();
+    return r;
+}
+
 static CUresult threads(unsigned long long n, unsigned long long ms, unsigned long long *count)
 {
     pthread_t t[64];
@@ -356,6 +381,10 @@ static int context_case(const char *cmd, unsigned long long x, unsigned long lon
         reply(r, "ok %llu\n", r ? 0 : keep('S', (uint64_t)(uintptr_t)s, 0));
     } else if (strcmp(cmd, "sync") == 0) {
         reply(cuCtxSynchronize(), "ok\n", 0);
+    } else if (strcmp(cmd, "train") == 0) { /* train STEPS EVERY -> steps done */
+        unsigned long long steps = 0;
+        r = train(x, y, &steps);
+        reply(r, "ok %llu\n", steps);
     } else if (strcmp(cmd, "threads") == 0) { /* threads N MS: N threads launching for MS */
         unsigned long long count = 0;
         r = threads(x, y, &count);

@@ -7,6 +7,7 @@ from __future__ import annotations
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.annotations import PodInfo
+from appliance.core.gang import queue
 from appliance.core.lock import LOCK_NOT_RELEASED
 from appliance.core.node import NodeCore
 from appliance.core.state import Phase
@@ -42,7 +43,7 @@ def test_a_holder_that_ignores_its_drop_is_passed_over_at_the_deadline() -> None
     out = h.advance(0.02)
     assert [(g.client_id, g.seq) for g in of(out, act.Grant)] == [(victim, 7)]
     c = h.state.clients[hostile]
-    assert (c.phase, c.late_drops, c.offender) == (Phase.OVERDUE, 1, True)
+    assert (c.phase, c.late_drops, h.state.gangs[c.gang].offender) == (Phase.OVERDUE, 1, True)
     assert h.state.counters["drops_overdue"] == 1
     [row] = [r for r in h.core.status(h.now).clients if r.id == hostile]
     assert (row.state, row.late_drops) == (Phase.OVERDUE, 1)
@@ -67,7 +68,7 @@ def test_asking_again_before_releasing_queues_nothing() -> None:
     h.advance(DEADLINE)
     assert h.feed(ev.LockRequested(hostile, 2)) == []
     gpu = h.state.gpus[h.state.clients[victim].gpu]
-    assert list(gpu.queue) == []
+    assert queue(h.state, gpu.facts.uuid) == []
     h.feed(ev.LockReleased(victim, ev.ReleaseReason.IDLE))
     assert gpu.holders == set()  # the GPU is free rather than given to the hostage taker
 
@@ -81,7 +82,7 @@ def test_an_offender_waits_behind_clients_that_came_later() -> None:
     late = h.register()
     h.feed(ev.LockRequested(late, 4))
     gpu = h.state.gpus[h.state.clients[victim].gpu]
-    assert list(gpu.queue) == [late, hostile]
+    assert queue(h.state, gpu.facts.uuid) == [late, hostile]
     h.feed(ev.LockReleased(victim, ev.ReleaseReason.IDLE))
     assert gpu.holders == {late}
 
@@ -98,7 +99,10 @@ def test_a_drop_finished_in_time_clears_the_mark() -> None:
     h.advance(DEADLINE / 2)
     h.feed(ev.LockReleased(hostile, ev.ReleaseReason.DROPPED))
     c = h.state.clients[hostile]
-    assert (c.offender, c.late_drops) == (False, 1)  # the count stays, the penalty goes
+    assert (h.state.gangs[c.gang].offender, c.late_drops) == (
+        False,
+        1,
+    )  # the count stays, the penalty goes
 
 
 def test_the_offenders_pod_gets_a_warning_event() -> None:

@@ -7,6 +7,7 @@ import typing
 
 from appliance import codec, framing
 from appliance import protocol as p
+from appliance import protocol_gang as pg
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
@@ -18,6 +19,9 @@ SAMPLES = [
     act.Grant(7, 4, time_quantum_s=30, idle_release_s=0.25),
     act.LockTerms(7, time_quantum_s=30, idle_release_s=0.005),
     act.Drop(7),
+    act.GangDrop(7, 12),
+    act.GangCut(7, 12, 40),
+    act.GangCutOver(7, 12),
     act.LimitsChanged(7, LIMITS),
     act.MemoryGranted(7, 5, 64 << 20, 128 << 20),
     act.MemoryObserved(7, 1 << 30, 768 << 20),
@@ -44,6 +48,9 @@ def test_every_action_for_a_hook_becomes_the_frame_it_reads() -> None:
         p.LockGrant(30_000, 250),
         p.LockTerms(30_000, 5),
         p.LockDrop(),
+        pg.GangDrop(12),
+        pg.GangCut(12, 40),
+        pg.GangCutOver(12),
         p.LimitUpdate(wire),
         p.MemGrant(64 << 20, 128 << 20),
         p.MemObserved(1 << 30, 768 << 20),
@@ -90,3 +97,17 @@ def test_a_hooks_fields_out_of_range_are_named() -> None:
     assert codec.hook_problem(p.ViewRequest(uuid, 80 << 30, "team", "small")) is None
     view = p.ViewRequest(uuid, 80 << 30, "team", "Big Pod")
     assert codec.hook_problem(view) == "pod name 'Big Pod' is not a Kubernetes name"
+
+
+def test_gang_frames_become_the_core_events() -> None:
+    def hook(message: p.Message) -> ev.Event:
+        (frame,) = framing.FrameDecoder().feed(framing.encode(message, seq=5))
+        return codec.HOOK_EVENTS[type(framing.decode_body(frame))](framing.decode_body(frame), 7, 5)
+
+    assert hook(pg.GangCatchup()) == ev.LockRequested(7, 5, catch_up=True)
+    assert hook(pg.GangHint("torch/none@10.0.0.1:29500")) == ev.GangHint(
+        7, "torch/none@10.0.0.1:29500"
+    )
+    assert hook(pg.GangPosition(12, 40)) == ev.GangPosition(7, 12, 40)
+    assert codec.hook_problem(pg.GangHint("torch/none@10.0.0.1:29500")) is None
+    assert "not printable" in str(codec.hook_problem(pg.GangHint("job\x1b[2J")))

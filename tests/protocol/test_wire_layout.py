@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol
+from appliance import protocol, protocol_gang
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,8 @@ FIELDS = {
             for field in ("pid", "flags", "used")
         ),
     ],
+    "nvs_gang_hint": ["name"],
+    "nvs_gang_cut": ["cut_id", "collectives"],
 }
 
 
@@ -114,7 +116,7 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", sorted(FIELDS))
 def test_struct_matches_c_header(name: str, c_layout: dict[str, int]) -> None:
-    fmt = protocol.BODY_FORMATS[name]
+    fmt = {**protocol.BODY_FORMATS, **protocol_gang.BODY_FORMATS}[name]
     assert fmt.size == c_layout[name], f"{name}: Python {fmt.size} bytes, C {c_layout[name]}"
     offsets = python_offsets(fmt)
     assert len(offsets) == len(FIELDS[name])
