@@ -231,6 +231,11 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         "Drops the client did not release within scheduler.dropDeadline",
         labels=CLIENT_LABELS,
     )
+    gang = GaugeMetricFamily(
+        "nvshare_client_gang_info",
+        "A client that takes its GPUs' locks with its job's other clients (value 1)",
+        labels=[*CLIENT_LABELS, "gang"],
+    )
     for c in clients:
         label = _client_label(c)
         info.add_metric([*label, _index(index.get(c.gpu)), str(c.pid)], 1)
@@ -244,7 +249,9 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         guaranteed.add_metric(label, c.core_guaranteed)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
         late.add_metric(label, c.late_drops)
-    yield from (info, allocated, nvml, limit, core, prio, guaranteed, holding, late)
+        if c.gang:
+            gang.add_metric([*label, c.gang], 1)
+    yield from (info, allocated, nvml, limit, core, prio, guaranteed, holding, late, gang)
 
 
 def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:

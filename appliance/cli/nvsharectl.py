@@ -163,6 +163,7 @@ def _print_status(status: StatusView) -> None:
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
             f"{c.core_limit:>4}% {c.core_guaranteed:>4g}% {priority_name(c.priority):>6} {c.gpu}"
+            + (f"  gang: {c.gang}" if c.gang else "")
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
         )
     # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.

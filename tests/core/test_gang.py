@@ -3,6 +3,8 @@ the whole gang and stops it at one cut of its collectives; quanta and quotas cou
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.gang import queue
@@ -11,6 +13,7 @@ from appliance.core.state import GangPhase, Phase
 from appliance.policy.model import Limits, Policy, Rule, RuleMatch, SchedulerSettings
 
 from .conftest import Harness, of
+from .test_views import scrape, value
 
 GPU0 = "GPU-00000000-0000-0000-0000-0000000000a0"
 GPU1 = "GPU-00000000-0000-0000-0000-0000000000a1"
@@ -314,3 +317,20 @@ def test_without_a_hint_one_process_on_two_gpus_is_a_gang() -> None:
     assert granted(ask(h, on0)) == {on0}  # a lone client until it asks for a second GPU
     assert granted(ask(h, on1)) == set()  # now a gang: it waits for GPU 1, keeping GPU 0
     assert h.state.clients[on0].gang == "pid:42"
+
+
+def test_status_and_metrics_name_each_clients_gang() -> None:
+    h = harness()
+    g, single = job(h, "g"), h.register(gpu=GPU1)
+    ask(h, g[0], single, g[1])  # the gang's second rank has the single client dropped at once
+    rows = {c.id: c for c in h.core.status(h.now).clients}
+    assert (rows[g[0]].gang, rows[g[1]].gang, rows[single].gang) == ("pod:g", "pod:g", "")
+    text = scrape(h)
+    gang_of = {
+        s.labels["client_id"]: s.labels["gang"]
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "nvshare_client_gang_info"
+    }
+    assert gang_of == {str(g[0]): "pod:g", str(g[1]): "pod:g"}
+    assert value(text, "nvshare_scheduler_drops_total", reason="gang") == 1
