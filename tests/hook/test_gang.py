@@ -87,7 +87,6 @@ def test_two_gangs_take_turns_with_both_gpus(
     assert steps == {"a": [STEPS, STEPS], "b": [STEPS, STEPS]}
     doc = status(daemon)
     assert doc["counters"].get("drops_overdue", 0) == 0  # every drop met its cut in time
-    assert doc["counters"].get("drops_quantum", 0) >= 2  # the GPUs changed hands
     for p in itertools.chain(*jobs.values()):
         assert_clean(*p.finish())
     by_pid = kernels(daemon.socket_dir.parent / "trace")
@@ -101,10 +100,13 @@ def test_two_gangs_take_turns_with_both_gpus(
         [(s, e, "a") for s, e, _ in spans["a"]] + [(s, e, "b") for s, e, _ in spans["b"]]
     )
     last_end = {"a": 0, "b": 0}
-    for s, e, who in merged:
+    turns = 0
+    for i, (s, e, who) in enumerate(merged):
         other = "b" if who == "a" else "a"
         assert s >= last_end[other], "the two gangs' kernels overlapped"
         last_end[who] = max(last_end[who], e)
+        turns += i > 0 and merged[i - 1][2] != who
+    assert turns >= 2  # the GPUs changed hands (at a quantum, or idle while the other waited)
 
 
 def test_a_gang_member_reports_its_job_and_status_shows_the_gang(
