@@ -84,6 +84,7 @@ class ApplianceCollector(Collector):
         yield from _gpu_use(status)
         yield from _unhooked(status)
         yield from _clients(status, clients)
+        yield from _client_gangs(clients)
         yield from _client_time(clients)
         yield from _pods(pods)
         yield from _scheduler(status)
@@ -231,11 +232,6 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         "Drops the client did not release within scheduler.dropDeadline",
         labels=CLIENT_LABELS,
     )
-    gang = GaugeMetricFamily(
-        "nvshare_client_gang_info",
-        "A client that takes its GPUs' locks with its job's other clients (value 1)",
-        labels=[*CLIENT_LABELS, "gang"],
-    )
     for c in clients:
         label = _client_label(c)
         info.add_metric([*label, _index(index.get(c.gpu)), str(c.pid)], 1)
@@ -249,9 +245,20 @@ def _clients(status: StatusView, clients: Sequence[ClientView]) -> Iterator[Metr
         guaranteed.add_metric(label, c.core_guaranteed)
         holding.add_metric(label, 1 if c.state in (Phase.HOLDING, Phase.DRAINING) else 0)
         late.add_metric(label, c.late_drops)
+    yield from (info, allocated, nvml, limit, core, prio, guaranteed, holding, late)
+
+
+def _client_gangs(clients: Sequence[ClientView]) -> Iterator[Metric]:
+    """The gang each client of a multi-GPU job takes its locks with (`core.gang`)."""
+    gang = GaugeMetricFamily(
+        "nvshare_client_gang_info",
+        "A client that takes its GPUs' locks with its job's other clients (value 1)",
+        labels=[*CLIENT_LABELS, "gang"],
+    )
+    for c in clients:
         if c.gang:
-            gang.add_metric([*label, c.gang], 1)
-    yield from (info, allocated, nvml, limit, core, prio, guaranteed, holding, late, gang)
+            gang.add_metric([*_client_label(c), c.gang], 1)
+    yield gang
 
 
 def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:
