@@ -125,11 +125,25 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* A launch attribute, as cuda.h lays it out: an id, padding to 8 bytes, a 64-byte value. Read
+ * for the one attribute that marks a collective (cut.h): NCCL launches its kernels in the remote
+ * memory-synchronisation domain. */
+#define CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN 10
+#define CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE 1
+typedef struct CUlaunchAttribute_st {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int memSyncDomain;
+    } value;
+} CUlaunchAttribute;
+
 /* Read for the stream a launch goes to; the layout of cuda.h's CUlaunchConfig. */
 typedef struct CUlaunchConfig_st {
     unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
     CUstream hStream;
-    void *attrs;
+    CUlaunchAttribute *attrs;
     unsigned numAttrs;
 } CUlaunchConfig;
 

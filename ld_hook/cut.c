@@ -13,18 +13,6 @@
 #include "log.h"
 
 #define HELD_BIT (1ull << 63)
-#define MEM_SYNC_DOMAIN 10       /* CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN */
-#define MEM_SYNC_DOMAIN_REMOTE 1 /* CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE */
-
-/* cuda.h's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union. */
-struct launch_attr {
-    int id;
-    char pad[4];
-    union {
-        char bytes[64];
-        int domain;
-    } value;
-};
 
 struct cut {
     pthread_mutex_t mu;
@@ -43,9 +31,10 @@ static struct cut *cut_of(const struct nvs_gpu *g) { return &cuts[g->index]; }
 int nvs_is_collective(const CUlaunchConfig *cfg)
 {
     if (cfg == NULL || cfg->attrs == NULL) return 0;
-    const struct launch_attr *a = cfg->attrs;
+    const CUlaunchAttribute *a = cfg->attrs;
     for (unsigned i = 0; i < cfg->numAttrs; i++)
-        if (a[i].id == MEM_SYNC_DOMAIN) return a[i].value.domain == MEM_SYNC_DOMAIN_REMOTE;
+        if (a[i].id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN)
+            return a[i].value.memSyncDomain == CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
     return 0;
 }
 

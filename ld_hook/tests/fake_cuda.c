@@ -647,22 +647,13 @@ static CUresult launch_kind(CUstream s, int collective)
 
 static CUresult launch(CUstream s) { return launch_kind(s, 0); }
 
-/* cuda.h's CUlaunchAttribute; a kernel in the remote memory-synchronisation domain (id 10,
- * value 1) is a collective, as NCCL's are. */
-struct fake_attr {
-    int id;
-    char pad[4];
-    union {
-        char bytes[64];
-        int domain;
-    } value;
-};
-
+/* A kernel in the remote memory-synchronisation domain is a collective, as NCCL's are. */
 static int is_collective(const CUlaunchConfig *cfg)
 {
-    const struct fake_attr *a = cfg != NULL ? cfg->attrs : NULL;
+    const CUlaunchAttribute *a = cfg != NULL ? cfg->attrs : NULL;
     for (unsigned i = 0; a != NULL && i < cfg->numAttrs; i++)
-        if (a[i].id == 10) return a[i].value.domain == 1;
+        if (a[i].id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN)
+            return a[i].value.memSyncDomain == CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
     return 0;
 }
 

@@ -185,14 +185,8 @@ static void *burst_main(void *p)
  * job does: one that stopped early would leave its peers in their last collective for ever. */
 static CUresult train(unsigned long long n, unsigned long long every, unsigned long long *steps)
 {
-    struct {
-        int id;
-        char pad[4];
-        union {
-            char bytes[64];
-            int domain;
-        } value;
-    } attr = {.id = 10, .value.domain = 1};
+    CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+                              .value.memSyncDomain = CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE};
     CUlaunchConfig cfg = {1, 1, 1, 1, 1, 1, 0, NULL, &attr, 1};
     CUresult r = CUDA_SUCCESS;
     while (!r && *steps < n) {

@@ -204,14 +204,21 @@ def test_a_member_dying_frees_the_gpu_only_it_used() -> None:
     assert gang.held == {GPU0} and gang.phase is GangPhase.HOLDING
 
 
-def test_a_member_dying_during_the_cut_leaves_the_rest_to_finish() -> None:
-    h = harness()
+def dropped_with_one_answer(h: Harness, collectives: int) -> tuple[list[int], list[int]]:
+    """Gang a holds both GPUs, b waits; a's quantum ends and only a's rank 0 says where it
+    stands."""
     a, b = job(h, "a"), job(h, "b")
     ask(h, *a)
     ask(h, *b)
     h.advance(TQ)
     [drop] = of(h.sent, act.GangDrop, a[0])
-    h.feed(ev.GangPosition(a[0], drop.cut_id, 4))
+    h.feed(ev.GangPosition(a[0], drop.cut_id, collectives))
+    return a, b
+
+
+def test_a_member_dying_during_the_cut_leaves_the_rest_to_finish() -> None:
+    h = harness()
+    a, b = dropped_with_one_answer(h, 4)
     out = h.feed(ev.ClientGone(a[1]))  # it never answered
     assert [(c.client_id, c.collectives) for c in of(out, act.GangCut)] == [(a[0], 4)]
     assert granted(release(h, a[0])) == set(b)
@@ -271,12 +278,7 @@ def test_a_gang_member_passed_over_marks_the_gang() -> None:
 
 def test_the_cut_is_forced_at_the_deadline_when_a_member_never_answers() -> None:
     h = harness()
-    a, b = job(h, "a"), job(h, "b")
-    ask(h, *a)
-    ask(h, *b)
-    h.advance(TQ)
-    [drop] = of(h.sent, act.GangDrop, a[0])
-    h.feed(ev.GangPosition(a[0], drop.cut_id, 2))
+    a, b = dropped_with_one_answer(h, 2)
     out = h.advance(DEADLINE)
     assert {c.client_id for c in of(out, act.GangCut)} == set(a)
     assert granted(out) == set(b)
