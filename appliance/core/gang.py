@@ -52,9 +52,10 @@ def lone_key(client_id: int) -> str:
 
 def account(s: NodeState, g: Gang) -> QuotaAccount | None:
     """The quota account a gang's time is billed to: a lone client's own, else the gang's."""
-    if g.joint:
+    if len(g.members) != 1:
         return g.quota
-    return next((s.clients[m].quota for m in g.members), None)
+    (member,) = g.members
+    return s.clients[member].quota
 
 
 def gang_of(s: NodeState, c: Client) -> Gang:
@@ -91,6 +92,20 @@ def turns(s: NodeState, now: float) -> list[Gang]:
     ready = [g for g in waiting if eligible(s, g, now)]
     owed = {g.key for g in ready if owed_s(s, g, now) > EPSILON_S}
     return priority.line(ready, now, s.policy.scheduler, owed)
+
+
+Waiting = dict[str, list[Gang]]  # by GPU: the eligible gangs waiting for it
+
+
+def waiting_for(s: NodeState, now: float) -> Waiting:
+    """The eligible gangs waiting for each GPU, in the order they came (who a holder's turn
+    is measured against; the order of grants is `turns`)."""
+    by_gpu: Waiting = {}
+    for g in sorted(s.gangs.values(), key=lambda g: g.ticket):
+        if g.phase is GangPhase.WAITING and eligible(s, g, now):
+            for uuid in g.gpus:
+                by_gpu.setdefault(uuid, []).append(g)
+    return by_gpu
 
 
 def grantable(s: NodeState, uuid: str, g: Gang) -> bool:

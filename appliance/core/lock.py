@@ -46,6 +46,7 @@ from appliance.core import events as ev
 from appliance.core import priority, share
 from appliance.core.gang import (
     Gangs,
+    Waiting,
     account,
     eligible,
     gang_of,
@@ -53,6 +54,7 @@ from appliance.core.gang import (
     in_the_way,
     owed_s,
     turns,
+    waiting_for,
 )
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
@@ -158,7 +160,7 @@ class Lock:
         return out + self._settle(gang_of(self._s, c), now)
 
     def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
-        c.idle_told_s = self._idle_window(c, now)
+        c.idle_told_s = self._idle_window(c, waiting_for(self._s, now))
         return act.Grant(
             c.id,
             seq,
@@ -166,21 +168,22 @@ class Lock:
             idle_release_s=c.idle_told_s,
         )
 
-    def _idle_window(self, c: Client, now: float) -> float:
+    def _idle_window(self, c: Client, waiting: Waiting) -> float:
         """How long c may sit idle with the lock: the short hand-off while another gang waits
         for its GPU."""
         settings = self._s.policy.scheduler
         handoff = settings.idle_handoff_s
-        if handoff >= MIN_IDLE_HANDOFF_S and self._waiters(c.gpu, now, but=gang_of(self._s, c)):
+        mine = gang_of(self._s, c)
+        if handoff >= MIN_IDLE_HANDOFF_S and any(w is not mine for w in waiting.get(c.gpu, ())):
             return min(handoff, settings.idle_release_s)
         return settings.idle_release_s
 
-    def _tell_idle_windows(self, now: float) -> list[act.Action]:
+    def _tell_idle_windows(self, waiting: Waiting) -> list[act.Action]:
         """A holder whose idle window changed (someone started or stopped waiting) is told."""
         out: list[act.Action] = []
         for gpu in self._s.gpus.values():
             for h in [self._s.clients[h] for h in sorted(gpu.holders)]:
-                window = self._idle_window(h, now)
+                window = self._idle_window(h, waiting)
                 if h.phase is Phase.HOLDING and window != h.idle_told_s:
                     h.idle_told_s = window
                     out.append(act.LockTerms(h.id, self._s.time_quantum(h.gpu), window))
@@ -293,13 +296,13 @@ class Lock:
     def schedule(self, now: float) -> list[act.Action]:
         """Pass over late holders, drop spent quotas, grant whoever may run, and preempt for
         whoever waits."""
-        return [
+        out = [
             *self._pass_over_late_holders(now),
             *self._drop_spent_quotas(now),
             *self._grant_waiting(now),
-            *self._preempt_for_waiters(now),
-            *self._tell_idle_windows(now),
         ]
+        waiting = waiting_for(self._s, now)  # who is left waiting, for the holders' turns
+        return [*out, *self._preempt_for_waiters(waiting, now), *self._tell_idle_windows(waiting)]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
@@ -368,25 +371,26 @@ class Lock:
             out += self._grant(g, now)
         return out
 
-    def _preempt_for_waiters(self, now: float) -> list[act.Action]:
+    def _preempt_for_waiters(self, waiting: Waiting, now: float) -> list[act.Action]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
         for g in in_the_way(self._s):
             out += self._drop(g, now, "gang")
         for uuid in self._s.gpus:
-            due = self._next_yield(uuid, now)
+            due = self._next_yield(uuid, waiting.get(uuid, []), now)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
         return out
 
-    def _next_yield(self, uuid: str, now: float) -> tuple[float, Gang, str] | None:
+    def _next_yield(
+        self, uuid: str, waiters: list[Gang], now: float
+    ) -> tuple[float, Gang, str] | None:
         """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
         waits for it; None while nobody waits, in mode off, or while a holder still drains."""
         if self._s.gpu_mode(uuid) is Mode.OFF:
             return None
         owners = [self._s.gangs[k] for k in self._s.gpus[uuid].owners]
-        waiters = self._waiters(uuid, now)
         if not waiters or any(o.phase is GangPhase.DRAINING for o in owners):
             return None
         owed = {w.key for w in waiters if owed_s(self._s, w, now) > EPSILON_S}
@@ -413,20 +417,17 @@ class Lock:
         at, why = min(turns)
         return max(at, now + owed_s(self._s, h, now)), why
 
-    def _waiters(self, uuid: str, now: float, but: Gang | None = None) -> list[Gang]:
-        """The eligible gangs waiting for GPU `uuid` (other than `but`), in line order."""
-        return [g for g in turns(self._s, now) if uuid in g.gpus and g is not but]
-
     def _quantum(self, g: Gang) -> float:
         return min((self._s.time_quantum(u) for u in g.held), default=self._s.time_quantum(""))
 
     # ------------------------------------------------------------ deadlines
 
     def next_deadline(self, now: float) -> float | None:
-        """When the lock must be looked at again: a quantum, a slice, a quota or a drop
-        deadline running out, or a waiting gang's next quota window."""
-        times = [t for g in self._s.gangs.values() for t in self._deadlines(g, now)]
-        times += [due[0] for u in self._s.gpus if (due := self._next_yield(u, now)) is not None]
+        """When to look again: a quantum, slice, quota, drop deadline or window running out."""
+        busy = [g for g in self._s.gangs.values() if g.phase is not GangPhase.IDLE]
+        times = [t for g in busy for t in self._deadlines(g, now)]
+        for uuid, waiters in waiting_for(self._s, now).items():
+            times += [due[0]] if (due := self._next_yield(uuid, waiters, now)) else []
         return min(times) if times else None
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:
