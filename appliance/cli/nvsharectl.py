@@ -17,6 +17,7 @@ import click
 
 from appliance import framing, socket_dirs
 from appliance import protocol as p
+from appliance.cli import top_view
 from appliance.cli.common import control_dir_option, program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.views import (
@@ -156,12 +157,13 @@ def _print_status(status: StatusView) -> None:
     if status.clients or status.unhooked:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'CORE':>5} {'REQ':>5} {'PRIO':>6} GPU"
+            f"{'MEM LIMIT':>9} {'NVML':>9} {'CONTEXT':>9} {'CORE':>5} {'REQ':>5} {'PRIO':>6} GPU"
         )
     for c in status.clients:
         click.echo(
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
+            f"{_fmt_mem(c.memory_observed):>9} {_fmt_mem(top_view.overhead(c)):>9} "
             f"{c.core_limit:>4}% {c.core_guaranteed:>4g}% {priority_name(c.priority):>6} {c.gpu}"
             + (f"  gang: {c.gang}" if c.gang else "")
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
@@ -170,7 +172,13 @@ def _print_status(status: StatusView) -> None:
     for u in status.unhooked:
         click.echo(
             f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {'-':>5} {'-':>5} {'-':>6} {','.join(u.gpus)}"
+            f"{'-':>9} {_fmt_mem(u.memory_used):>9} {'-':>9} {'-':>5} {'-':>5} {'-':>6} "
+            f"{','.join(u.gpus)}"
+        )
+    if any(c.memory_observed is not None for c in status.clients):
+        click.echo(
+            "NVML: what NVML shows the process holding; CONTEXT: NVML minus MEM USED (the "
+            "hook's count), the CUDA context and the driver's own memory"
         )
     if status.unhooked:
         click.echo(
@@ -204,6 +212,35 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps(doc.doc, indent=2, sort_keys=True))
     else:
         _print_status(from_json(StatusView, doc.doc))
+
+
+@nvsharectl.command()
+@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
+@click.option(
+    "-d",
+    "--delay",
+    type=click.FloatRange(min=0.2, max=60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes (with --once: between the two samples GPU% compares).",
+)
+@click.pass_context
+def top(ctx: click.Context, once: bool, delay: float) -> None:
+    """A live view of GPUs, lock holders, queues and clients; q quits.
+
+    Per GPU its mode, TQ, utilisation, lock holder and queue; per client its pod, state, memory
+    (the hook's count, NVML's, and the difference: the context), share of GPU time over the
+    last 2 s and quota window.
+    """
+    if not once and not top_view.is_terminal(sys.stdin.fileno(), sys.stdout):
+        _fail("top needs a terminal (ssh -t, kubectl exec -it); --once prints one frame")
+    feed = top_view.StatusFeed(ctx.obj["control_dir"])
+    try:
+        top_view.run(feed, interval_s=delay, single=once)
+    except top_view.UNREACHABLE as exc:
+        _fail(str(exc))
+    finally:
+        feed.close()
 
 
 def _set_mode(mode: str, gpu: str) -> p.SetMode:

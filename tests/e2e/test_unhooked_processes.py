@@ -77,7 +77,10 @@ def test_a_gpu_process_without_the_hook_is_reported_until_it_exits(
     row = re.compile(rf"^\s+-\s+{bare.pid}\s+-\s+UNHOOKED\s+1Gi\s.*GPU-", re.M)
     eventually(lambda: bool(row.search(nvsharectl_status(d))), "the bare probe in status")
     shown = nvsharectl_status(d)
-    assert "UNHOOKED" not in next(line for line in shown.splitlines() if f" {hooked.pid} " in line)
+    hooked_row = next(line for line in shown.splitlines() if f" {hooked.pid} " in line)
+    assert "UNHOOKED" not in hooked_row
+    # NVML shows 1Gi, the hook counts nothing: all of it is context (MEM USED, LIMIT: none)
+    assert re.search(r"\s-\s+-\s+1Gi\s+1Gi\s+100%\s+\S+\s+\S+ GPU-", hooked_row), shown
     assert "1 GPU process(es) run without the hook" in shown
     assert unhooked_metric(port) == 1
     log = d.output()

@@ -164,16 +164,22 @@ def test_the_installed_daemon_starts_ready_and_stops_cleanly(
         assert scheduler.poll() is None, f"the daemon exited:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"never ready:\n{log.read_text()}"
         time.sleep(0.05)
-    status = subprocess.run(
-        [installed.bin("nvsharectl"), "status", "--json"],
-        cwd=installed.home,
-        env=installed.env(NVSHARE_SOCKET_DIR=str(tmp_path / "run")),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout)["policy"]["valid"] is True
+
+    def nvsharectl(*args: str) -> str:
+        done = subprocess.run(
+            [installed.bin("nvsharectl"), *args],
+            cwd=installed.home,
+            env=installed.env(NVSHARE_SOCKET_DIR=str(tmp_path / "run")),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert json.loads(nvsharectl("status", "--json"))["policy"]["valid"] is True
+    frame = nvsharectl("top", "--once", "-d", "0.2")
+    assert frame.startswith("nvshare: 0 client(s)") and "policy valid" in frame
     scheduler.send_signal(signal.SIGTERM)
     assert scheduler.wait(30) == 0
     assert "Traceback" not in log.read_text()
