@@ -565,31 +565,24 @@ def managed_backing() -> None:
     )
 
 
-def quota_accuracy() -> None:
-    """A compute-bound PyTorch process alone on the GPU, with core limits 100, 60 and 30."""
-    d = Daemon("scheduler: {mode: 'on', computeWindow: 1s}")
-    done: dict[int, float] = {}
-    try:
-        for limit in (100, 60, 30):
-            out = run(
-                [sys.executable, str(WORKER), "rate", "8"],
-                env=d.env(NVSHARE_GPU_CORE_LIMIT=str(limit)),
-            )
-            doc = json.loads(out)
-            done[limit] = doc["matmuls"] / doc["seconds"]
-    finally:
-        log = d.stop()
-    shares = {limit: done[limit] / done[100] for limit in (60, 30)}
-    RESULTS["quota"] = {
-        "matmuls_per_s": done,
-        "shares": shares,
-        "quota_drops": log.count("drop client"),
-    }
+def quota_accuracy(names: list[str] | None) -> None:
+    """Compute quotas at the seed's defaults: each client's throughput relative to the same
+    work alone and unlimited (bench/quota_accuracy_gpu.py), within one point of its limit."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from quota_accuracy_gpu import markdown, table
+
+    rows = table(names, windows=5)
+    print(markdown(rows), flush=True)
+    RESULTS["quota"] = [vars(r) for r in rows]
+    off = [
+        f"{r.scenario} [{r.limit}]: {r.share * 100:.1f}"
+        for r in rows
+        if abs(r.share * 100 - r.limit) > 1
+    ]
     check(
-        "quota: measured compute share matches gpu-core-limit (60%, 30%)",
-        all(abs(shares[x] - x / 100) < 0.05 for x in shares),
-        f"share at 60%: {shares[60]:.3f}, at 30%: {shares[30]:.3f} "
-        f"(throughput relative to the same process unlimited, 1 s window)",
+        f"quota: {len(rows)} shares within one point of their limit (window 2 s, seed defaults)",
+        not off,
+        "outside: " + ", ".join(off) if off else ", ".join(f"{r.share * 100:.1f}" for r in rows),
     )
 
 
@@ -1181,7 +1174,8 @@ def main() -> int:
         "launch": launch_bound,
         "memory": torch_memory,
         "managed": managed_backing,
-        "quota": quota_accuracy,
+        "quota": lambda: quota_accuracy(["torch alone 25", "torch two 30/70", "torch graph 30"]),
+        "quota_table": lambda: quota_accuracy(None),
         "failsoft": fail_soft,
         "alloc": alloc_bench,
         "kube": kube_annotations,

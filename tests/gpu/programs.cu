@@ -13,6 +13,10 @@
 //                                stream-ordered allocations), each instantiated and launched
 //   programs two_gpu BYTES       device 0 current, work and stream-ordered allocations of BYTES on
 //                                a stream of device 1: charged and gated on device 1
+//   programs quota loop|graph S  compute-bound work for S seconds once told "go" on stdin (after
+//                                "ready"): `loop` one ~1 ms FMA kernel per synchronise, `graph` a
+//                                CUDA graph of 20 of them launched twice per synchronise; then
+//                                "batch START END" per synchronise (CLOCK_MONOTONIC seconds)
 // Every line is "key value..."; every check also prints this process's NVML usage.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -343,6 +347,77 @@ static void two_gpu(size_t bytes) {
     CHECK(cudaStreamSynchronize(s1));
 }
 
+// Compute-bound: every thread runs a dependent FMA chain; the grid fills every SM.
+__global__ void fma_kernel(float *out, int iters) {
+    float a = threadIdx.x * 1e-3f, c = blockIdx.x * 1e-4f;
+    for (int i = 0; i < iters; i++) {
+        a = fmaf(a, 0.999f, c);
+        c = fmaf(c, 0.999f, a);
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a + c;
+}
+
+// The quota benchmark's plain CUDA work (bench/quota_accuracy_gpu.py): kernels of about 1 ms,
+// one per synchronise (`loop`) or 20 in a graph launched twice per synchronise (`graph`, the
+// deep queue a graph replay leaves when the lock is dropped).
+static void quota_work(const char *kind, double seconds) {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int blocks = sms * 8, threads = 256;
+    float *out = NULL;
+    CHECK(cudaMalloc(&out, sizeof(float) * blocks * threads));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // Calibrate to about 1 ms per kernel on this GPU, timed on the GPU (events), so that
+    // waiting for the lock while other clients calibrate does not count.
+    int iters = 1 << 14;
+    cudaEvent_t before, after;
+    CHECK(cudaEventCreate(&before));
+    CHECK(cudaEventCreate(&after));
+    for (int round = 0; round < 3; round++) {
+        CHECK(cudaEventRecord(before, s));
+        fma_kernel<<<blocks, threads, 0, s>>>(out, iters);
+        CHECK(cudaEventRecord(after, s));
+        CHECK(cudaStreamSynchronize(s));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, before, after));
+        if (round > 0) iters = (int)(iters / ms);
+    }
+    const int per_graph = 20, graphs_per_sync = 2;
+    int is_graph = !strcmp(kind, "graph");
+    cudaGraphExec_t exec = NULL;
+    if (is_graph) {
+        cudaGraph_t graph;
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < per_graph; k++) fma_kernel<<<blocks, threads, 0, s>>>(out, iters);
+        CHECK(cudaStreamEndCapture(s, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+    }
+    printf("ready %d\n", iters);
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return;
+    size_t cap = 1 << 16, n = 0;
+    double *start = (double *)malloc(cap * sizeof(double));
+    double *end = (double *)malloc(cap * sizeof(double));
+    double stop = now_s() + seconds;
+    while (now_s() < stop && n < cap) {
+        start[n] = now_s();
+        if (is_graph) {
+            for (int g = 0; g < graphs_per_sync; g++) CHECK(cudaGraphLaunch(exec, s));
+        } else {
+            fma_kernel<<<blocks, threads, 0, s>>>(out, iters);
+        }
+        CHECK(cudaStreamSynchronize(s));
+        end[n++] = now_s();
+    }
+    for (size_t i = 0; i < n; i++) printf("batch %.6f %.6f\n", start[i], end[i]);
+    free(start);
+    free(end);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s launch|malloc|free_live|alloc_paths N\n", argv[0]);
@@ -358,6 +433,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "graph_mem")) graph_mem_check((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "capture_loop")) capture_loop(atof(argv[2]));
     else if (!strcmp(argv[1], "two_gpu")) two_gpu((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "quota") && argc > 3) quota_work(argv[2], atof(argv[3]));
     else { fprintf(stderr, "unknown mode %s\n", argv[1]); return 2; }
     return 0;
 }

@@ -13,6 +13,11 @@ torch_worker.py graphs S       S seconds of torch.cuda.graph captures (a fresh g
 torch_worker.py compiled S     torch.compile(mode="reduce-overhead") on three batch sizes (its
                                CUDA graphs), then S seconds of calls; prints calls and failures
 torch_worker.py overhead       what NVML shows this process holding with no tensor allocated
+torch_worker.py quota loop|graph S
+                               compute-bound matmuls for S seconds once told "go" on stdin
+                               (after "ready"): `loop` 5 matmuls per synchronise, `graph` a
+                               captured CUDA graph of 10 replayed twice per synchronise; then
+                               "batch START END" per synchronise (CLOCK_MONOTONIC seconds)
 """
 
 from __future__ import annotations
@@ -209,6 +214,43 @@ def overhead() -> None:
     print(json.dumps({"nvml_used": used[0] if used else None, "charged": 2 << 20}), flush=True)
 
 
+def quota(kind: str, seconds: float) -> None:
+    """The quota benchmark's PyTorch work (bench/quota_accuracy_gpu.py)."""
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda") / 64
+
+    def step(n: int) -> None:
+        for _ in range(n):
+            a.copy_(torch.tanh(a @ b))
+
+    step(5)
+    graph = torch.cuda.CUDAGraph()
+    if kind == "graph":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the capture, as torch.cuda.graph asks
+            step(3)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            step(10)
+        graph.replay()
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    batches = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        t0 = time.monotonic()
+        if kind == "graph":
+            graph.replay()
+            graph.replay()
+        else:
+            step(5)
+        torch.cuda.synchronize()
+        batches.append((t0, time.monotonic()))
+    print("".join(f"batch {t0:.6f} {t1:.6f}\n" for t0, t1 in batches), end="", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "serve":
@@ -225,5 +267,7 @@ if __name__ == "__main__":
         compiled(float(sys.argv[2]))
     elif mode == "overhead":
         overhead()
+    elif mode == "quota":
+        quota(sys.argv[2], float(sys.argv[3]))
     else:
         sys.exit(f"unknown mode {mode}")
