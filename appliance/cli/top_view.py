@@ -105,9 +105,10 @@ def _quota(q: QuotaUse | None) -> str:
     return f"{q.used_s * 1000:.0f}/{q.budget_s * 1000:.0f}ms"
 
 
+# What changes from second to second first, so that an 80-column terminal shows it; memory after.
 CLIENT_HEADER = (
-    f"  {'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<8} {'USED':>7} {'LIMIT':>7} {'NVML':>7} "
-    f"{'CTX':>7} {'GPU%':>5} {'CORE':>4} QUOTA"
+    f"  {'ID':>4} {'PID':>7} {'POD':<24} {'STATE':<8} {'GPU%':>4} {'CORE':>4} {'QUOTA':>11} "
+    f"{'USED':>6} {'LIMIT':>6} {'NVML':>6} {'CTX':>6}"
 )
 
 
@@ -120,9 +121,9 @@ def overhead(c: ClientView) -> int | None:
 def _client_row(c: ClientView, share: float | None) -> str:
     shown = "-" if share is None else f"{share * 100:.0f}"
     return (
-        f"  {c.id:>4} {c.pid:>8} {c.pod[:28]:<28} {c.state.value:<8} {size(c.memory_used):>7} "
-        f"{size(c.memory_limit):>7} {size(c.memory_observed):>7} {size(overhead(c)):>7} "
-        f"{shown:>5} {c.core_limit:>3}% {_quota(c.quota)}"
+        f"  {c.id:>4} {c.pid:>7} {c.pod[:24]:<24} {c.state.value:<8} {shown:>4} "
+        f"{c.core_limit:>3}% {_quota(c.quota):>11} {size(c.memory_used):>6} "
+        f"{size(c.memory_limit):>6} {size(c.memory_observed):>6} {size(overhead(c)):>6}"
     )
 
 

@@ -35,8 +35,8 @@ MiB = 1 << 20
 HOME = b"\x1b[H"  # a frame starts at the top left
 LEAVE = b"\x1b[?1049l"  # back from the alternate screen
 ROW = (  # a client's row: the pod is "-" (no pod)
-    r"^\s+{id}\s+{pid}\s+-\s+{state}\s+{used}\s+{limit}\s+{nvml}\s+{ctx}\s+{share}\s+"
-    r"{core}%\s+{quota}$"
+    r"^\s+{id}\s+{pid}\s+-\s+{state}\s+{share}\s+{core}%\s+{quota}\s+{used}\s+{limit}\s+"
+    r"{nvml}\s+{ctx}$"
 )
 
 
