@@ -79,13 +79,14 @@ def start_daemon(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    sock = socket_dir / "scheduler.sock"
+    running = RunningDaemon(proc, socket_dir, policy_dir, log)
     deadline = time.monotonic() + 20
-    while not _listening(sock):
+    # Both sockets: the hooks' one, and nvsharectl's, which a test may talk to at once.
+    while not (_listening(socket_dir / "scheduler.sock") and _listening(running.control_path)):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"daemon did not start:\n{log.read_text()}")
         time.sleep(0.02)
-    return RunningDaemon(proc, socket_dir, policy_dir, log)
+    return running
 
 
 @pytest.fixture
