@@ -37,6 +37,8 @@ CUresult cuCtxGetDevice(CUdevice *dev);
 CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize_v2(CUcontext ctx);
+CUresult cuStreamSynchronize(CUstream s);
+CUresult cuStreamSynchronize_ptsz(CUstream s);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);

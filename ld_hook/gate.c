@@ -16,6 +16,7 @@
 #include "conn.h"
 #include "contexts.h"
 #include "cut.h"
+#include "dispatch.h"
 #include "gate.h"
 #include "log.h"
 #include "thread.h"
@@ -291,12 +292,40 @@ static void release(struct nvs_gpu *g)
 
 static void begin_release(struct nvs_gpu *g, uint32_t reason);
 
+/* Threads of this process inside a synchronising call. A step that queues its work and then
+ * waits for it submits nothing meanwhile, yet its GPU is busy: not idle. */
+static atomic_int syncing;
+
+static void sync_begin(void) { atomic_fetch_add_explicit(&syncing, 1, memory_order_relaxed); }
+
+static void sync_end(void)
+{
+    /* the idle window starts when the wait is over */
+    for (int i = 0; i < NVS_MAX_GPUS; i++)
+        atomic_store_explicit(&nvs_gate_hot[i].touched, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&syncing, 1, memory_order_release);
+}
+
+#define NVS_SYNC_WAIT(name, params, args)   \
+    NVS_EXPORT CUresult name params         \
+    {                                       \
+        sync_begin();                       \
+        CUresult r_ = NVS_CALL(name, args); \
+        sync_end();                         \
+        return r_;                          \
+    }
+NVS_SYNC_WAIT(cuCtxSynchronize, (void), ())
+NVS_SYNC_WAIT(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
+NVS_SYNC_WAIT(cuStreamSynchronize, (CUstream s), (s))
+NVS_SYNC_WAIT(cuStreamSynchronize_ptsz, (CUstream s), (s))
+
 /* With gt->mu held: a holder that submitted nothing for its idle window releases. */
 static void check_idle(struct nvs_gpu *g, uint64_t now)
 {
     struct gate *gt = gate_of(g);
     if (gt->state != NVS_LOCK_HELD) return;
-    if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed))
+    if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed) ||
+        atomic_load_explicit(&syncing, memory_order_acquire) > 0)
         gt->last_active_ns = now;
     else if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
              nvs_capture_active(g) == 0)

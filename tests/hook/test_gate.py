@@ -164,6 +164,29 @@ def test_new_terms_shorten_the_idle_window_of_a_held_lock(
         assert_clean(*p.finish())
 
 
+def test_a_holder_waiting_for_its_work_is_not_idle(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    # Kernels of 60 ms, each waited for in cuCtxSynchronize, under terms of a 10 ms idle window:
+    # the waits are the GPU working, so the hold lasts the whole loop (one grant), where
+    # counting only submissions would hand the lock over at every step.
+    with fs.FakeScheduler(sock_dir, idle_release_ms=3_600_000) as sched:
+        env = variant.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_LAUNCH_US="60000")
+        p = start_probe(variant, env)
+        p.ok("init")
+        p.ok("launch 1")
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10).pack())
+        p.ok("launchfor 600 1")
+        assert sched.count(MsgType.LOCK_GRANT) == 1
+        assert sched.count(MsgType.LOCK_REQUEST) == 1
+        # Once it stops waiting and submitting, the short window applies.
+        assert sched.wait_for(
+            lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
+        )
+        assert_clean(*p.finish())
+
+
 def test_terms_never_open_the_gate_of_a_client_that_waits(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
