@@ -300,9 +300,13 @@ static void sync_begin(void) { atomic_fetch_add_explicit(&syncing, 1, memory_ord
 
 static void sync_end(void)
 {
-    /* the idle window starts when the wait is over */
-    for (int i = 0; i < NVS_MAX_GPUS; i++)
-        atomic_store_explicit(&nvs_gate_hot[i].touched, 1, memory_order_relaxed);
+    /* The idle window starts when the wait is over. Like the hot path, write the flag only
+     * where it is clear: its cache line is the one every submission reads the gate from. */
+    for (int i = 0, n = nvs_gpu_count(); i < n; i++) {
+        atomic_int *touched = &nvs_gate_hot[i].touched;
+        if (!atomic_load_explicit(touched, memory_order_relaxed))
+            atomic_store_explicit(touched, 1, memory_order_relaxed);
+    }
     atomic_fetch_sub_explicit(&syncing, 1, memory_order_release);
 }
 
