@@ -149,22 +149,19 @@ def _print_status(status: StatusView) -> None:
             f"memory {_fmt_mem(g.memory_total)}"
         )
         click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
-        if g.core_requested > 100:
-            click.echo(
-                f"  guaranteed shares (coreRequest) sum to {g.core_requested}%: "
-                f"each scaled by 100/{g.core_requested}"
-            )
+        if note := top_view.scaled_requests(g):
+            click.echo(f"  {note}")
     if status.clients or status.unhooked:
         click.echo(
             f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'NVML':>9} {'CONTEXT':>9} {'CORE':>5} {'REQ':>5} {'PRIO':>6} GPU"
+            f"{'MEM LIMIT':>9} {'NVML':>9} {'CONTEXT':>9} {'CORE':>5} {'REQ':>7} {'PRIO':>6} GPU"
         )
     for c in status.clients:
         click.echo(
             f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
             f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
             f"{_fmt_mem(c.memory_observed):>9} {_fmt_mem(top_view.overhead(c)):>9} "
-            f"{c.core_limit:>4}% {c.core_guaranteed:>4g}% {priority_name(c.priority):>6} {c.gpu}"
+            f"{c.core_limit:>4}% {top_view.guaranteed(c):>7} {priority_name(c.priority):>6} {c.gpu}"
             + (f"  gang: {c.gang}" if c.gang else "")
             + (f"  late drops: {c.late_drops}" if c.late_drops else "")
         )
@@ -172,7 +169,7 @@ def _print_status(status: StatusView) -> None:
     for u in status.unhooked:
         click.echo(
             f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {_fmt_mem(u.memory_used):>9} {'-':>9} {'-':>5} {'-':>5} {'-':>6} "
+            f"{'-':>9} {_fmt_mem(u.memory_used):>9} {'-':>9} {'-':>5} {'-':>7} {'-':>6} "
             f"{','.join(u.gpus)}"
         )
     if any(c.memory_observed is not None for c in status.clients):
@@ -228,9 +225,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
 def top(ctx: click.Context, once: bool, delay: float) -> None:
     """A live view of GPUs, lock holders, queues and clients; q quits.
 
-    Per GPU its mode, TQ, utilisation, lock holder and queue; per client its pod, state, memory
-    (the hook's count, NVML's, and the difference: the context), share of GPU time over the
-    last 2 s and quota window.
+    Per GPU its mode, TQ, utilisation, lock holder and queue; per client its pod, state, share
+    of GPU time over the last 2 s, core limit, guaranteed share (REQ), priority, quota window,
+    memory (the hook's count, NVML's, and the difference: the context) and gang. A terminal
+    narrower than the row drops CTX, NVML, LIMIT, QUOTA, USED in that order, as needed.
     """
     if not once and not top_view.is_terminal(sys.stdin.fileno(), sys.stdout):
         _fail("top needs a terminal (ssh -t, kubectl exec -it); --once prints one frame")

@@ -5,7 +5,13 @@ shows what each GPU and each of its clients is doing now: who holds the lock and
 memory as the hook counts it beside what NVML shows the process holding (the difference is the
 CUDA context and the driver's own memory), the share of wall time each client held the lock
 over the last seconds (the lock's exact accounting, two snapshots apart: what a user calls its
-GPU time) and where each compute quota's window stands.
+GPU time), where each compute quota's window stands, and what the lock goes by: priority,
+guaranteed share (scaled down where a GPU's requests sum past 100) and gang, formatted as
+status formats them.
+
+A frame fits the terminal's width: where the whole row does not, the least useful columns give
+way first (`DROPPED_FIRST`) and POD and the gang key narrow (a key loses its middle: its kind
+and its end tell gangs apart). `--once` prints every column whole, for scripts.
 
 The terminal handling is plain on purpose: cbreak mode through termios and a few VT100 escapes
 (alternate screen, cursor home, clear to end of line). No terminfo lookup, so it works in
@@ -25,7 +31,7 @@ import tty
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -34,6 +40,7 @@ from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.gputime import QuotaUse
 from appliance.core.views import ClientView, GpuView, StatusView, from_json
+from appliance.policy.model import priority_name
 
 Fetch = Callable[[], StatusView]
 UNREACHABLE = (DaemonUnavailable, OSError, framing.ProtocolError)  # timeouts included
@@ -105,26 +112,133 @@ def _quota(q: QuotaUse | None) -> str:
     return f"{q.used_s * 1000:.0f}/{q.budget_s * 1000:.0f}ms"
 
 
-# What changes from second to second first, so that an 80-column terminal shows it; memory after.
-CLIENT_HEADER = (
-    f"  {'ID':>4} {'PID':>7} {'POD':<24} {'STATE':<8} {'GPU%':>4} {'CORE':>4} {'QUOTA':>11} "
-    f"{'USED':>6} {'LIMIT':>6} {'NVML':>6} {'CTX':>6}"
-)
-
-
 def overhead(c: ClientView) -> int | None:
     """What NVML shows the process holding beyond what its hook counts: the CUDA context, the
     driver's own allocations, module code and globals."""
     return None if c.memory_observed is None else c.memory_observed - c.memory_used
 
 
-def _client_row(c: ClientView, share: float | None) -> str:
-    shown = "-" if share is None else f"{share * 100:.0f}"
+def guaranteed(c: ClientView) -> str:
+    """A client's guaranteed share (coreRequest), as status and top show it: "30%", or
+    "60>50%" where its GPU's requests summed over 100 and scaled it down."""
+    effective = round(c.core_guaranteed)
+    return f"{c.core_request}%" if effective >= c.core_request else f"{c.core_request}>{effective}%"
+
+
+def scaled_requests(g: GpuView) -> str | None:
+    """The line status and top show under a GPU whose requests were scaled down."""
+    if g.core_requested <= 100:
+        return None
     return (
-        f"  {c.id:>4} {c.pid:>7} {c.pod[:24]:<24} {c.state.value:<8} {shown:>4} "
-        f"{c.core_limit:>3}% {_quota(c.quota):>11} {size(c.memory_used):>6} "
-        f"{size(c.memory_limit):>6} {size(c.memory_observed):>6} {size(overhead(c)):>6}"
+        f"guaranteed shares (coreRequest) sum to {g.core_requested}%: "
+        f"each scaled by 100/{g.core_requested}"
     )
+
+
+def _gang(key: str) -> str:
+    return key or "-"  # a lone client's is ""
+
+
+def _cut_end(text: str, width: int) -> str:
+    return text[:width]
+
+
+def _cut_middle(text: str, width: int) -> str:
+    """`text` in `width` characters, its middle given way: the kind in front of a gang key
+    (pod:, uid:) and its end (a pod UID's last digits, a rendezvous port) tell gangs apart."""
+    if len(text) <= width:
+        return text
+    tail = (width - 2) // 2
+    return text[: width - 2 - tail] + ".." + text[len(text) - tail :]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of the client table: what a client shows in it (given its GPU% share)."""
+
+    title: str
+    width: int
+    cell: Callable[[ClientView, float | None], str]
+    text: bool = False  # left-aligned and cut to fit; numbers are right-aligned
+    cut: Callable[[str, int], str] = _cut_end
+
+    def show(self, value: str) -> str:
+        if self.text:
+            return f"{self.cut(value, self.width):<{self.width}}"
+        return f"{value:>{self.width}}"
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f}"
+
+
+# What changes from second to second first, memory after; POD and GANG as wide as what they
+# show (up to POD_WIDTH), GANG last.
+COLUMNS = (
+    Column("ID", 4, lambda c, _: str(c.id)),
+    Column("PID", 7, lambda c, _: str(c.pid)),
+    Column("POD", 3, lambda c, _: c.pod, text=True),
+    Column("STATE", 8, lambda c, _: c.state.value, text=True),
+    Column("GPU%", 4, lambda _, share: _share(share)),
+    Column("CORE", 4, lambda c, _: f"{c.core_limit}%"),
+    Column("REQ", 7, lambda c, _: guaranteed(c)),
+    Column("PRIO", 6, lambda c, _: priority_name(c.priority)),
+    Column("QUOTA", 11, lambda c, _: _quota(c.quota)),
+    Column("USED", 6, lambda c, _: size(c.memory_used)),
+    Column("LIMIT", 6, lambda c, _: size(c.memory_limit)),
+    Column("NVML", 6, lambda c, _: size(c.memory_observed)),
+    Column("CTX", 6, lambda c, _: size(overhead(c))),
+    Column("GANG", 4, lambda c, _: _gang(c.gang), text=True, cut=_cut_middle),
+)
+POD_WIDTH = 24
+# Where the row is wider than the terminal: whole columns give way, the least useful first,
+# until it fits with POD and GANG at least ROOMY wide (or none is left to drop); then POD and
+# GANG narrow, the wider first, to fit, down to NARROWEST.
+DROPPED_FIRST = ("CTX", "NVML", "LIMIT", "QUOTA", "USED")
+NARROWED = ("POD", "GANG")
+ROOMY, NARROWEST = 16, 12
+
+
+def _span(columns: list[Column]) -> int:
+    return 2 + sum(c.width + 1 for c in columns) - 1
+
+
+def _narrow(columns: list[Column], width: int, floor: int) -> list[Column]:
+    """POD and GANG narrowed, the wider first, until the row fits or they are `floor` wide."""
+    while _span(columns) > width:
+        i = max(
+            (i for i, c in enumerate(columns) if c.title in NARROWED),
+            key=lambda i: columns[i].width,
+        )
+        if columns[i].width <= floor:
+            break
+        columns = [*columns[:i], replace(columns[i], width=columns[i].width - 1), *columns[i + 1 :]]
+    return columns
+
+
+def table_columns(clients: tuple[ClientView, ...], width: int | None) -> list[Column]:
+    """The columns of every GPU's client table; `width` None: all, each value whole (scripts)."""
+    widest = {
+        "POD": min(POD_WIDTH, max((len(c.pod) for c in clients), default=0)),
+        "GANG": max((len(_gang(c.gang)) for c in clients), default=0),
+    }
+    columns = [replace(c, width=max(c.width, widest.get(c.title, 0))) for c in COLUMNS]
+    if width is None:
+        return columns
+    for title in DROPPED_FIRST:
+        if _span(_narrow(columns, width, ROOMY)) <= width:
+            break
+        columns = [c for c in columns if c.title != title]
+    return _narrow(columns, width, NARROWEST)
+
+
+def client_table(
+    columns: list[Column], clients: list[ClientView], shares: Mapping[int, float]
+) -> list[str]:
+    """The header and a row per client."""
+    rows = [[col.show(col.title) for col in columns]]
+    rows += [[col.show(col.cell(c, shares.get(c.id))) for col in columns] for c in clients]
+    return ["  " + " ".join(row).rstrip() for row in rows]
 
 
 def _gpu_lines(status: StatusView, g: GpuView, clients: list[ClientView]) -> Iterator[str]:
@@ -139,11 +253,13 @@ def _gpu_lines(status: StatusView, g: GpuView, clients: list[ClientView]) -> Ite
     pid_of = {c.id: c.pid for c in clients}
     holders = ", ".join(f"{h} (pid {pid_of.get(h, '?')})" for h in g.holders) or "-"
     yield f"  holder: {holders}   queue: {', '.join(map(str, g.queue)) or '-'}"
+    if note := scaled_requests(g):
+        yield f"  {note}"
 
 
-def frame(status: StatusView, history: ShareHistory) -> list[str]:
+def frame(status: StatusView, history: ShareHistory, width: int | None = None) -> list[str]:
     """One screen of text: a summary line, then each GPU with its clients, then processes
-    running on a GPU without the hook."""
+    running on a GPU without the hook; the client table fits `width` (None: whole)."""
     span, shares = history.shares()
     share_note = f"GPU% over the last {span:.1f}s" if span else "GPU% after the next refresh"
     policy = ""
@@ -156,12 +272,12 @@ def frame(status: StatusView, history: ShareHistory) -> list[str]:
     ]
     if not status.gpus:
         lines.append("no GPUs in use yet")
+    columns = table_columns(status.clients, width)
     for g in status.gpus:
         mine = [c for c in status.clients if c.gpu == g.uuid]
         lines += ["", *_gpu_lines(status, g, mine)]
         if mine:
-            lines.append(CLIENT_HEADER)
-            lines += [_client_row(c, shares.get(c.id)) for c in mine]
+            lines += client_table(columns, mine, shares)
     for u in status.unhooked:
         lines.append(
             f"  unhooked pid {u.pid} {u.pod} {u.executable or ''} on {','.join(u.gpus)}: "
@@ -196,8 +312,8 @@ def _screen(fd_in: int, out: TextIO) -> Iterator[None]:
         termios.tcsetattr(fd_in, termios.TCSADRAIN, saved)
 
 
-def _draw(lines: list[str], out: TextIO) -> None:
-    width, height = shutil.get_terminal_size()
+def _draw(lines: list[str], out: TextIO, screen: os.terminal_size) -> None:
+    width, height = screen
     shown = [line[:width] + CLEAR_LINE for line in lines[:height]]
     out.write(HOME + "\r\n".join(shown) + CLEAR_BELOW)
     out.flush()
@@ -223,6 +339,7 @@ def live(fetch: Fetch, interval_s: float, *, fd_in: int, out: TextIO) -> None:
     try:
         with _screen(fd_in, out):
             while True:
+                screen = shutil.get_terminal_size()
                 try:
                     status = fetch()
                 except UNREACHABLE as exc:
@@ -230,8 +347,8 @@ def live(fetch: Fetch, interval_s: float, *, fd_in: int, out: TextIO) -> None:
                     lines = [f"nvshare: {exc}", "", "retrying every refresh"]
                 else:
                     history.add(status)
-                    lines = frame(status, history)
-                _draw([*lines, "", "q quits"], out)
+                    lines = frame(status, history, screen.columns)
+                _draw([*lines, "", "q quits"], out, screen)
                 if _wait_for_key(fd_in, interval_s):
                     return
     except KeyboardInterrupt:

@@ -16,7 +16,8 @@ GiB = 1 << 30
 
 
 class Probe:
-    """A probe process; `hooked=False` is a CUDA program the hook did not load into."""
+    """A probe process; `hooked=False` is a CUDA program the hook did not load into, `program`
+    a copy of the probe under another name (for policy rules that match the executable)."""
 
     def __init__(
         self,
@@ -25,6 +26,7 @@ class Probe:
         name: str = "",
         *,
         hooked: bool = True,
+        program: Path = BUILD / "probe",
         **extra_env: str,
     ) -> None:
         env = {
@@ -38,7 +40,7 @@ class Probe:
         if name:
             env |= {"NVSHARE_POD_NAMESPACE": namespace, "NVSHARE_POD_NAME": name}
         self.proc = subprocess.Popen(
-            [str(BUILD / "probe"), "run"],
+            [str(program), "run"],
             env=env,
             text=True,
             stdin=subprocess.PIPE,
