@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from _daemon import BenchDaemon, machine
+
+from appliance.protocol import StatusRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
@@ -152,7 +155,12 @@ def run(policy: str | None, roles: list[str], seconds: float) -> dict[str, Any]:
         (tmp / "go").touch()
         for p in procs.values():
             p.wait(seconds + 60)
-        return {r: json.loads((tmp / r).read_text()) for r in roles}
+        out = {r: json.loads((tmp / r).read_text()) for r in roles}
+        if daemon is not None:  # how often the lock moved, and why
+            with daemon.control() as c:
+                counters = c.request(StatusRequest()).doc["counters"]
+            out["lock"] = {k: v for k, v in counters.items() if k.startswith(("grants", "drops"))}
+        return out
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -181,6 +189,7 @@ def main() -> int:
     ap.add_argument("--share-seconds", type=float, default=24.0, help="the 30/70 pair's run")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--part", choices=["a", "b", "both"], default="both")
+    ap.add_argument("--repeat", type=int, default=1, help="repetitions of part (a)")
     args = ap.parse_args()
     s = args.seconds
     on = "scheduler: {mode: 'on', timeQuantum: 5s}"
@@ -191,30 +200,32 @@ def main() -> int:
         "seconds": s,
     }
     if args.part in ("a", "both"):
-        alone_i = latency(run(on, ["infer"], s)["infer"])
-        alone_t = rate(run(on, ["train"], s)["train"])
-        pair_on = run(on, ["infer", "train"], s)
-        pair_off = run(off, ["infer", "train"], s)
-        res["a"] = {
-            "infer_alone": alone_i,
-            "train_alone_steps_per_s": alone_t,
-            "on": {"infer": latency(pair_on["infer"]), "train_steps_per_s": rate(pair_on["train"])},
-            "off": {
-                "infer": latency(pair_off["infer"]),
-                "train_steps_per_s": rate(pair_off["train"]),
-            },
-        }
-        for mode in ("on", "off"):
-            r = res["a"][mode]
-            r["p99_ratio"] = r["infer"]["p99_ms"] / alone_i["p99_ms"]
-            r["p50_ratio"] = r["infer"]["p50_ms"] / alone_i["p50_ms"]
-            r["train_ratio"] = r["train_steps_per_s"] / alone_t
+        # Each repetition runs everything once, side by side in time; ratios are against the
+        # same repetition's alone runs (the machine is shared and noisy).
+        res["a"] = {"runs": []}
+        for _ in range(args.repeat):
+            alone_i = latency(run(on, ["infer"], s)["infer"])
+            alone_t = rate(run(on, ["train"], s)["train"])
+            rep: dict[str, Any] = {"infer_alone": alone_i, "train_alone_steps_per_s": alone_t}
+            for name, policy in {"on": on, "off": off}.items():
+                pair = run(policy, ["infer", "train"], s)
+                r = {"infer": latency(pair["infer"]), "train_steps_per_s": rate(pair["train"])}
+                r["p99_ratio"] = r["infer"]["p99_ms"] / alone_i["p99_ms"]
+                r["p50_ratio"] = r["infer"]["p50_ms"] / alone_i["p50_ms"]
+                r["train_ratio"] = r["train_steps_per_s"] / alone_t
+                r["lock"] = pair.get("lock", {})
+                rep[name] = r
+            res["a"]["runs"].append(rep)
+        for name in ("on", "off"):
+            for key in ("p99_ratio", "train_ratio"):
+                values = [rep[name][key] for rep in res["a"]["runs"]]
+                res["a"][f"{name}_{key}_median"] = statistics.median(values)
     if args.part in ("b", "both"):
-        solo = res["a"]["train_alone_steps_per_s"] if "a" in res else None
-        solo = solo or rate(run(on, ["train"], s)["train"])
+        solo = rate(run(on, ["train"], s)["train"])
         alone = rate(run(on, ["r30"], s)["r30"])
         both = run(on, ["r30", "r70"], args.share_seconds)
         r30, r70 = rate(both["r30"]), rate(both["r70"])
+        res["b_lock"] = both.get("lock", {})
         res["b"] = {
             "train_alone_steps_per_s": solo,
             "r30_alone_share": alone / solo,

@@ -18,6 +18,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
@@ -70,6 +71,7 @@ typedef int CUdriverProcAddressQueryResult;
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 
 #define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1
 
 /* The special stream handles (cuda.h's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD). */

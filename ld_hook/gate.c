@@ -296,9 +296,9 @@ static void begin_release(struct nvs_gpu *g, uint32_t reason);
  * waits for it submits nothing meanwhile, yet its GPU is busy: not idle. */
 static atomic_int syncing;
 
-static void sync_begin(void) { atomic_fetch_add_explicit(&syncing, 1, memory_order_relaxed); }
+void nvs_sync_begin(void) { atomic_fetch_add_explicit(&syncing, 1, memory_order_relaxed); }
 
-static void sync_end(void)
+void nvs_sync_end(void)
 {
     /* The idle window starts when the wait is over. Like the hot path, write the flag only
      * where it is clear: its cache line is the one every submission reads the gate from. */
@@ -313,15 +313,16 @@ static void sync_end(void)
 #define NVS_SYNC_WAIT(name, params, args)   \
     NVS_EXPORT CUresult name params         \
     {                                       \
-        sync_begin();                       \
+        nvs_sync_begin();                   \
         CUresult r_ = NVS_CALL(name, args); \
-        sync_end();                         \
+        nvs_sync_end();                     \
         return r_;                          \
     }
 NVS_SYNC_WAIT(cuCtxSynchronize, (void), ())
 NVS_SYNC_WAIT(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
 NVS_SYNC_WAIT(cuStreamSynchronize, (CUstream s), (s))
 NVS_SYNC_WAIT(cuStreamSynchronize_ptsz, (CUstream s), (s))
+NVS_SYNC_WAIT(cuEventSynchronize, (CUevent e), (e))
 
 /* With gt->mu held: a holder that submitted nothing for its idle window releases. */
 static void check_idle(struct nvs_gpu *g, uint64_t now)

@@ -97,5 +97,8 @@ void nvs_gate_on_cut_behind(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);
 void nvs_gate_tick(struct nvs_gpu *g, uint64_t now_ns); /* idle release */
 void nvs_gate_after_fork(void);
+/* A thread waits for the GPU (synchronise, blocking copy): the holder is not idle meanwhile. */
+void nvs_sync_begin(void);
+void nvs_sync_end(void);
 
 #endif

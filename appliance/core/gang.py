@@ -110,9 +110,15 @@ def waiting_for(s: NodeState, now: float) -> Waiting:
 
 def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
     """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when
-    no other gang holds it, in `auto` while g's members there fit beside its holders."""
+    no other gang holds it but one that borrowed g's idle time and is draining it (its queued
+    work finishes beside g's), in `auto` while g's members there fit beside its holders."""
     mode = s.gpu_mode(uuid)
-    if mode is Mode.OFF or not s.gpus[uuid].owners - {g.key}:
+    others = [s.gangs[k] for k in s.gpus[uuid].owners - {g.key}]
+    if mode is Mode.OFF or not others:
+        return True
+    if mode is Mode.ON and all(
+        o.phase is GangPhase.DRAINING and priority.borrowed(o, g) for o in others
+    ):
         return True
     if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):
         return False  # nothing is known to fit on a GPU of unknown size: serialise

@@ -43,7 +43,7 @@ import logging
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import priority, share
+from appliance.core import priority, share, terms
 from appliance.core.gang import (
     Gangs,
     Waiting,
@@ -63,7 +63,6 @@ from appliance.policy.model import Mode
 log = logging.getLogger("nvshare.scheduler")
 
 LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
-MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 
 
@@ -160,34 +159,7 @@ class Lock:
         return out + self._settle(gang_of(self._s, c), now)
 
     def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
-        c.idle_told_s = self._idle_window(c, waiting_for(self._s, now))
-        return act.Grant(
-            c.id,
-            seq,
-            time_quantum_s=self._s.time_quantum(c.gpu),
-            idle_release_s=c.idle_told_s,
-        )
-
-    def _idle_window(self, c: Client, waiting: Waiting) -> float:
-        """How long c may sit idle with the lock: the short hand-off while another gang waits
-        for its GPU."""
-        settings = self._s.policy.scheduler
-        handoff = settings.idle_handoff_s
-        mine = gang_of(self._s, c)
-        if handoff >= MIN_IDLE_HANDOFF_S and any(w is not mine for w in waiting.get(c.gpu, ())):
-            return min(handoff, settings.idle_release_s)
-        return settings.idle_release_s
-
-    def _tell_idle_windows(self, waiting: Waiting) -> list[act.Action]:
-        """A holder whose idle window changed (someone started or stopped waiting) is told."""
-        out: list[act.Action] = []
-        for gpu in self._s.gpus.values():
-            for h in [self._s.clients[h] for h in sorted(gpu.holders)]:
-                window = self._idle_window(h, waiting)
-                if h.phase is Phase.HOLDING and window != h.idle_told_s:
-                    h.idle_told_s = window
-                    out.append(act.LockTerms(h.id, self._s.time_quantum(h.gpu), window))
-        return out
+        return terms.grant(self._s, c, seq, waiting_for(self._s, now))
 
     # ------------------------------------------------------------ a gang's turn
 
@@ -302,7 +274,10 @@ class Lock:
             *self._grant_waiting(now),
         ]
         waiting = waiting_for(self._s, now)  # who is left waiting, for the holders' turns
-        return [*out, *self._preempt_for_waiters(waiting, now), *self._tell_idle_windows(waiting)]
+        if dropped := self._preempt_for_waiters(waiting, now):
+            out += dropped + self._grant_waiting(now)  # a lender is granted beside the drain
+            waiting = waiting_for(self._s, now)
+        return [*out, *terms.changed(self._s, waiting)]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""

@@ -9,7 +9,8 @@ A holder gives way to a waiter (`yield_at`):
 - of higher priority, after the holder's minimum slice (`scheduler.preemptAfter`) instead of its
   whole quantum; at once when the waiter had the GPU and let it go because it sat idle
   (`lent_at`) before the holder was granted: the holder only borrowed time the waiter was not
-  using (a request loop that goes idle between requests has its GPU back within a drain);
+  using, and the lender is granted beside the borrower's drain (`borrowed`), so a request loop
+  that goes idle between requests waits for neither the drain nor a second round trip;
 - of equal priority, when the holder's quantum is over (the rule without priorities);
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
@@ -55,14 +56,23 @@ def line(
     )
 
 
+def borrowed(holder: Gang, lender: Gang) -> bool:
+    """Whether `holder` was granted time that `lender`, of higher priority, let go idle."""
+    return (
+        lender.priority > holder.priority
+        and not holder.full_quantum
+        and lender.lent_at is not None
+        and holder.granted_at >= lender.lent_at
+    )
+
+
 def yield_at(
     holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
 ) -> tuple[float, str]:
     """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
     and why."""
     if waiter.priority > holder.priority and not holder.full_quantum:
-        lent = waiter.lent_at is not None and holder.granted_at >= waiter.lent_at
-        slice_s = 0.0 if lent else settings.preempt_after_s
+        slice_s = 0.0 if borrowed(holder, waiter) else settings.preempt_after_s
         return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
     quantum_over = holder.quantum_from + quantum_s
     if waiter.priority < holder.priority:
@@ -76,7 +86,7 @@ def kinds(holder: Gang, waiting: Iterable[Gang], owed: Collection[str]) -> list[
     priority, lent or not, owed or not (with a long queue, one or two instead of all)."""
     first: dict[tuple[int, bool, bool], Gang] = {}
     for w in waiting:
-        key = (w.priority, w.lent_at is not None and holder.granted_at >= w.lent_at, w.key in owed)
+        key = (w.priority, borrowed(holder, w), w.key in owed)
         seen = first.get(key)
         if seen is None or w.requested_at < seen.requested_at:
             first[key] = w

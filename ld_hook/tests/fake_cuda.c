@@ -675,6 +675,61 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
     return sync_ctx(fake_stream_ctx(s), fs);
 }
 
+/* An event completes when the kernels queued in its context before it was recorded have run. */
+#define EVENT_MAGIC 0x66616b656576656eull
+struct fake_event {
+    uint64_t magic;
+    struct fake_ctx *ctx;
+    uint64_t after; /* the context's kernels launched when it was recorded */
+};
+
+static struct fake_event *fake_event(CUevent e)
+{
+    struct fake_event *fe = (struct fake_event *)e;
+    return fe != NULL && fe->magic == EVENT_MAGIC ? fe : NULL;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    (void)flags;
+    struct fake_ctx *c = fake_current();
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_event *fe = calloc(1, sizeof *fe);
+    if (fe == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *fe = (struct fake_event){.magic = EVENT_MAGIC, .ctx = c};
+    *e = (CUevent)fe;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    struct fake_event *fe = fake_event(e);
+    if (fe == NULL || fake_stream_ctx(s) != fe->ctx) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&fe->ctx->mu);
+    fe->after = fe->ctx->launched;
+    pthread_mutex_unlock(&fe->ctx->mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    struct fake_event *fe = fake_event(e);
+    if (fe == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&fe->ctx->mu);
+    while (fe->ctx->executed < fe->after) pthread_cond_wait(&fe->ctx->cv, &fe->ctx->mu);
+    pthread_mutex_unlock(&fe->ctx->mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+    struct fake_event *fe = fake_event(e);
+    if (fe == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    fe->magic = 0;
+    free(fe);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuLaunchKernel(NVS_LAUNCH_ARGS)
 {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params,
@@ -865,7 +920,8 @@ static const struct proc procs[] = {
     P(cuDevicePrimaryCtxRetain) P(cuDevicePrimaryCtxRelease_v2) P(cuDevicePrimaryCtxReset_v2)
     P(cuStreamCreate) P(cuStreamDestroy_v2) P(cuStreamSynchronize) P(cuGetProcAddress)
     P(cuGetProcAddress_v2) P(cuStreamBeginCapture_v2) P(cuStreamEndCapture)
-    P(cuStreamIsCapturing) P(cuGraphInstantiateWithFlags)
+    P(cuStreamIsCapturing) P(cuGraphInstantiateWithFlags) P(cuEventCreate) P(cuEventRecord)
+    P(cuEventSynchronize) P(cuEventDestroy_v2)
     P(cuLaunchKernel) P(cuLaunchKernel_ptsz) P(cuLaunchKernelEx) P(cuLaunchKernelEx_ptsz)
     P(cuLaunchCooperativeKernel) P(cuLaunchCooperativeKernel_ptsz)
     P(cuLaunchCooperativeKernelMultiDevice) P(cuGraphLaunch) P(cuGraphLaunch_ptsz)

@@ -284,6 +284,21 @@ static int run(struct api *a)
                 if (!r) r = a->sync();
             }
             reply(r, "ok %llu\n", count);
+        } else if (strcmp(cmd, "eventfor") == 0 || strcmp(cmd, "copyfor") == 0) {
+            /* launchfor, each launch waited for by an event (as PyTorch's stream waits) or by a
+             * blocking copy (as .item() or .cpu()) instead of a synchronise */
+            int event = strcmp(cmd, "eventfor") == 0;
+            char host[16];
+            CUevent ev = NULL;
+            if (event) r = cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+            unsigned long long count = 0;
+            for (double end = now_ms() + (double)n; now_ms() < end && !r; count++) {
+                r = a->launch((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                if (!r && event) r = cuEventRecord(ev, NULL);
+                if (!r) r = event ? cuEventSynchronize(ev) : a->htod(0, host, sizeof host);
+            }
+            if (ev != NULL) cuEventDestroy_v2(ev);
+            reply(r, "ok %llu\n", count);
         } else if (strcmp(cmd, "copy") == 0) {
             char host[16];
             r = a->htod(0, host, sizeof host);

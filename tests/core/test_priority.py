@@ -119,9 +119,12 @@ def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
     # Its request served, the high one's GPU sits idle: it hands the lock to the waiting one ...
     assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
     h.advance(0.04)
-    # ... and has it back as soon as it submits again, without waiting out a slice.
-    assert drops(h.feed(ev.LockRequested(high, 2))) == [low]
-    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == [high]
+    # ... and has it back as soon as it submits again, without waiting out a slice, nor the
+    # borrower's drain: it is granted with the drop, beside the borrower's last queued work.
+    out = h.feed(ev.LockRequested(high, 2))
+    assert drops(out) == [low] and grants(out) == [high]
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == []
+    h.advance(0.01)
     # A lower priority lends nothing: equal or lower waiters wait for the slice rules.
     h.feed(ev.LockRequested(low, 2))
     assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
@@ -130,6 +133,28 @@ def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
     h.feed(ev.LockReleased(low, ev.ReleaseReason.IDLE))
     h.feed(ev.LockRequested(low, 3))
     assert drops(h.sent[-1:]) == []  # equal priority: no taking back
+
+
+def test_only_a_lender_is_granted_beside_a_drain() -> None:
+    h = by_uid({1: LOW, 2: HIGH, 3: 0})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(low, 1))
+    # Holding since before the high one came: it is preempted after the minimum slice, and
+    # the high one waits for its drain (its queued work is its own, not borrowed time).
+    h.feed(ev.LockRequested(high, 1))
+    out = h.advance(SETTINGS.preempt_after_s)
+    assert drops(out) == [low] and grants(out) == []
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == [high]
+    # Lent, borrowed and taken back: a third client waiting all along is not granted beside
+    # the drain, and is granted after the lender, by priority.
+    h.feed(ev.LockRequested(low, 2))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    normal = h.register(uid=3)
+    h.feed(ev.LockRequested(normal, 1))
+    out = h.feed(ev.LockRequested(high, 2))
+    assert drops(out) == [low] and grants(out) == [high]
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == []
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [normal]
 
 
 def test_a_gpu_let_go_idle_while_nobody_waited_is_taken_back_at_once_too() -> None:

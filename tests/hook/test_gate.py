@@ -164,12 +164,14 @@ def test_new_terms_shorten_the_idle_window_of_a_held_lock(
         assert_clean(*p.finish())
 
 
+@pytest.mark.parametrize("loop", ["launchfor 600 1", "eventfor 600", "copyfor 600"])
 def test_a_holder_waiting_for_its_work_is_not_idle(
-    variant: Variant, start_probe, sock_dir: str
+    variant: Variant, start_probe, sock_dir: str, loop: str
 ) -> None:
-    # Kernels of 60 ms, each waited for in cuCtxSynchronize, under terms of a 10 ms idle window:
-    # the waits are the GPU working, so the hold lasts the whole loop (one grant), where
-    # counting only submissions would hand the lock over at every step.
+    # Kernels of 60 ms, each waited for (in cuCtxSynchronize, on an event, by a blocking copy)
+    # under terms of a 10 ms idle window: the waits are the GPU working, so the hold lasts the
+    # whole loop (one grant), where counting only submissions would hand the lock over at
+    # every step.
     with fs.FakeScheduler(sock_dir, idle_release_ms=3_600_000) as sched:
         env = variant.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_FAKE_LAUNCH_US="60000")
         p = start_probe(variant, env)
@@ -177,7 +179,7 @@ def test_a_holder_waiting_for_its_work_is_not_idle(
         p.ok("launch 1")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
         sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10).pack())
-        p.ok("launchfor 600 1")
+        p.ok(loop)
         assert sched.count(MsgType.LOCK_GRANT) == 1
         assert sched.count(MsgType.LOCK_REQUEST) == 1
         # Once it stops waiting and submitting, the short window applies.

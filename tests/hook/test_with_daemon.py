@@ -10,6 +10,7 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,3 +258,58 @@ def test_a_stopped_daemon_is_treated_as_gone_until_it_continues(
         assert_clean(rc, err)
         assert err.count("nvshare: ") == 1
         assert "stopped answering" in err or "did not answer a memory reservation" in err
+
+
+@dataclass(frozen=True, slots=True)
+class Renamed(Variant):
+    """The same probe program under another executable name, for policy rules to match."""
+
+    exe: Path = Path()
+
+    @property
+    def probe(self) -> Path:
+        return self.exe
+
+
+def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # Kernels of 50 ms. A high-priority program holds the GPU and goes idle while a normal one
+    # waits: the waiter borrows it (idle hand-off). When the high one submits again it is
+    # granted at once, not after the borrower's drain: its kernel runs beside the borrower's
+    # queued ones (in mode on nothing else overlaps).
+    policy = (
+        "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms}\n"
+        "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n"
+    )
+    d = start(running, daemon_dir, policy)
+    exe = daemon_dir / "probe-high"
+    shutil.copy2(plain.probe, exe)
+    high_variant = Renamed(plain.name, plain.build, plain.runtime, exe)
+    trace = daemon_dir / "trace"
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_FAKE_LAUNCH_US="50000",
+        NVSHARE_FAKE_TRACE=str(trace),
+    )
+    high, low = start_probe(high_variant, env), start_probe(plain, env)
+    high.ok("init")
+    high.ok("launch 1")
+    low.ok("init")
+    stream = low.ok("stream 0").split()[1]
+    low.send(f"queue_on {stream} 30")  # granted once the high one has been idle for 20 ms
+    deadline = time.monotonic() + 20
+    while len(intervals(trace).get(low.proc.pid, [])) < 3:
+        assert time.monotonic() < deadline, "the idle high-priority holder never lent the GPU"
+        time.sleep(0.02)
+    high.ok("launch 1")  # takes it back
+    runs = intervals(trace)
+    taken_back = runs[high.proc.pid][1]
+    assert overlaps([taken_back], runs[low.proc.pid]) > 0
+    assert low.answer() == "ok"  # the borrower finishes once the GPU is idle again
+    with ControlClient(d.socket_dir) as c:
+        counters = c.request(StatusRequest()).doc["counters"]
+    assert counters["drops_priority"] == 1 and counters.get("drops_overdue", 0) == 0
+    assert_clean(*high.finish())
+    assert_clean(*low.finish())
+    assert "Traceback" not in d.output()
