@@ -169,6 +169,7 @@ TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
         p.LockTerms(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
         0,
     ),
+    act.Lent: lambda a: (a.client_id, p.LockLent() if a.lent else p.LockUnlent(), 0),
     act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
     act.GangDrop: lambda a: (a.client_id, pg.GangDrop(a.cut_id), 0),
     act.GangCut: lambda a: (a.client_id, pg.GangCut(a.cut_id, a.collectives), 0),

@@ -40,6 +40,8 @@ _FIXED: dict[p.MsgType, Any] = {
         p.LockGrant,
         p.LockTerms,
         p.LockDrop,
+        p.LockLent,
+        p.LockUnlent,
         p.LockReleased,
         p.SetTq,
         p.SetMode,

@@ -59,6 +59,8 @@ class MsgType(enum.IntEnum):
     VIEW = 55
     MEM_REFUSALS = 60
     LOCK_TERMS = 80
+    LOCK_LENT = 81
+    LOCK_UNLENT = 82
     GANG_HINT = 70
     GANG_DROP = 71
     GANG_POSITION = 72
@@ -193,6 +195,8 @@ class LimitUpdate:
 
 LockRequest = empty("LockRequest", MsgType.LOCK_REQUEST)
 LockDrop = empty("LockDrop", MsgType.LOCK_DROP)
+LockLent = empty("LockLent", MsgType.LOCK_LENT)  # lent idle: take it back without waiting
+LockUnlent = empty("LockUnlent", MsgType.LOCK_UNLENT)  # no longer: ask and wait again
 StatusRequest = empty("StatusRequest", MsgType.STATUS_REQUEST)
 Heartbeat = empty("Heartbeat", MsgType.HEARTBEAT)
 HeartbeatAck = empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)

@@ -248,6 +248,8 @@ static int decode(const struct nvs_gpu *g, const struct nvs_header *h, const cha
         {NVS_MSG_LOCK_GRANT, sizeof(struct nvs_lock_grant), NVS_EV_LOCK_GRANT},
         {NVS_MSG_LOCK_TERMS, sizeof(struct nvs_lock_grant), NVS_EV_LOCK_TERMS},
         {NVS_MSG_LOCK_DROP, 0, NVS_EV_LOCK_DROP},
+        {NVS_MSG_LOCK_LENT, 0, NVS_EV_LOCK_LENT},
+        {NVS_MSG_LOCK_UNLENT, 0, NVS_EV_LOCK_UNLENT},
         {NVS_MSG_MEM_GRANT, sizeof(struct nvs_mem_grant), NVS_EV_MEM_GRANT},
         {NVS_MSG_MEM_OBSERVED, sizeof(struct nvs_mem_observed), NVS_EV_MEM_OBSERVED},
         {NVS_MSG_LEDGER_PEERS, sizeof(struct nvs_ledger_peers), NVS_EV_LEDGER_PEERS},

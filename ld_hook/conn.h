@@ -20,6 +20,8 @@ enum nvs_event_kind {
     NVS_EV_LOCK_GRANT,    /* u.grant */
     NVS_EV_LOCK_TERMS,    /* u.grant: new terms for the grant held */
     NVS_EV_LOCK_DROP,
+    NVS_EV_LOCK_LENT,
+    NVS_EV_LOCK_UNLENT,
     NVS_EV_MEM_GRANT,     /* u.mem */
     NVS_EV_MEM_OBSERVED,  /* u.observed */
     NVS_EV_LEDGER_PEERS,  /* u.peers */

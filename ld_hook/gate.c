@@ -53,7 +53,8 @@ static struct gate *gate_of(const struct nvs_gpu *g) { return &gates[g->index]; 
 
 static int is_open(enum nvs_lock_state s)
 {
-    return s == NVS_LOCK_UNGATED || s == NVS_LOCK_HELD || s == NVS_LOCK_RELEASING;
+    return s == NVS_LOCK_UNGATED || s == NVS_LOCK_HELD || s == NVS_LOCK_RELEASING ||
+           s == NVS_LOCK_TAKING;
 }
 
 /* With gt->mu held. */
@@ -161,11 +162,12 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
     if (gt->state == NVS_LOCK_UNUSED) set_state(g, NVS_LOCK_UNGATED); /* no answer: fail soft */
     int capture_pass = 0;
     while (!is_open(gt->state)) {
-        int request = gt->state == NVS_LOCK_IDLE;
+        int request = gt->state == NVS_LOCK_IDLE || gt->state == NVS_LOCK_LENT;
         if (request) {
             /* behind its gang's cut, it may have the GPU back while the gang stops */
             uint16_t type = nvs_cut_behind(g) ? NVS_MSG_GANG_CATCHUP : NVS_MSG_LOCK_REQUEST;
-            set_state(g, NVS_LOCK_REQUESTED);
+            /* lent: the request takes the GPU back at once, so do not wait for its answer */
+            set_state(g, gt->state == NVS_LOCK_LENT ? NVS_LOCK_TAKING : NVS_LOCK_REQUESTED);
             if (nvs_conn_queue(g, type, NULL, 0, NULL) != 0) set_state(g, NVS_LOCK_UNGATED);
         }
         nvs_unlock(&gt->mu);
@@ -176,7 +178,7 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
         capture_pass = nvs_capture_active(g) > 0 && nvs_stream_capturing(s);
         nvs_lock(&gt->mu);
         if (capture_pass) break;
-        if (!is_open(gt->state) && gt->state != NVS_LOCK_IDLE) {
+        if (!is_open(gt->state) && gt->state != NVS_LOCK_IDLE && gt->state != NVS_LOCK_LENT) {
             struct timespec ts = nvs_deadline_ms(250);
             pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
         }
@@ -453,7 +455,7 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
 {
     struct gate *gt = gate_of(g);
     nvs_lock(&gt->mu);
-    if (gt->state == NVS_LOCK_REQUESTED) {
+    if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
         atomic_store_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed);
@@ -471,6 +473,16 @@ void nvs_gate_on_drop(struct nvs_gpu *g)
         begin_release(g, NVS_RELEASE_DROPPED);
         NVS_DEBUG("GPU %d: lock drop requested", g->index);
     }
+    nvs_unlock(&gt->mu);
+}
+
+void nvs_gate_on_lent(struct nvs_gpu *g, int lent)
+{
+    struct gate *gt = gate_of(g);
+    nvs_lock(&gt->mu);
+    if (lent && gt->state == NVS_LOCK_IDLE) set_state(g, NVS_LOCK_LENT);
+    if (!lent && gt->state == NVS_LOCK_LENT) set_state(g, NVS_LOCK_IDLE);
+    if (!lent && gt->state == NVS_LOCK_TAKING) set_state(g, NVS_LOCK_REQUESTED); /* wait, asked */
     nvs_unlock(&gt->mu);
 }
 
@@ -495,7 +507,7 @@ void nvs_gate_on_refused(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
     nvs_lock(&gt->mu);
-    if (gt->state == NVS_LOCK_REQUESTED) {
+    if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         gt->refused = 1; /* the scheduler cannot gate us: run ungated rather than hang */
         set_state(g, NVS_LOCK_UNGATED);
     }

@@ -6,6 +6,12 @@
  *   UNUSED     -> first submission registers         -> IDLE (gated) / UNGATED (mode off)
  *   UNGATED    no scheduler gates this GPU (mode off, daemon gone, lock refused); open
  *   IDLE       -> a submission asks for the lock     -> REQUESTED
+ *              -> LOCK_LENT                          -> LENT
+ *   LENT       the idle GPU is lent to lower priorities, who give it back at once; closed
+ *              -> a submission asks for the lock     -> TAKING (it does not wait)
+ *              -> LOCK_UNLENT                        -> IDLE
+ *   TAKING     open: asked, and submitting meanwhile
+ *              -> LOCK_GRANT -> HELD;  LOCK_UNLENT (asked too late) -> REQUESTED
  *   REQUESTED  -> LOCK_GRANT                         -> HELD
  *   HELD       open; -> LOCK_DROP or idle            -> RELEASING
  *              (LOCK_TERMS changes how long idle is: short while others wait)
@@ -35,6 +41,8 @@ enum nvs_lock_state {
     NVS_LOCK_HELD,
     NVS_LOCK_RELEASING,
     NVS_LOCK_DRAINING,
+    NVS_LOCK_LENT,
+    NVS_LOCK_TAKING,
 };
 
 struct nvs_thread {
@@ -90,6 +98,7 @@ void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim);
 void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant);
 void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms);
 void nvs_gate_on_drop(struct nvs_gpu *g);
+void nvs_gate_on_lent(struct nvs_gpu *g, int lent);
 void nvs_gate_on_refused(struct nvs_gpu *g);
 /* The gang's cut (cut.h): reached, release as on a drop; behind it, ask to get there. */
 void nvs_gate_on_cut_reached(struct nvs_gpu *g);

@@ -75,6 +75,10 @@ enum {
     NVS_MSG_LOCK_TERMS = 80,    /* daemon -> hook: struct nvs_lock_grant, unsolicited (seq 0); new
                                  * terms for the grant held (a shorter idle window while others
                                  * wait); ignored unless the lock is held */
+    NVS_MSG_LOCK_LENT = 81,     /* daemon -> hook: empty; this idle GPU is lent to lower priorities
+                                 * only: submit at once and ask as you go (LOCK_REQUEST, granted
+                                 * with the borrowers' drop); ignored unless idle */
+    NVS_MSG_LOCK_UNLENT = 82,   /* daemon -> hook: empty; lent no more: ask and wait again */
 };
 
 /* Scheduling modes (nvs_limits.mode, nvs_set_mode.mode). */

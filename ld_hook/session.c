@@ -46,6 +46,12 @@ static void on_event(struct nvs_gpu *g, const struct nvs_event *e)
     case NVS_EV_LOCK_DROP:
         nvs_gate_on_drop(g);
         break;
+    case NVS_EV_LOCK_LENT:
+        nvs_gate_on_lent(g, 1);
+        break;
+    case NVS_EV_LOCK_UNLENT:
+        nvs_gate_on_lent(g, 0);
+        break;
     case NVS_EV_GANG_DROP:
         nvs_cut_on_drop(g, e->u.cut.cut_id);
         break;

@@ -48,6 +48,16 @@ class LockTerms:
 
 
 @dataclass(frozen=True, slots=True)
+class Lent:
+    """The client's idle GPU is lent to a lower priority (`lent`), or no longer (not `lent`):
+    while lent, its hook submits at once when it has work again and asks for the lock as it goes
+    (the request takes the GPU back at once); otherwise it asks and waits, as usual."""
+
+    client_id: int
+    lent: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Drop:
     """Release the lock as soon as the work submitted so far is synchronised."""
 
@@ -119,6 +129,7 @@ HOOK_ACTIONS = (
     Registered,
     Grant,
     LockTerms,
+    Lent,
     Drop,
     GangDrop,
     GangCut,
@@ -176,6 +187,7 @@ Action = (
     Registered
     | Grant
     | LockTerms
+    | Lent
     | Drop
     | GangDrop
     | GangCut

@@ -277,7 +277,7 @@ class Lock:
         if dropped := self._preempt_for_waiters(waiting, now):
             out += dropped + self._grant_waiting(now)  # a lender is granted beside the drain
             waiting = waiting_for(self._s, now)
-        return [*out, *terms.changed(self._s, waiting)]
+        return [*out, *terms.changed(self._s, waiting), *terms.lending(self._s, waiting, now)]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""

@@ -1,8 +1,18 @@
-"""The terms a holder's hook is given with the lock, and told again (`LockTerms`) when they
-change while it holds: the quantum, and the idle window, how long the holder may submit nothing
-(and wait for nothing) before it hands the lock back. While another gang waits for its GPU the
-window is the short `scheduler.idleHandoff` (a request loop that submits a little every few
-milliseconds leaves the GPU idle in between), else `scheduler.idleRelease`.
+"""What a hook is told of the lock besides grants and drops.
+
+- The terms a holder is given with the lock, and told again (`LockTerms`) when they change while
+  it holds: the quantum, and the idle window, how long the holder may submit nothing (and wait
+  for nothing) before it hands the lock back. While another gang waits for its GPU the window is
+  the short `scheduler.idleHandoff` (a request loop that submits a little every few milliseconds
+  leaves the GPU idle in between), else `scheduler.idleRelease`.
+- Lending (`Lent`): a client that let its GPU go idle and whose GPU now runs only clients of
+  lower priority that borrowed it (`priority.borrowed`) would be granted at once if it asked
+  (beside their drain, `lock`). Its hook is told so, and then submits at once when it has work
+  again, asking for the lock as it goes instead of before: a request every few tens of
+  milliseconds waits for no round trip through the daemon. It is told again as soon as that
+  stops being true (a gang that is not its borrower holds the GPU or waits ahead of it), and
+  then asks and waits as usual. Only a client that is a gang of its own is lent to: a gang of
+  several clients takes its GPUs together.
 """
 
 from __future__ import annotations
@@ -10,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from appliance.core import actions as act
-from appliance.core.gang import Waiting, gang_of
+from appliance.core import priority
+from appliance.core.gang import Waiting, eligible, gang_of, owed_s
+from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gang, NodeState, Phase
-from appliance.policy.model import SchedulerSettings
+from appliance.policy.model import Mode, SchedulerSettings
 
 MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
 
@@ -52,3 +64,33 @@ def idle_window(mine: Gang, waiters: Iterable[Gang], settings: SchedulerSettings
 def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
     return idle_window(gang_of(s, c), waiting.get(c.gpu, ()), s.policy.scheduler)
 
+
+def lending(s: NodeState, waiting: Waiting, now: float) -> list[act.Action]:
+    """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to each
+    one told so before for whom that has stopped being true."""
+    out: list[act.Action] = []
+    for c in s.clients.values():
+        if c.phase is Phase.HOLDING:
+            c.lent_told = False  # its grant took its hook out of lending
+            continue
+        g = gang_of(s, c)
+        if g.lent_at is None and not c.lent_told:
+            continue
+        lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting.get(c.gpu, []), now)
+        if lent != c.lent_told:
+            c.lent_told = lent
+            out.append(act.Lent(c.id, lent))
+    return out
+
+
+def _taken_back_at_once(s: NodeState, c: Client, g: Gang, waiters: list[Gang], now: float) -> bool:
+    """Whether c's request would be granted at once: its GPU is held by borrowers of g only,
+    and no waiter goes before g."""
+    owners = [s.gangs[k] for k in s.gpus[c.gpu].owners - {g.key}]
+    if g.joint or s.gpu_mode(c.gpu) is not Mode.ON or not eligible(s, g, now):
+        return False
+    if not owners or not all(priority.borrowed(o, g) for o in owners):
+        return False
+    asking = [*waiters, g]
+    owed = {w.key for w in asking if owed_s(s, w, now) > EPSILON_S}
+    return priority.line(asking, now, s.policy.scheduler, owed)[0] is g

@@ -43,6 +43,10 @@ def drops(out: list[act.Action]) -> list[int]:
     return [d.client_id for d in of(out, act.Drop)]
 
 
+def lent(out: list[act.Action]) -> list[tuple[int, bool]]:
+    return [(a.client_id, a.lent) for a in of(out, act.Lent)]
+
+
 def test_a_waiting_higher_priority_is_granted_next_and_equals_keep_their_order() -> None:
     h = by_uid({1: LOW, 2: 0, 3: HIGH})
     holder = h.register(uid=2)
@@ -133,6 +137,28 @@ def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
     h.feed(ev.LockReleased(low, ev.ReleaseReason.IDLE))
     h.feed(ev.LockRequested(low, 3))
     assert drops(h.sent[-1:]) == []  # equal priority: no taking back
+
+
+def test_a_lender_is_told_it_may_take_its_gpu_back_without_waiting() -> None:
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockRequested(low, 1))
+    # Lent to a lower priority only: its hook may submit at once and ask as it goes ...
+    out = h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    assert grants(out) == [low] and lent(out) == [(high, True)]
+    # ... and the request it sends then is granted at once, nothing more to tell it.
+    out = h.feed(ev.LockRequested(high, 2))
+    assert grants(out) == [high] and drops(out) == [low] and lent(out) == []
+    # Lent again; then a client of its own priority waits, and would go first: told so.
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+    h.feed(ev.LockRequested(low, 2))
+    assert lent(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [(high, True)]
+    peer = h.register(uid=2)
+    assert lent(h.feed(ev.LockRequested(peer, 1))) == [(high, False)]
+    # Asking now, it waits its turn like anyone else.
+    out = h.feed(ev.LockRequested(high, 3))
+    assert grants(out) == [] and lent(out) == []
 
 
 def test_only_a_lender_is_granted_beside_a_drain() -> None:

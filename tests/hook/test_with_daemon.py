@@ -10,8 +10,8 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -275,9 +275,11 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:
     # Kernels of 50 ms. A high-priority program holds the GPU and goes idle while a normal one
-    # waits: the waiter borrows it (idle hand-off). When the high one submits again it is
-    # granted at once, not after the borrower's drain: its kernel runs beside the borrower's
-    # queued ones (in mode on nothing else overlaps).
+    # waits: the waiter borrows it (idle hand-off), and the high one is told its GPU is lent.
+    # When it submits again it does not wait for the daemon's answer (the daemon is stopped
+    # then, to show it), nor for the borrower's drain: its kernel runs beside the borrower's
+    # queued ones (in mode on nothing else overlaps), and the daemon, once it runs again, grants
+    # it the GPU with the borrower's drop.
     policy = (
         "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms}\n"
         "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n"
@@ -291,6 +293,7 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
         NVSHARE_SOCKET_DIR=str(d.socket_dir),
         NVSHARE_FAKE_LAUNCH_US="50000",
         NVSHARE_FAKE_TRACE=str(trace),
+        NVSHARE_DAEMON_TIMEOUT_MS="600000",  # a stopped daemon is waited for, not given up on
     )
     high, low = start_probe(high_variant, env), start_probe(plain, env)
     high.ok("init")
@@ -302,7 +305,13 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     while len(intervals(trace).get(low.proc.pid, [])) < 3:
         assert time.monotonic() < deadline, "the idle high-priority holder never lent the GPU"
         time.sleep(0.02)
-    high.ok("launch 1")  # takes it back
+    d.proc.send_signal(signal.SIGSTOP)
+    try:
+        high.send("launch 1")  # takes it back
+        assert high.answered(10), "the lender waited for the daemon's answer"
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+    assert high.answer() == "ok"
     runs = intervals(trace)
     taken_back = runs[high.proc.pid][1]
     assert overlaps([taken_back], runs[low.proc.pid]) > 0
