@@ -137,9 +137,13 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
     CUresult r = CUDA_SUCCESS;
     int ours = 1; /* a refusal decided here, not by the daemon */
     uint64_t limit = effective_limit(g, l);
-    if (over(limit, l->usage + l->external, bytes)) {
+    int beyond = l->registered && l->usage + bytes > l->reserved;
+    /* Over the limit as this hook knows it, and beyond its reservation: asked all the same, since
+     * the daemon's limit may be newer (a raise whose LIMIT_UPDATE is still on its way, which then
+     * arrives before the answer). A refusal costs a round trip; an allocation costs nothing more. */
+    if (over(limit, l->usage + l->external, bytes) && !beyond) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else if (l->registered && l->usage + bytes > l->reserved) {
+    } else if (beyond) {
         r = reserve(g, l, l->usage + bytes - l->reserved);
         ours = r == CUDA_SUCCESS;
         limit = effective_limit(g, l); /* may have changed while we waited */

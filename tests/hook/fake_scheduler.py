@@ -94,6 +94,7 @@ class FakeScheduler:
         self.idle_release_ms = idle_release_ms  # in every grant; 0: the hook's default
         self.silent = threading.Event()  # set: read nothing, answer nothing (a hung daemon)
         self.grant_reserved_extra = 0  # added to the absolute reservation a MEM_GRANT reports
+        self.limits_with_next_grant: p.WireLimits | None = None  # pushed just before it
         self.mu = threading.Condition()
         self.clients: list[Client] = []
         self.events: list[tuple[int, int, tuple[int, ...]]] = []  # (client_id, type, fields)
@@ -266,6 +267,9 @@ class FakeScheduler:
         granted = min(max(msg.nbytes, self.chunk), room) if room >= msg.nbytes else 0
         c.reserved += granted + (self.grant_reserved_extra if granted else 0)
         self._record(c, p.MsgType.MEM_RESERVE, (msg.nbytes, msg.used, granted))
+        if self.limits_with_next_grant is not None:  # a limit change that crossed the request
+            self.limits, self.limits_with_next_grant = self.limits_with_next_grant, None
+            c.send(p.LimitUpdate(self.limits))
         c.send(p.MemGrant(granted, c.reserved), seq)
 
     def _grant(self, c: Client, seq: int) -> None:

@@ -100,6 +100,26 @@ def test_limit_updates_raise_lower_and_remove(variant: Variant, start_probe, soc
         sched.stop()
 
 
+def test_a_raise_still_on_its_way_is_not_refused(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    # The daemon raised the limit and its LIMIT_UPDATE crosses the next allocation (as right
+    # after `nvsharectl limit set`): over the limit the hook knows, it asks all the same, and
+    # the raise arrives before the answer. A refusal the daemon's limit confirms still refuses.
+    sched = fs.FakeScheduler(sock_dir, limits=fs.limits(mem_limit=8 * MiB), chunk=2 * MiB)
+    try:
+        p = start_probe(variant, variant.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        p.ok("alloc mem 4194304")
+        sched.limits_with_next_grant = fs.limits(mem_limit=64 * MiB)
+        p.ok("alloc mem 16777216")
+        assert p.ok("info").split()[2] == str(64 * MiB)
+        assert p.do("alloc mem 1073741824") == "err 2"
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
 def test_the_environment_can_only_lower_the_daemon_limit(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
@@ -130,24 +150,28 @@ def test_a_refused_reservation_is_out_of_memory(plain: Variant, start_probe, soc
         sched.stop()
 
 
-def test_the_hook_reports_what_it_refused_without_asking(
+def test_a_refusal_is_counted_once_by_whoever_decided_it(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    # Over the limit the hook knows, it refuses alone; the daemon hears it, to count it.
-    # A reservation the daemon refused is the daemon's own count: not reported again.
+    # Inside its reservation but over the environment's lower limit, the hook refuses alone;
+    # the daemon hears it, to count it. Beyond its reservation the hook asks (the daemon's limit
+    # may be newer), and a refusal there is the daemon's own count: not reported again.
     sched = fs.FakeScheduler(
-        sock_dir, chunk=2 * MiB, pod_limit=6 * MiB, limits=fs.limits(mem_limit=8 * MiB)
+        sock_dir, chunk=16 * MiB, pod_limit=6 * MiB, limits=fs.limits(mem_limit=8 * MiB)
     )
     try:
-        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_GPU_MEMORY_LIMIT="4Mi")
+        p = start_probe(plain, env)
         p.ok("init")
-        for size in (16 * MiB, 12 * MiB, 9 * MiB):
-            assert p.do(f"alloc mem {size}") == "err 2"  # over the 8 MiB limit: local
+        p.ok("alloc mem 2097152")  # reserves the pod's 6 MiB
+        for size in (4 * MiB, 3 * MiB, 5 * MiB // 2):
+            assert p.do(f"alloc mem {size}") == "err 2"  # over 4 MiB, inside the reservation
         assert sched.wait_for(lambda: sched.count(MsgType.MEM_REFUSALS) >= 1)
         reports = [f for _, t, f in sched.events if t == MsgType.MEM_REFUSALS]
-        assert reports == [(3, 16 * MiB)]  # one report for the three, with the largest
-        p.ok("alloc mem 6291456")
-        assert p.do("alloc mem 2097152") == "err 2"  # within 8 MiB, but the daemon refuses
+        assert reports == [(3, 4 * MiB)]  # one report for the three, with the largest
+        assert p.do("alloc mem 16777216") == "err 2"  # beyond it: asked, the daemon refuses
+        reserves = [f for _, t, f in sched.events if t == MsgType.MEM_RESERVE]
+        assert reserves[-1][2] == 0
         p.do("sleep 300")  # several service ticks
         assert sched.count(MsgType.MEM_REFUSALS) == 1
         assert_clean(*p.finish())
