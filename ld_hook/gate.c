@@ -480,9 +480,12 @@ void nvs_gate_on_lent(struct nvs_gpu *g, int lent)
 {
     struct gate *gt = gate_of(g);
     nvs_lock(&gt->mu);
-    if (lent && gt->state == NVS_LOCK_IDLE) set_state(g, NVS_LOCK_LENT);
-    if (!lent && gt->state == NVS_LOCK_LENT) set_state(g, NVS_LOCK_IDLE);
-    if (!lent && gt->state == NVS_LOCK_TAKING) set_state(g, NVS_LOCK_REQUESTED); /* wait, asked */
+    if (lent && gt->state == NVS_LOCK_IDLE)
+        set_state(g, NVS_LOCK_LENT);
+    else if (!lent && gt->state == NVS_LOCK_LENT)
+        set_state(g, NVS_LOCK_IDLE);
+    else if (!lent && gt->state == NVS_LOCK_TAKING)
+        set_state(g, NVS_LOCK_REQUESTED); /* asked too late to take it back: wait for the grant */
     nvs_unlock(&gt->mu);
 }
 
