@@ -155,6 +155,9 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
         l->refused++;
         if (bytes > l->refused_largest) l->refused_largest = bytes;
     }
+    /* Granted, then refused here (a lower limit of the environment's, or granted less than
+     * asked): a large grant goes back now, not after a second, so the pod's others can use it. */
+    int queued = r != CUDA_SUCCESS && l->reserved > l->usage + RETURN_THRESHOLD && return_surplus(g, l);
     if (r == CUDA_SUCCESS) {
         l->usage += bytes;
         if (l->usage > l->usage_hwm) l->usage_hwm = l->usage;
@@ -165,6 +168,7 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
               (unsigned long long)l->usage, (unsigned long long)l->external,
               (unsigned long long)limit, (unsigned long long)l->reserved);
     nvs_unlock(&l->mu);
+    if (queued) nvs_conn_flush(g);
     return r;
 }
 

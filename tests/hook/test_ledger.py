@@ -120,6 +120,33 @@ def test_a_raise_still_on_its_way_is_not_refused(
         sched.stop()
 
 
+def test_a_grant_refused_by_a_lower_local_limit_goes_back_at_once(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    # The environment's 64 MiB is below the daemon's limit: 300 MiB is asked of the daemon,
+    # granted, and refused here. The grant goes back before anything else is asked, so the next
+    # small allocation asks for its own reservation instead of living off the refused one.
+    sched = fs.FakeScheduler(sock_dir, chunk=2 * MiB, limits=fs.limits(mem_limit=1 << 30))
+    try:
+        env = plain.env(NVSHARE_SOCKET_DIR=sock_dir, NVSHARE_GPU_MEMORY_LIMIT="64Mi")
+        p = start_probe(plain, env)
+        p.ok("init")
+        assert p.do(f"alloc mem {300 * MiB}") == "err 2"
+        p.ok(f"alloc mem {2 * MiB}")
+        kinds = [
+            (t, f) for _, t, f in sched.events if t in (MsgType.MEM_RESERVE, MsgType.MEM_RETURN)
+        ]
+        assert [t for t, _ in kinds] == [
+            MsgType.MEM_RESERVE,
+            MsgType.MEM_RETURN,
+            MsgType.MEM_RESERVE,
+        ]
+        assert kinds[0][1][2] == 300 * MiB and kinds[1][1][0] == 300 * MiB
+        assert_clean(*p.finish())
+    finally:
+        sched.stop()
+
+
 def test_the_environment_can_only_lower_the_daemon_limit(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
