@@ -28,11 +28,7 @@ static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
 
 static void init_cv(void)
 {
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&cap.cv, &attr);
-    pthread_condattr_destroy(&attr);
+    nvs_cond_init(&cap.cv);
 }
 
 /* Lists s as capturing on its GPU. 1 when newly listed; 0 when already listed or not a GPU. */

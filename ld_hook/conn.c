@@ -74,11 +74,7 @@ static uint64_t heartbeat_ns(void)
 static void init_one(struct conn *c)
 {
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &attr);
-    pthread_condattr_destroy(&attr);
+    nvs_cond_init(&c->cv);
     c->state = CONN_UNUSED;
     c->fd = -1;
     c->first_use = 0;

@@ -144,11 +144,7 @@ void nvs_cut_start(void)
     for (int i = 0; i < NVS_MAX_GPUS; i++) {
         struct cut *c = &cuts[i];
         pthread_mutex_init(&c->mu, NULL);
-        pthread_condattr_t attr;
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&c->cv, &attr);
-        pthread_condattr_destroy(&attr);
+        nvs_cond_init(&c->cv);
         atomic_store(&c->begun, 0);
         atomic_store(&c->done, 0);
         atomic_store(&c->known, 0);

@@ -380,11 +380,7 @@ void nvs_gate_start(void)
     for (int i = 0; i < NVS_MAX_GPUS; i++) {
         struct gate *gt = &gates[i];
         pthread_mutex_init(&gt->mu, NULL);
-        pthread_condattr_t attr;
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&gt->cv, &attr);
-        pthread_condattr_destroy(&attr);
+        nvs_cond_init(&gt->cv);
         gt->state = NVS_LOCK_UNUSED;
         gt->drainer = 0;
         atomic_store(&nvs_gate_hot[i].pass, 0);

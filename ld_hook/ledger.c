@@ -221,11 +221,7 @@ void nvs_ledger_start(void)
         struct ledger *l = &ledgers[i];
         memset(l, 0, sizeof *l);
         pthread_mutex_init(&l->mu, NULL);
-        pthread_condattr_t attr;
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&l->cv, &attr);
-        pthread_condattr_destroy(&attr);
+        nvs_cond_init(&l->cv);
         l->reported = UINT64_MAX;
         l->peers = 1;
     }

@@ -9,6 +9,7 @@
 #ifndef NVSHARE_H
 #define NVSHARE_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -36,6 +37,16 @@ static inline struct timespec nvs_deadline_ms(uint64_t ms)
 {
     uint64_t t = nvs_now_ns() + ms * 1000000ull;
     return (struct timespec){.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};
+}
+
+/* A condition variable whose timed waits take nvs_deadline_ms deadlines (CLOCK_MONOTONIC). */
+static inline void nvs_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 #endif /* NVSHARE_H */
