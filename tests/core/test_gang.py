@@ -52,6 +52,15 @@ def stop(h: Harness, members: list[int], positions: list[int]) -> list[act.Actio
     return out
 
 
+def a_told_to_drop(h: Harness) -> tuple[list[int], list[int]]:
+    """Gang a holds both GPUs, b waits for them, and a's quantum ends: a is told to drop."""
+    a, b = job(h, "a"), job(h, "b")
+    ask(h, *a)
+    ask(h, *b)
+    h.advance(TQ)
+    return a, b
+
+
 def release(h: Harness, *clients: int) -> list[act.Action]:
     out: list[act.Action] = []
     for c in clients:
@@ -86,10 +95,7 @@ def test_a_gang_holds_all_its_gpus_and_alternates_with_another_gang() -> None:
 
 def test_a_member_behind_the_cut_gets_its_gpu_back_to_reach_it() -> None:
     h = harness()
-    a, b = job(h, "a"), job(h, "b")
-    ask(h, *a)
-    ask(h, *b)
-    h.advance(TQ)
+    a, b = a_told_to_drop(h)
     stop(h, a, [9, 8])  # rank 1 was stopped one collective before rank 0
     assert granted(release(h, a[1])) == set()  # it released at 8; rank 0 waits for it
     out = h.feed(ev.LockRequested(a[1], 5, catch_up=True))
@@ -101,10 +107,7 @@ def test_a_member_behind_the_cut_gets_its_gpu_back_to_reach_it() -> None:
 
 def test_a_catch_up_is_an_ordinary_request_once_the_gang_has_released() -> None:
     h = harness()
-    a, b = job(h, "a"), job(h, "b")
-    ask(h, *a)
-    ask(h, *b)
-    h.advance(TQ)
+    a, _ = a_told_to_drop(h)
     stop(h, a, [3, 3])
     release(h, *a)
     assert granted(h.feed(ev.LockRequested(a[1], 6, catch_up=True))) == set()
@@ -207,10 +210,7 @@ def test_a_member_dying_frees_the_gpu_only_it_used() -> None:
 def dropped_with_one_answer(h: Harness, collectives: int) -> tuple[list[int], list[int]]:
     """Gang a holds both GPUs, b waits; a's quantum ends and only a's rank 0 says where it
     stands."""
-    a, b = job(h, "a"), job(h, "b")
-    ask(h, *a)
-    ask(h, *b)
-    h.advance(TQ)
+    a, b = a_told_to_drop(h)
     [drop] = of(h.sent, act.GangDrop, a[0])
     h.feed(ev.GangPosition(a[0], drop.cut_id, collectives))
     return a, b
@@ -264,10 +264,7 @@ def test_the_gang_keeps_the_gpus_its_members_asked_for_in_its_last_turn() -> Non
 
 def test_a_gang_member_passed_over_marks_the_gang() -> None:
     h = harness()
-    a, b = job(h, "a"), job(h, "b")
-    ask(h, *a)
-    ask(h, *b)
-    h.advance(TQ)
+    a, b = a_told_to_drop(h)
     stop(h, a, [1, 1])
     release(h, a[0])
     out = h.advance(DEADLINE)  # rank 1 never releases
