@@ -47,6 +47,7 @@ DROP_REASONS = (
     "priority",
     "request",
     "gang",
+    "reclaim",
 )  # always exported: rate() sees them from 0
 
 _COUNTERS = (

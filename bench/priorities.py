@@ -4,9 +4,10 @@
     32, then a synchronise; its latency from submission to the synchronise's return) at priority
     high beside a compute-bound training loop at priority low (a 4-layer 4096-wide bf16 MLP,
     forward, backward and SGD step, `loss.item()` every step), mode `on` with TQ 5 s and the
-    default preemptAfter, starvationLimit and idleHandoff; the same pair in mode `off`; each
-    loop alone. Reports the inference p50/p99 against alone, the trainer's steps/s against solo,
-    and how often the lock moved (the daemon's counters).
+    default preemptAfter, starvationLimit, idleHandoff and reclaimAhead; the same with
+    reclaimAhead 0 (`on_no_ahead`); the same pair in mode `off`; each loop alone. Reports the
+    inference p50/p99 against alone, the trainer's steps/s against solo, and how often the lock
+    moved (the daemon's counters).
 (b) Two copies of the training loop with coreRequest 30 and 70 (both capped at 100): the
     trainer alone, the one with 30 alone, then both together; each one's share is its steps/s
     over the solo rate (the mean of the two alone runs).
@@ -197,6 +198,7 @@ def main() -> int:
     args = ap.parse_args()
     s = args.seconds
     on = "scheduler: {mode: 'on', timeQuantum: 5s}"
+    on_now = "scheduler: {mode: 'on', timeQuantum: 5s, reclaimAhead: 0}"  # nothing kept ahead
     off = "scheduler: {mode: 'off', timeQuantum: 5s}"
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -211,7 +213,7 @@ def main() -> int:
             alone_i = latency(run(on, ["infer"], s)["infer"])
             alone_t = rate(run(on, ["train"], s)["train"])
             rep: dict[str, Any] = {"infer_alone": alone_i, "train_alone_steps_per_s": alone_t}
-            for name, policy in {"on": on, "off": off}.items():
+            for name, policy in {"on": on, "on_no_ahead": on_now, "off": off}.items():
                 pair = run(policy, ["infer", "train"], s)
                 r = {"infer": latency(pair["infer"]), "train_steps_per_s": rate(pair["train"])}
                 r["p99_ratio"] = r["infer"]["p99_ms"] / alone_i["p99_ms"]
@@ -220,7 +222,8 @@ def main() -> int:
                 r["lock"] = pair.get("lock", {})
                 rep[name] = r
             res["a"]["runs"].append(rep)
-        for name in ("on", "off"):
+            save(res, args.json)  # what a run cut short by a time limit has done so far
+        for name in ("on", "on_no_ahead", "off"):
             for key in ("p99_ratio", "train_ratio"):
                 values = [rep[name][key] for rep in res["a"]["runs"]]
                 res["a"][f"{name}_{key}_median"] = statistics.median(values)
@@ -244,14 +247,18 @@ def main() -> int:
                     "lock": both.get("lock", {}),
                 }
             )
+            save(res, args.json)
         for key in ("r30_alone_share", "r30_share", "r70_share", "r30_of_pair"):
             values = [rep[key] for rep in res["b"]["runs"]]
             res["b"][f"{key}_median"] = statistics.median(values)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    save(res, args.json)
+    print(json.dumps(res, indent=2))
     return 0
+
+
+def save(res: dict[str, Any], path: Path | None) -> None:
+    if path is not None:
+        path.write_text(json.dumps(res, indent=2))
 
 
 if __name__ == "__main__":

@@ -42,8 +42,8 @@ from __future__ import annotations
 import logging
 
 from appliance.core import actions as act
+from appliance.core import ahead, priority, share, terms
 from appliance.core import events as ev
-from appliance.core import priority, share, terms
 from appliance.core.gang import (
     Gangs,
     Waiting,
@@ -103,6 +103,8 @@ class Lock:
             return [self._grant_member(c, now)]
         g.gpus.add(c.gpu)  # (a draining gang queues again once every member has released)
         if g.phase is GangPhase.IDLE:
+            if g.lent_at is not None:
+                g.arrivals.append(now)  # back after letting the GPU go idle: its pace (`ahead`)
             self._enqueue(g, now)
         return []
 
@@ -177,6 +179,8 @@ class Lock:
         self._bill(g, now)
         if g.phase is GangPhase.DRAINING and not g.late:
             g.offender = False  # dropped in time: back in line like everyone else
+            for uuid in g.held:
+                self._s.gpus[uuid].drains.append(now - g.dropped_at)
         for uuid in g.held:
             self._s.gpus[uuid].owners.discard(g.key)
         g.held = set()
@@ -267,17 +271,20 @@ class Lock:
 
     def schedule(self, now: float) -> list[act.Action]:
         """Pass over late holders, drop spent quotas, grant whoever may run, and preempt for
-        whoever waits."""
+        whoever waits; borrowers give way ahead of a steady lender's next request (`ahead`)."""
+        keeps = ahead.keeps(self._s)
         out = [
             *self._pass_over_late_holders(now),
             *self._drop_spent_quotas(now),
-            *self._grant_waiting(now),
+            *self._reclaim_ahead(keeps, now),
+            *self._grant_waiting(keeps, now),
         ]
         waiting = waiting_for(self._s, now)  # who is left waiting, for the holders' turns
         if dropped := self._preempt_for_waiters(waiting, now):
-            out += dropped + self._grant_waiting(now)  # a lender is granted beside the drain
+            out += dropped + self._grant_waiting(keeps, now)  # a lender is granted beside the drain
             waiting = waiting_for(self._s, now)
-        return [*out, *terms.changed(self._s, waiting), *terms.lending(self._s, waiting, now)]
+        lending = terms.lending(self._s, waiting, keeps, now)
+        return [*out, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
@@ -326,9 +333,15 @@ class Lock:
                 out += self._drop(g, now, "quota")
         return out
 
-    def _grant_waiting(self, now: float) -> list[act.Action]:
+    def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
+        out: list[act.Action] = []
+        for g in ahead.borrowers_due(self._s, keeps, now):
+            out += self._drop(g, now, ahead.RECLAIM)
+        return out
+
+    def _grant_waiting(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
         """In line order, every gang whose GPUs can all be granted now; a gang that cannot be
-        keeps everyone behind it off its GPUs."""
+        keeps everyone behind it off its GPUs, and so does a GPU kept for a lender (`ahead`)."""
         blocked: set[str] = set()
         out: list[act.Action] = []
         for g in [g for g in self._s.gangs.values() if g.phase is GangPhase.HOLDING]:
@@ -340,7 +353,8 @@ class Lock:
             blocked |= g.gpus - g.held
             out += self._grant_waiting_members(g, now)
         for g in turns(self._s, now):
-            if g.gpus & blocked or not all(grantable(self._s, uuid, g) for uuid in g.gpus):
+            kept = ahead.kept_from(self._s, keeps, g, now)
+            if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
                 continue
             out += self._grant(g, now)
@@ -403,6 +417,7 @@ class Lock:
         times = [t for g in busy for t in self._deadlines(g, now)]
         for uuid, waiters in waiting_for(self._s, now).items():
             times += [due[0]] if (due := self._next_yield(uuid, waiters, now)) else []
+        times += ahead.deadlines(ahead.keeps(self._s), now)
         return min(times) if times else None
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:

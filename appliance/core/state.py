@@ -9,7 +9,7 @@ changes only what its job owns: `lock` the queues and phases, `ledger` the reser
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from appliance.core.annotations import PodInfo, PodTable
@@ -28,6 +28,11 @@ class Phase(enum.Enum):
     DRAINING = "draining"  # told to drop, still synchronising
     OVERDUE = "overdue"  # told to drop and past the drop deadline: no longer counted as holding
 
+
+# What `ahead` reads a steady pace from: a client's last requests after it let the lock go idle
+# (five intervals), and a GPU's last drains.
+ARRIVALS = 6
+DRAINS = 8
 
 # Pods whose clients have all left keep their lock time this long in number (the least recently
 # used are forgotten first), so a pod of short-lived processes keeps its totals without the
@@ -113,6 +118,8 @@ class Gpu:
     owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
     requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
     last_drop: str = ""  # why its last holder was told to drop, until the next grant
+    # its holders' last drains, drop to release (`ahead`)
+    drains: deque[float] = field(default_factory=lambda: deque(maxlen=DRAINS))
 
 
 class GangPhase(enum.Enum):
@@ -152,6 +159,8 @@ class Gang:
     late: bool = False  # a member was passed over in the drop under way
     priority: int = 0  # its members' highest (`core.priority`)
     lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
+    # when it last asked after letting the lock go idle (`ahead`)
+    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
     share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from appliance.core import actions as act
-from appliance.core import priority
+from appliance.core import ahead, priority
 from appliance.core.gang import Waiting, eligible, gang_of, owed_s
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gang, NodeState, Phase
@@ -65,7 +65,7 @@ def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
     return idle_window(gang_of(s, c), waiting.get(c.gpu, ()), s.policy.scheduler)
 
 
-def lending(s: NodeState, waiting: Waiting, now: float) -> list[act.Action]:
+def lending(s: NodeState, waiting: Waiting, keeps: ahead.Keeps, now: float) -> list[act.Action]:
     """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to each
     one told so before for whom that has stopped being true."""
     out: list[act.Action] = []
@@ -76,21 +76,25 @@ def lending(s: NodeState, waiting: Waiting, now: float) -> list[act.Action]:
         g = gang_of(s, c)
         if g.lent_at is None and not c.lent_told:
             continue
-        lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting.get(c.gpu, []), now)
+        lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting, keeps, now)
         if lent != c.lent_told:
             c.lent_told = lent
             out.append(act.Lent(c.id, lent))
     return out
 
 
-def _taken_back_at_once(s: NodeState, c: Client, g: Gang, waiters: list[Gang], now: float) -> bool:
-    """Whether c's request would be granted at once: its GPU is held by borrowers of g only,
-    and no waiter goes before g."""
+def _taken_back_at_once(
+    s: NodeState, c: Client, g: Gang, waiting: Waiting, keeps: ahead.Keeps, now: float
+) -> bool:
+    """Whether c's request would be granted at once: its GPU is held by borrowers of g only (or
+    by nobody, kept for g's next request), and no waiter goes before g."""
     owners = [s.gangs[k] for k in s.gpus[c.gpu].owners - {g.key}]
     if g.joint or s.gpu_mode(c.gpu) is not Mode.ON or not eligible(s, g, now):
         return False
-    if not owners or not all(priority.borrowed(o, g) for o in owners):
+    if owners and not all(priority.borrowed(o, g) for o in owners):
         return False
-    asking = [*waiters, g]
+    if not owners and not any(k.lender is g and k.on(now) for k in keeps.get(c.gpu, ())):
+        return False
+    asking = [*waiting.get(c.gpu, []), g]
     owed = {w.key for w in asking if owed_s(s, w, now) > EPSILON_S}
     return priority.line(asking, now, s.policy.scheduler, owed)[0] is g

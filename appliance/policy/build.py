@@ -75,6 +75,7 @@ def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
         preempt_after_s=parse_seconds(sch["preemptAfter"]),
         starvation_limit_s=parse_seconds(sch["starvationLimit"]),
         idle_handoff_s=parse_seconds(sch["idleHandoff"]),
+        reclaim_ahead_s=parse_seconds(sch["reclaimAhead"]),
     )
 
 

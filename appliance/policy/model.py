@@ -68,6 +68,7 @@ class SchedulerSettings:
     preempt_after_s: float = 1.0  # a higher priority waits at most this slice of a holder's
     starvation_limit_s: float = 30.0  # a lower priority waits at most this, then a quantum
     idle_handoff_s: float = 0.005  # idle this long while someone waits: hand the lock over
+    reclaim_ahead_s: float = 0.005  # a steady lender's GPU is kept at most this before its request
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,125 @@
+"""Taking a GPU back ahead of a lender's next request, when its requests come at a steady pace.
+
+A high-priority request loop lends its GPU between requests (`priority.borrowed`) and takes it
+back at once when the next one comes, beside the borrower's drain (`lock`). That drain still
+costs the request: the borrower's last queued work is on the GPU, and the two contexts share
+it by time slices until that work has run (no lock can take queued work back). A loop that
+serves frames or polls at a fixed rate says when its next request is due, though. So when a
+lone client's last `ARRIVALS` requests (each after it let its GPU go idle) came at a steady
+pace, every interval within `TOLERANCE` of their median (the period), the GPU is kept for its
+next one: from `lead` before it is due, lower-priority holders that borrowed the GPU are
+dropped and lower priorities are not granted it, until the request comes or `lead` after it
+was due (then they have the GPU again, and the irregular interval stops the keeping until the
+pace is steady again). A holder inside its guaranteed share keeps the GPU, and a waiter owed its
+share or starved (`priority.starved`) is granted it, as against any higher priority.
+
+`lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the jitter
+of the requests and `GUARD_S`: enough for the borrower's
+queued work to have run when the request comes. It is at most `scheduler.reclaimAhead` (0 turns
+keeping off) and an eighth of the period, so a borrower gives up at most that share of its time
+to the keeping (twice that when the request does not come).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from appliance.core import priority
+from appliance.core.gang import owed_s
+from appliance.core.quota import EPSILON_S
+from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
+from appliance.policy.model import Mode, SchedulerSettings
+
+RECLAIM = "reclaim"  # the drop reason of a borrower dropped ahead of its lender's request
+TOLERANCE = 0.05  # of the period: how far an interval may stray and the pace still be steady
+GUARD_S = 0.001  # the request's trip to the daemon, and its timer's (epoll's) milliseconds
+MAX_SHARE = 8  # the lead is at most the period over this
+
+
+def pace(arrivals: Sequence[float]) -> tuple[float, float] | None:
+    """(period, jitter) when the last ARRIVALS came at a steady pace; None otherwise."""
+    if len(arrivals) < ARRIVALS:
+        return None
+    last = list(arrivals)[-ARRIVALS:]
+    gaps = [b - a for a, b in itertools.pairwise(last)]
+    period = statistics.median(gaps)
+    jitter = max(abs(gap - period) for gap in gaps)
+    if period <= 0 or jitter > period * TOLERANCE:
+        return None
+    return period, jitter
+
+
+def window(
+    arrivals: Sequence[float], drains: Sequence[float], settings: SchedulerSettings
+) -> tuple[float, float] | None:
+    """[from, until): when a GPU is kept for the next request of a client that asked at
+    `arrivals`, given the GPU's recent `drains`; None when nothing is expected."""
+    steady = pace(arrivals)
+    if steady is None or settings.reclaim_ahead_s <= 0 or not drains:
+        return None
+    period, jitter = steady
+    lead = min(settings.reclaim_ahead_s, period / MAX_SHARE, max(drains) + jitter + GUARD_S)
+    due = arrivals[-1] + period
+    return due - lead, due + lead
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """A GPU kept for `lender`'s next request over [start, until)."""
+
+    lender: Gang
+    start: float
+    until: float
+
+    def on(self, now: float) -> bool:
+        return self.lender.phase is GangPhase.IDLE and self.start <= now < self.until
+
+
+Keeps = dict[str, list[Keep]]  # by GPU
+
+
+def keeps(s: NodeState) -> Keeps:
+    """By GPU, the keeping for each lone client in mode `on` that let its GPU go idle and whose
+    requests come at a steady pace."""
+    out: Keeps = {}
+    for c in s.clients.values():
+        g = s.gangs[c.gang]
+        if g.joint or g.phase is not GangPhase.IDLE or g.lent_at is None:
+            continue
+        if s.gpu_mode(c.gpu) is Mode.ON:
+            kept = window(g.arrivals, s.gpus[c.gpu].drains, s.policy.scheduler)
+            if kept is not None:
+                out.setdefault(c.gpu, []).append(Keep(g, *kept))
+    return out
+
+
+def kept_from(s: NodeState, keeps: Keeps, g: Gang, now: float) -> bool:
+    """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and g,
+    neither starved nor owed its guaranteed share, waits for it."""
+    if priority.starved(g, now, s.policy.scheduler) or owed_s(s, g, now) > EPSILON_S:
+        return False
+    return any(
+        k.on(now) and k.lender.priority > g.priority for uuid in g.gpus for k in keeps.get(uuid, ())
+    )
+
+
+def borrowers_due(s: NodeState, keeps: Keeps, now: float) -> list[Gang]:
+    """The holders that borrowed a GPU kept now for its lender, outside their own share: they
+    drop."""
+    due: dict[str, Gang] = {}
+    for uuid, kept in keeps.items():
+        for o in [s.gangs[k] for k in sorted(s.gpus[uuid].owners)]:
+            if o.phase is not GangPhase.HOLDING or owed_s(s, o, now) > EPSILON_S:
+                continue
+            if any(k.on(now) and priority.borrowed(o, k.lender) for k in kept):
+                due[o.key] = o
+    return list(due.values())
+
+
+def deadlines(keeps: Keeps, now: float) -> list[float]:
+    """When a keeping starts or ends."""
+    ks = [k for kept in keeps.values() for k in kept]
+    return [k.start if now < k.start else k.until for k in ks if now < k.until]

@@ -1,0 +1,150 @@
+"""A GPU kept for a steady lender's next request, on the core's fake clock: the borrower drops
+ahead of the request by its drain, the request is granted at once on a GPU nobody else runs on,
+a request that does not come gives the GPU back, and an irregular or switched-off pace keeps
+nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from appliance.core import ahead
+from appliance.core import events as ev
+from appliance.core.ahead import GUARD_S
+from appliance.policy.model import SchedulerSettings
+
+from .test_priority import HIGH, LOW, SETTINGS, by_uid, drops, grants, lent
+
+PERIOD = 0.05
+DRAIN = 0.0015  # the borrower's drop to release
+WORK = 0.0006  # the request's work before its hook hands the lock back
+LEAD = DRAIN + GUARD_S  # the keeping starts this long before a steady request is due
+
+
+class Pair:
+    """A high-priority request loop lending its GPU to a low-priority trainer between requests."""
+
+    def __init__(self, settings: SchedulerSettings = SETTINGS) -> None:
+        self.h = by_uid({1: LOW, 2: HIGH}, replace(settings, idle_handoff_s=0.005))
+        self.low, self.high = self.h.register(uid=1), self.h.register(uid=2)
+        self.seq = 1
+        self.h.feed(ev.LockRequested(self.high, self.seq))
+        self.h.feed(ev.LockRequested(self.low, self.seq))
+        self.release_high()
+
+    def release_high(self) -> None:
+        self.h.advance(WORK)
+        assert grants(self.h.feed(ev.LockReleased(self.high, ev.ReleaseReason.IDLE))) == [self.low]
+
+    def drain_low(self) -> list[int]:
+        """The trainer drains, releases and asks again (it always has work): who is granted."""
+        self.h.advance(DRAIN)
+        out = self.h.feed(ev.LockReleased(self.low, ev.ReleaseReason.DROPPED))
+        self.seq += 1
+        return grants(out + self.h.feed(ev.LockRequested(self.low, self.seq)))
+
+    def request(self) -> list[int]:
+        """The loop's next request: who is told to drop as it comes."""
+        out = self.h.feed(ev.LockRequested(self.high, self.seq))
+        assert grants(out) == [self.high]
+        return drops(out)
+
+    def until(self, at: float) -> list[int]:
+        """Run the clock to `at`: the drops on the way."""
+        return drops(self.h.advance(at - self.h.now))
+
+    def steady(self, requests: int) -> float:
+        """`requests` periods in which the trainer is dropped only as the request comes; the
+        time the next request is due."""
+        due = self.h.now - WORK + PERIOD
+        for _ in range(requests):
+            assert self.until(due) == []
+            assert self.request() == [self.low]
+            assert self.drain_low() == []
+            self.release_high()
+            due += PERIOD
+        return due
+
+
+def test_a_steady_lender_has_its_gpu_back_before_its_request_is_due() -> None:
+    p = Pair()
+    due = p.steady(6)  # six requests after lending its GPU, five intervals: a steady pace
+    assert p.until(due - LEAD - 0.0001) == []
+    told = len(p.h.sent)
+    assert p.until(due - LEAD + 0.0001) == [p.low]
+    assert p.h.state.clients[p.low].usage.drops[ahead.RECLAIM] == 1
+    # Drained, the trainer asks again and is not granted: the GPU is kept; the request's hook
+    # is still told it may submit at once.
+    assert p.drain_low() == []
+    assert lent(p.h.sent[told:]) == []
+    assert p.h.state.clients[p.high].lent_told
+    # The request comes when due, onto a GPU nobody else runs on, and is granted at once.
+    p.until(due)
+    assert p.request() == []
+    # Its work done, it hands the GPU back to the trainer; and the next one is kept for too.
+    p.release_high()
+    assert p.until(due + PERIOD - LEAD + 0.0001) == [p.low]
+
+
+def test_a_request_that_does_not_come_gives_the_gpu_back_and_the_keeping_stops() -> None:
+    p = Pair()
+    due = p.steady(6)
+    assert p.until(due - LEAD + 0.0001) == [p.low]
+    assert p.drain_low() == []
+    out = p.h.advance(due + LEAD + 0.0001 - p.h.now)
+    assert grants(out) == [p.low]  # as long after it was due: the trainer has the GPU again
+    assert p.h.state.clients[p.high].lent_told  # still lent: it takes the GPU back at once
+    # The request comes late; the interval breaks the pace, so the next is not kept for.
+    p.until(due + 0.01)
+    assert p.request() == [p.low]
+    assert p.drain_low() == []
+    p.release_high()
+    assert p.until(due + 0.01 + PERIOD + 0.0001) == []
+
+
+def test_an_irregular_pace_is_not_kept_for() -> None:
+    p = Pair()
+    for gap in (0.05, 0.03, 0.07, 0.05, 0.04, 0.06, 0.05):
+        assert p.until(p.h.now - WORK + gap) == []
+        assert p.request() == [p.low]
+        assert p.drain_low() == []
+        p.release_high()
+
+
+def test_reclaim_ahead_zero_keeps_nothing() -> None:
+    p = Pair(replace(SETTINGS, reclaim_ahead_s=0.0))
+    due = p.steady(8)
+    assert p.until(due) == []
+
+
+def test_a_starved_waiter_is_not_kept_off() -> None:
+    p = Pair()
+    due = p.steady(6)
+    p.until(due - LEAD + 0.0001)
+    p.drain_low()
+    s = p.h.state
+    low = s.gangs[s.clients[p.low].gang]
+    assert ahead.kept_from(s, ahead.keeps(s), low, p.h.now)
+    # (the starvation bound comes first, as it does against any higher priority)
+    low.requested_at = p.h.now - s.policy.scheduler.starvation_limit_s
+    assert not ahead.kept_from(s, ahead.keeps(s), low, p.h.now)
+
+
+@pytest.mark.parametrize(
+    ("reclaim_ahead_s", "drain_s", "lead_s"),
+    [
+        (0.005, 0.001, 0.001 + 0.0002 + GUARD_S),  # the drain, the jitter and the guard
+        (0.001, 0.003, 0.001),  # at most scheduler.reclaimAhead
+        (0.02, 0.012, PERIOD / ahead.MAX_SHARE),  # at most an eighth of the period
+    ],
+)
+def test_the_lead_is_the_drain_and_jitter_within_its_bounds(
+    reclaim_ahead_s: float, drain_s: float, lead_s: float
+) -> None:
+    arrivals = [0.0, 0.05, 0.1002, 0.15, 0.2, 0.25]  # one interval 0.2 ms long
+    settings = SchedulerSettings(reclaim_ahead_s=reclaim_ahead_s)
+    kept = ahead.window(arrivals, [drain_s / 2, drain_s], settings)
+    assert kept == pytest.approx((0.3 - lead_s, 0.3 + lead_s))
+    assert ahead.window(arrivals[1:], [drain_s], settings) is None  # five requests: too few
+    assert ahead.window(arrivals, [], settings) is None  # no drain seen on the GPU yet
