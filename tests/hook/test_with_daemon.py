@@ -1,6 +1,7 @@
 """The hook against the real node daemon (nvshare-scheduler) over its real socket: serialised
 kernels in mode on with quantum hand-over, free-running in mode off, a killed daemon, a killed
-lock holder, and limits changed live through the policy directory."""
+lock holder, limits changed live through the policy directory, a lender taking its GPU back,
+and a GPU kept for a lender whose requests come at a steady pace."""
 
 from __future__ import annotations
 
@@ -319,6 +320,53 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     with ControlClient(d.socket_dir) as c:
         counters = c.request(StatusRequest()).doc["counters"]
     assert counters["drops_priority"] == 1 and counters.get("drops_overdue", 0) == 0
+    assert_clean(*high.finish())
+    assert_clean(*low.finish())
+    assert "Traceback" not in d.output()
+
+
+def test_a_steady_lender_finds_its_gpu_already_given_back(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    # Kernels of 10 ms. A low-priority trainer launches two and synchronises, again and again;
+    # a high-priority loop makes a one-kernel request every 300 ms and lends the GPU between
+    # them. Taken back at once, a request's kernel runs beside the trainer's queued ones; once
+    # its pace is steady, the daemon drops the trainer ahead of the request (`reclaim`) and the
+    # request runs on a GPU nobody else is using.
+    policy = (
+        "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms,"
+        " reclaimAhead: 100ms}\n"
+        "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n"
+    )
+    d = start(running, daemon_dir, policy)
+    exe = daemon_dir / "probe-high"
+    shutil.copy2(plain.probe, exe)
+    trace = daemon_dir / "trace"
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_FAKE_LAUNCH_US="10000",
+        NVSHARE_FAKE_TRACE=str(trace),
+    )
+    high = start_probe(Renamed(plain.name, plain.build, plain.runtime, exe), env)
+    low = start_probe(plain, env)
+    high.ok("init")
+    high.ok("launch 1")
+    low.ok("init")
+    low.send("launchfor 9000 2")
+    requests, period = 20, 0.3
+    start_at = time.monotonic() + period
+    for i in range(requests):
+        time.sleep(max(0.0, start_at + i * period - time.monotonic()))
+        high.ok("launch 1")
+    assert low.answer().startswith("ok")
+    runs = intervals(trace)
+    served = runs[high.proc.pid][1:]  # the requests, after the first launch
+    alone = [r for r in served if overlaps([r], runs[low.proc.pid]) == 0]
+    with ControlClient(d.socket_dir) as c:
+        counters = c.request(StatusRequest()).doc["counters"]
+    # Six requests teach the pace; a late one (a loaded machine) costs six more.
+    assert counters.get("drops_reclaim", 0) >= 3, counters
+    assert len(alone) >= 3, f"{len(alone)} of {len(served)} requests ran alone; {counters}"
     assert_clean(*high.finish())
     assert_clean(*low.finish())
     assert "Traceback" not in d.output()
