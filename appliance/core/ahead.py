@@ -13,11 +13,12 @@ was due (then they have the GPU again, and the irregular interval stops the keep
 pace is steady again). A holder inside its guaranteed share keeps the GPU, and a waiter owed its
 share or starved (`priority.starved`) is granted it, as against any higher priority.
 
-`lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the jitter
-of the requests and `GUARD_S`: enough for the borrower's
-queued work to have run when the request comes. It is at most `scheduler.reclaimAhead` (0 turns
-keeping off) and an eighth of the period, so a borrower gives up at most that share of its time
-to the keeping (twice that when the request does not come).
+`lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the
+jitter of the requests and `GUARD_S`: enough for the borrower's queued work to have run when the
+request comes. It is at most `scheduler.reclaimAhead` (0 turns keeping off) and an eighth of the
+period, so a borrower gives up at most that share of its time to the keeping (twice that when
+the request does not come). While its GPU is kept, the lender's hook stays told that it may
+submit at once (`terms.lending`).
 """
 
 from __future__ import annotations
@@ -53,16 +54,16 @@ def pace(arrivals: Sequence[float]) -> tuple[float, float] | None:
 
 
 def window(
-    arrivals: Sequence[float], drains: Sequence[float], settings: SchedulerSettings
+    steady: tuple[float, float], last: float, drains: Sequence[float], settings: SchedulerSettings
 ) -> tuple[float, float] | None:
-    """[from, until): when a GPU is kept for the next request of a client that asked at
-    `arrivals`, given the GPU's recent `drains`; None when nothing is expected."""
-    steady = pace(arrivals)
-    if steady is None or settings.reclaim_ahead_s <= 0 or not drains:
+    """[from, until): when a GPU is kept for the next request of a client whose requests come
+    at the `steady` pace (period, jitter), the last at `last`, given the GPU's recent `drains`;
+    None when nothing is kept."""
+    if settings.reclaim_ahead_s <= 0 or not drains:
         return None
     period, jitter = steady
     lead = min(settings.reclaim_ahead_s, period / MAX_SHARE, max(drains) + jitter + GUARD_S)
-    due = arrivals[-1] + period
+    due = last + period
     return due - lead, due + lead
 
 
@@ -87,10 +88,10 @@ def keeps(s: NodeState) -> Keeps:
     out: Keeps = {}
     for c in s.clients.values():
         g = s.gangs[c.gang]
-        if g.joint or g.phase is not GangPhase.IDLE or g.lent_at is None:
+        if g.phase is not GangPhase.IDLE or g.lent_at is None or g.pace is None:
             continue
-        if s.gpu_mode(c.gpu) is Mode.ON:
-            kept = window(g.arrivals, s.gpus[c.gpu].drains, s.policy.scheduler)
+        if not g.joint and s.gpu_mode(c.gpu) is Mode.ON:
+            kept = window(g.pace, g.arrivals[-1], s.gpus[c.gpu].drains, s.policy.scheduler)
             if kept is not None:
                 out.setdefault(c.gpu, []).append(Keep(g, *kept))
     return out
@@ -99,11 +100,11 @@ def keeps(s: NodeState) -> Keeps:
 def kept_from(s: NodeState, keeps: Keeps, g: Gang, now: float) -> bool:
     """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and g,
     neither starved nor owed its guaranteed share, waits for it."""
-    if priority.starved(g, now, s.policy.scheduler) or owed_s(s, g, now) > EPSILON_S:
-        return False
-    return any(
+    if not any(
         k.on(now) and k.lender.priority > g.priority for uuid in g.gpus for k in keeps.get(uuid, ())
-    )
+    ):
+        return False
+    return not priority.starved(g, now, s.policy.scheduler) and owed_s(s, g, now) <= EPSILON_S
 
 
 def borrowers_due(s: NodeState, keeps: Keeps, now: float) -> list[Gang]:

@@ -103,8 +103,9 @@ class Lock:
             return [self._grant_member(c, now)]
         g.gpus.add(c.gpu)  # (a draining gang queues again once every member has released)
         if g.phase is GangPhase.IDLE:
-            if g.lent_at is not None:
-                g.arrivals.append(now)  # back after letting the GPU go idle: its pace (`ahead`)
+            if g.lent_at is not None:  # back after letting the GPU go idle: its pace (`ahead`)
+                g.arrivals.append(now)
+                g.pace = ahead.pace(g.arrivals)
             self._enqueue(g, now)
         return []
 
@@ -353,7 +354,7 @@ class Lock:
             blocked |= g.gpus - g.held
             out += self._grant_waiting_members(g, now)
         for g in turns(self._s, now):
-            kept = ahead.kept_from(self._s, keeps, g, now)
+            kept = bool(keeps) and ahead.kept_from(self._s, keeps, g, now)
             if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
                 continue

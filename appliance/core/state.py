@@ -161,6 +161,7 @@ class Gang:
     lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
     # when it last asked after letting the lock go idle (`ahead`)
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
+    pace: tuple[float, float] | None = None  # their period and jitter, when steady
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
     share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted

@@ -9,9 +9,10 @@
   lower priority that borrowed it (`priority.borrowed`) would be granted at once if it asked
   (beside their drain, `lock`). Its hook is told so, and then submits at once when it has work
   again, asking for the lock as it goes instead of before: a request every few tens of
-  milliseconds waits for no round trip through the daemon. It is told again as soon as that
-  stops being true (a gang that is not its borrower holds the GPU or waits ahead of it), and
-  then asks and waits as usual. Only a client that is a gang of its own is lent to: a gang of
+  milliseconds waits for no round trip through the daemon. While its GPU is kept for its next
+  request (`ahead`), nobody holding it, it stays told so. It is told again as soon as that stops
+  being true (a gang that is not its borrower holds the GPU or waits ahead of it), and then asks
+  and waits as usual. Only a client that is a gang of its own is lent to: a gang of
   several clients takes its GPUs together.
 """
 

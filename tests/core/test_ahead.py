@@ -144,7 +144,10 @@ def test_the_lead_is_the_drain_and_jitter_within_its_bounds(
 ) -> None:
     arrivals = [0.0, 0.05, 0.1002, 0.15, 0.2, 0.25]  # one interval 0.2 ms long
     settings = SchedulerSettings(reclaim_ahead_s=reclaim_ahead_s)
-    kept = ahead.window(arrivals, [drain_s / 2, drain_s], settings)
+    steady = ahead.pace(arrivals)
+    assert steady == pytest.approx((0.05, 0.0002))
+    kept = ahead.window(steady, arrivals[-1], [drain_s / 2, drain_s], settings)
     assert kept == pytest.approx((0.3 - lead_s, 0.3 + lead_s))
-    assert ahead.window(arrivals[1:], [drain_s], settings) is None  # five requests: too few
-    assert ahead.window(arrivals, [], settings) is None  # no drain seen on the GPU yet
+    assert ahead.window(steady, arrivals[-1], [], settings) is None  # no drain seen yet
+    assert ahead.pace(arrivals[1:]) is None  # five requests: too few
+    assert ahead.pace([*arrivals[:-1], 0.2526]) is None  # one interval 2.6 ms off: not steady
