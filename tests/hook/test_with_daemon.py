@@ -21,7 +21,7 @@ from daemon.conftest import RunningDaemon, start_daemon
 from appliance.client import ControlClient
 from appliance.protocol import StatusRequest
 
-from .conftest import Variant, assert_clean, holder_and_waiter
+from .conftest import Probe, Variant, assert_clean, holder_and_waiter
 from .test_gate import intervals, overlaps, run_pair
 
 MiB = 1 << 20
@@ -272,6 +272,38 @@ class Renamed(Variant):
         return self.exe
 
 
+def high_and_normal(
+    plain: Variant,
+    start_probe,
+    running: list[RunningDaemon],
+    where: Path,
+    *,
+    scheduler: str,
+    launch_us: int,
+    **env: str,
+) -> tuple[RunningDaemon, Probe, Probe, Path]:
+    """A daemon in mode on (with `scheduler`'s further settings) whose rules make `*/probe-high`
+    a high priority, and two probes under it: one run as probe-high, one plain; kernels of
+    `launch_us`, traced to the returned file."""
+    d = start(
+        running,
+        where,
+        f"scheduler: {{mode: 'on', timeQuantum: 1h, idleRelease: 1h, {scheduler}}}\n"
+        "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n",
+    )
+    exe = where / "probe-high"
+    shutil.copy2(plain.probe, exe)
+    trace = where / "trace"
+    environment = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_FAKE_LAUNCH_US=str(launch_us),
+        NVSHARE_FAKE_TRACE=str(trace),
+        **env,
+    )
+    high = start_probe(Renamed(plain.name, plain.build, plain.runtime, exe), environment)
+    return d, high, start_probe(plain, environment), trace
+
+
 def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:
@@ -281,22 +313,15 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     # then, to show it), nor for the borrower's drain: its kernel runs beside the borrower's
     # queued ones (in mode on nothing else overlaps), and the daemon, once it runs again, grants
     # it the GPU with the borrower's drop.
-    policy = (
-        "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms}\n"
-        "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n"
-    )
-    d = start(running, daemon_dir, policy)
-    exe = daemon_dir / "probe-high"
-    shutil.copy2(plain.probe, exe)
-    high_variant = Renamed(plain.name, plain.build, plain.runtime, exe)
-    trace = daemon_dir / "trace"
-    env = plain.env(
-        NVSHARE_SOCKET_DIR=str(d.socket_dir),
-        NVSHARE_FAKE_LAUNCH_US="50000",
-        NVSHARE_FAKE_TRACE=str(trace),
+    d, high, low, trace = high_and_normal(
+        plain,
+        start_probe,
+        running,
+        daemon_dir,
+        scheduler="idleHandoff: 20ms",
+        launch_us=50000,
         NVSHARE_DAEMON_TIMEOUT_MS="600000",  # a stopped daemon is waited for, not given up on
     )
-    high, low = start_probe(high_variant, env), start_probe(plain, env)
     high.ok("init")
     high.ok("launch 1")
     low.ok("init")
@@ -333,22 +358,14 @@ def test_a_steady_lender_finds_its_gpu_already_given_back(
     # them. Taken back at once, a request's kernel runs beside the trainer's queued ones; once
     # its pace is steady, the daemon drops the trainer ahead of the request (`reclaim`) and the
     # request runs on a GPU nobody else is using.
-    policy = (
-        "scheduler: {mode: 'on', timeQuantum: 1h, idleRelease: 1h, idleHandoff: 20ms,"
-        " reclaimAhead: 100ms}\n"
-        "rules: [{name: serving, match: {executable: '*/probe-high'}, priority: high}]\n"
+    d, high, low, trace = high_and_normal(
+        plain,
+        start_probe,
+        running,
+        daemon_dir,
+        scheduler="idleHandoff: 20ms, reclaimAhead: 100ms",
+        launch_us=10000,
     )
-    d = start(running, daemon_dir, policy)
-    exe = daemon_dir / "probe-high"
-    shutil.copy2(plain.probe, exe)
-    trace = daemon_dir / "trace"
-    env = plain.env(
-        NVSHARE_SOCKET_DIR=str(d.socket_dir),
-        NVSHARE_FAKE_LAUNCH_US="10000",
-        NVSHARE_FAKE_TRACE=str(trace),
-    )
-    high = start_probe(Renamed(plain.name, plain.build, plain.runtime, exe), env)
-    low = start_probe(plain, env)
     high.ok("init")
     high.ok("launch 1")
     low.ok("init")
