@@ -14,10 +14,11 @@ from typing import Any
 
 from appliance import protocol as p
 from appliance import protocol_gang as pg
+from appliance import protocol_view as pv
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
-from appliance.policy.model import Limits
+from appliance.policy.model import MAX_PRIORITY, MIN_PRIORITY, Limits
 from appliance.policy.quantity import MAX_SIZE_BYTES
 
 # More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
@@ -38,6 +39,7 @@ HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
     p.LockRequest: lambda msg, cid, seq: ev.LockRequested(cid, seq),
     pg.GangCatchup: lambda msg, cid, seq: ev.LockRequested(cid, seq, catch_up=True),
     pg.GangHint: lambda msg, cid, seq: ev.GangHint(cid, msg.name),
+    p.PriorityHint: lambda msg, cid, seq: ev.PriorityHint(cid, msg.priority),
     pg.GangPosition: lambda msg, cid, seq: ev.GangPosition(cid, msg.cut_id, msg.collectives),
     p.LockReleased: lambda msg, cid, seq: ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]),
     p.MemReserve: lambda msg, cid, seq: ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used),
@@ -81,7 +83,7 @@ def _limit_set(msg: p.LimitSet, by: str, to: ev.Requester) -> ev.Event:
     )
 
 
-def _place_problem(m: p.Register | p.ViewRequest) -> str | None:
+def _place_problem(m: p.Register | pv.ViewRequest) -> str | None:
     """What is wrong with the GPU and the pod a hook names."""
     if not _DEVICE_NAME.fullmatch(m.gpu_uuid):
         return f"GPU name {m.gpu_uuid[:48]!r} is not a device UUID"
@@ -118,11 +120,18 @@ def _gang_hint_problem(m: pg.GangHint) -> str | None:
     return None if m.name.isprintable() else f"job name {m.name[:64]!r} is not printable"
 
 
+def _priority_hint_problem(m: p.PriorityHint) -> str | None:
+    if MIN_PRIORITY <= m.priority <= MAX_PRIORITY:
+        return None
+    return f"priority {m.priority} is outside {MIN_PRIORITY} to {MAX_PRIORITY}"
+
+
 # A hook's message -> what is out of range in it, if anything (the daemon then closes it).
 _HOOK_CHECKS: dict[type, Callable[[Any], str | None]] = {
     pg.GangHint: _gang_hint_problem,
+    p.PriorityHint: _priority_hint_problem,
     p.Register: _register_problem,
-    p.ViewRequest: _place_problem,
+    pv.ViewRequest: _place_problem,
     p.MemReserve: _bytes_problem,
     p.MemReturn: _bytes_problem,
     p.MemRefusals: _refusals_problem,

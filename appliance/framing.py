@@ -16,6 +16,7 @@ from typing import Any
 
 from appliance import protocol as p
 from appliance import protocol_gang as pg
+from appliance import protocol_view as pv
 from appliance.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
 
 MAX_BODY = 1 << 20
@@ -56,9 +57,10 @@ _FIXED: dict[p.MsgType, Any] = {
         p.MemObserved,
         p.LedgerPeers,
         p.MemRefusals,
-        p.ViewRequest,
-        p.View,
+        pv.ViewRequest,
+        pv.View,
         pg.GangHint,
+        p.PriorityHint,
         pg.GangDrop,
         pg.GangPosition,
         pg.GangCut,

@@ -67,6 +67,7 @@ class MsgType(enum.IntEnum):
     GANG_CUT = 73
     GANG_CATCHUP = 74
     GANG_CUT_OVER = 75
+    PRIORITY_HINT = 76
 
 
 class WireMode(enum.IntEnum):
@@ -146,6 +147,16 @@ class Register(Fixed):
     env_core_limit: int = 0
     pod_namespace: str = ""
     pod_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityHint(Fixed):
+    """NVSHARE_GPU_PRIORITY as a number, sent right after REGISTER; it can only lower."""
+
+    TYPE: ClassVar[MsgType] = MsgType.PRIORITY_HINT
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<iI")
+    LAYOUT: ClassVar[tuple[str, ...]] = ("priority", "")
+    priority: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,61 +333,6 @@ class MemRefusals(Fixed):
 
 
 @dataclass(frozen=True, slots=True)
-class ViewRequest(Fixed):
-    """How a GPU looks to the asking process; no REGISTER needed (nvidia-smi, monitoring)."""
-
-    TYPE: ClassVar[MsgType] = MsgType.VIEW_REQUEST
-    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<{UUID_LEN}sQ{NAME_LEN}s{NAME_LEN}s")
-    gpu_uuid: str
-    gpu_total_mem: int = 0  # bytes, as NVML reports them
-    pod_namespace: str = ""  # hints, as in Register
-    pod_name: str = ""
-
-
-VIEW_MAX_PROCESSES = 16
-VIEW_SELF = 0x1  # ViewProcess.flags: the process that asked
-
-
-@dataclass(frozen=True, slots=True)
-class ViewProcess(Fixed):
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<IIQ")
-    pid: int  # as the asking process sees it
-    flags: int  # VIEW_SELF
-    used: int  # bytes, as the ledger counts them
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """The answer to a ViewRequest: the asker's limit on the GPU (0: none, the real GPU is
-    shown), what its pod (or, outside pods, the process) holds there, and its processes."""
-
-    TYPE: ClassVar[MsgType] = MsgType.VIEW
-    HEAD: ClassVar[struct.Struct] = struct.Struct("<QQII")
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQII" + "IIQ" * VIEW_MAX_PROCESSES)
-    mem_limit: int
-    used: int
-    processes: tuple[ViewProcess, ...] = ()
-    unlisted: int = 0  # counted in `used`, not listed (past the array, or not visible to it)
-
-    def pack(self) -> bytes:
-        shown = self.processes[:VIEW_MAX_PROCESSES]
-        unlisted = self.unlisted + len(self.processes) - len(shown)
-        entries = b"".join(x.pack() for x in shown)
-        padding = bytes(ViewProcess.FORMAT.size * (VIEW_MAX_PROCESSES - len(shown)))
-        return self.HEAD.pack(self.mem_limit, self.used, len(shown), unlisted) + entries + padding
-
-    @classmethod
-    def unpack(cls, body: bytes) -> View:
-        cls.FORMAT.unpack(body)  # length check
-        mem_limit, used, count, unlisted = cls.HEAD.unpack_from(body)
-        if count > VIEW_MAX_PROCESSES:
-            raise struct.error(f"{count} processes, at most {VIEW_MAX_PROCESSES} fit")
-        entries = ViewProcess.FORMAT.iter_unpack(body[cls.HEAD.size :])
-        processes = tuple(ViewProcess(*next(entries)) for _ in range(count))
-        return cls(mem_limit, used, processes, unlisted)
-
-
-@dataclass(frozen=True, slots=True)
 class LimitSet(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
     FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
@@ -426,6 +382,7 @@ Message = Any  # one of the body classes above
 BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_header": HEADER,
     "nvs_register": Register.FORMAT,
+    "nvs_priority_hint": PriorityHint.FORMAT,
     "nvs_limits": WireLimits.FORMAT,
     "nvs_registered": Registered.FORMAT,
     "nvs_lock_grant": LockGrant.FORMAT,
@@ -440,7 +397,4 @@ BODY_FORMATS: dict[str, struct.Struct] = {
     "nvs_mem_observed": MemObserved.FORMAT,
     "nvs_ledger_peers": LedgerPeers.FORMAT,
     "nvs_mem_refusals": MemRefusals.FORMAT,
-    "nvs_view_request": ViewRequest.FORMAT,
-    "nvs_view_process": ViewProcess.FORMAT,
-    "nvs_view": View.FORMAT,
 }

@@ -36,6 +36,7 @@ from typing import Any
 
 from appliance import codec, framing, socket_dirs
 from appliance import protocol as p
+from appliance import protocol_view as pv
 from appliance.admission import FILES_IN_RESERVE, Admission
 from appliance.connection import Bounds, Budget, PeerConnection
 from appliance.core import actions as act
@@ -107,7 +108,7 @@ class SchedulerServer:
                 p.Register: self._on_register,
                 **{kind: self._on_hook_message for kind in codec.HOOK_EVENTS},
                 p.Heartbeat: self._on_heartbeat,
-                p.ViewRequest: self._on_view_request,
+                pv.ViewRequest: self._on_view_request,
             },
             Role.CONTROL: {
                 **{kind: self._on_control for kind in codec.CONTROL},
@@ -257,7 +258,7 @@ class SchedulerServer:
 
     # hooks
 
-    def _claiming(self, conn: PeerConnection, msg: p.Register | p.ViewRequest) -> ClientIdentity:
+    def _claiming(self, conn: PeerConnection, msg: p.Register | pv.ViewRequest) -> ClientIdentity:
         """Who the peer is, from the kernel (at connect); the pod it names is only a hint, which
         the core weighs (`trust.podClaimUids`)."""
         assert conn.ident is not None
@@ -297,7 +298,7 @@ class SchedulerServer:
             return
         self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, conn.client_id, seq))
 
-    def _on_view_request(self, conn: PeerConnection, msg: p.ViewRequest, seq: int) -> None:
+    def _on_view_request(self, conn: PeerConnection, msg: pv.ViewRequest, seq: int) -> None:
         """How a GPU looks to the asker, registered or not (nvidia-smi never registers), with
         the PIDs of its pod's processes as its own PID namespace numbers them."""
         if (problem := codec.hook_problem(msg)) is not None:
@@ -306,11 +307,11 @@ class SchedulerServer:
         view = self._view(self._claiming(conn, msg), msg.gpu_uuid, msg.gpu_total_mem)
         seen = pids_seen_by(conn.pid, [h.pid for h in view.processes], proc_root=self.proc_root)
         listed = tuple(
-            p.ViewProcess(seen[h.pid], p.VIEW_SELF if h.asker else 0, h.used)
+            pv.ViewProcess(seen[h.pid], pv.VIEW_SELF if h.asker else 0, h.used)
             for h in view.processes
             if h.pid in seen
         )
-        reply = p.View(
+        reply = pv.View(
             mem_limit=view.limit or 0,
             used=view.used,
             processes=listed,

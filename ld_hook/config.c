@@ -128,6 +128,37 @@ static void load_gang(void)
     memcpy(nvs_cfg.gang, job, strlen(job) + 1);
 }
 
+/* NVSHARE_GPU_PRIORITY: the daemon takes it only where it lowers the priority its policy and
+ * annotations give this process (a job that lets others go first). */
+static void load_priority(void)
+{
+    static const struct {
+        const char *name;
+        int32_t value;
+    } names[] = {{"low", -100}, {"normal", 0}, {"high", 100}};
+    const char *v = getenv("NVSHARE_GPU_PRIORITY");
+    nvs_cfg.has_priority = 0;
+    if (v == NULL || *v == '\0') return;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(v, names[i].name) == 0) {
+            nvs_cfg.priority = names[i].value;
+            nvs_cfg.has_priority = 1;
+            return;
+        }
+    }
+    uint64_t magnitude;
+    int negative = v[0] == '-';
+    if (parse_whole(v + negative, 0, negative ? -NVS_MIN_PRIORITY : NVS_MAX_PRIORITY, &magnitude) ==
+        0) {
+        nvs_cfg.priority = negative ? -(int32_t)magnitude : (int32_t)magnitude;
+        nvs_cfg.has_priority = 1;
+        return;
+    }
+    nvs_log("NVSHARE_GPU_PRIORITY=%s is not low, normal, high or a whole number from %d to %d; "
+            "ignored, the scheduler's priority applies",
+            v, NVS_MIN_PRIORITY, NVS_MAX_PRIORITY);
+}
+
 void nvs_config_load(void)
 {
     if (atomic_load_explicit(&loaded, memory_order_acquire)) return;
@@ -153,6 +184,7 @@ void nvs_config_load(void)
                  "namespace");
         text_env(nvs_cfg.pod_name, sizeof nvs_cfg.pod_name, "NVSHARE_POD_NAME", "pod name hint");
         load_gang();
+        load_priority();
         atomic_store_explicit(&loaded, 1, memory_order_release);
     }
     pthread_mutex_unlock(&load_mu);

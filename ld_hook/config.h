@@ -24,6 +24,8 @@ struct nvs_config {
     char pod_namespace[NVS_NAME_LEN];
     char pod_name[NVS_NAME_LEN];
     char gang[NVS_GANG_LEN];   /* the job outside pods (appliance/core/gang.py); "" = none */
+    int has_priority;          /* NVSHARE_GPU_PRIORITY was given (and valid) */
+    int32_t priority;          /* ... as a number: low -100, normal 0, high 100 */
 };
 
 extern struct nvs_config nvs_cfg;

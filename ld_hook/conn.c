@@ -456,6 +456,10 @@ static const char *start_locked(struct nvs_gpu *g, struct conn *c)
         memcpy(hint.name, nvs_cfg.gang, sizeof hint.name);
         queue_locked(c, NVS_MSG_GANG_HINT, &hint, sizeof hint, NULL);
     }
+    if (nvs_cfg.has_priority) {
+        struct nvs_priority_hint hint = {.priority = nvs_cfg.priority};
+        queue_locked(c, NVS_MSG_PRIORITY_HINT, &hint, sizeof hint, NULL);
+    }
     flush_locked(c);
     *a = (struct reader_arg){.g = g, .fd = fd, .generation = c->generation};
     if (nvs_thread_start("nvshare-reader", reader_main, a) != 0) {

@@ -71,6 +71,9 @@ enum {
                                  * answered LOCK_GRANT */
     NVS_MSG_GANG_CUT_OVER = 75, /* daemon -> hook: struct nvs_gang_cut: the gang has released;
                                  * collectives are free again */
+    /* what a process asks of the scheduler for itself */
+    NVS_MSG_PRIORITY_HINT = 76, /* hook -> daemon: struct nvs_priority_hint, right after REGISTER;
+                                 * taken only where it lowers the process's priority */
     /* the lock's terms while it is held */
     NVS_MSG_LOCK_TERMS = 80,    /* daemon -> hook: struct nvs_lock_grant, unsolicited (seq 0); new
                                  * terms for the grant held (a shorter idle window while others
@@ -258,6 +261,15 @@ struct nvs_gang_hint {
     char name[NVS_GANG_LEN];
 };
 
+/* NVSHARE_GPU_PRIORITY: low (-100), normal (0), high (100) or a whole number in between the
+ * bounds below, as the policy writes priorities (appliance/policy/model.py). */
+#define NVS_MIN_PRIORITY (-1000)
+#define NVS_MAX_PRIORITY 1000
+struct nvs_priority_hint {
+    int32_t priority;
+    uint32_t reserved;
+};
+
 /* One gang drop: the daemon numbers it (cut_id); collectives are NCCL-style launches (the remote
  * memory-synchronisation domain) on this client's GPU, counted from the process's start. */
 struct nvs_gang_cut {
@@ -287,5 +299,6 @@ NVS_ASSERT_SIZE(struct nvs_view_process, 16);
 NVS_ASSERT_SIZE(struct nvs_view, 280);
 NVS_ASSERT_SIZE(struct nvs_gang_hint, 128);
 NVS_ASSERT_SIZE(struct nvs_gang_cut, 16);
+NVS_ASSERT_SIZE(struct nvs_priority_hint, 8);
 
 #endif /* NVSHARE_PROTO_H */

@@ -52,6 +52,15 @@ class GangHint:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityHint:
+    """The priority a client asks for itself (NVSHARE_GPU_PRIORITY), sent right after it
+    registers; taken only where it is lower than the one policy and annotations give it."""
+
+    client_id: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
 class GangPosition:
     """How many collectives a gang member had begun when told its gang drops."""
 
@@ -233,6 +242,7 @@ Event = (
     | LockRequested
     | LockReleased
     | GangHint
+    | PriorityHint
     | GangPosition
     | MemoryReserveRequested
     | MemoryReturned

@@ -116,6 +116,17 @@ class _Layers:
             self.request, self.sources["request"] = given.core_request, source
 
 
+def _own(limits: _Layers, memory: int, core: int, priority: int | None) -> None:
+    """What the process set for itself in its environment, which can only lower what the
+    layers above decided."""
+    if memory and (limits.memory is None or memory < limits.memory):
+        limits.over(memory, None, "env NVSHARE_GPU_MEMORY_LIMIT")
+    if core and core < limits.core:
+        limits.over(None, core, "env NVSHARE_GPU_CORE_LIMIT")
+    if priority is not None and priority < limits.priority:
+        limits.priority, limits.sources["priority"] = priority, "env NVSHARE_GPU_PRIORITY"
+
+
 def resolve_limits(
     *,
     policy: Policy,
@@ -127,6 +138,7 @@ def resolve_limits(
     admin: Limits | None = None,
     env_memory_bytes: int = 0,
     env_core_percent: int = 0,
+    env_priority: int | None = None,
 ) -> EffectiveLimits:
     limits = _Layers(
         policy.defaults.memory_bytes,
@@ -158,11 +170,7 @@ def resolve_limits(
         limits.over(remembered.memory_bytes, None, "last published for its pod (not listed yet)")
     if admin is not None:
         limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")
-    # A limit the process set for itself can only lower what the layers above decided.
-    if env_memory_bytes and (limits.memory is None or env_memory_bytes < limits.memory):
-        limits.over(env_memory_bytes, None, "env NVSHARE_GPU_MEMORY_LIMIT")
-    if env_core_percent and env_core_percent < limits.core:
-        limits.over(None, env_core_percent, "env NVSHARE_GPU_CORE_LIMIT")
+    _own(limits, env_memory_bytes, env_core_percent, env_priority)
     if limits.request > limits.core:  # a guarantee beyond the cap cannot be kept
         limits.request = limits.core
         limits.sources["request"] += f", cut to the core limit {limits.core}%"

@@ -73,6 +73,7 @@ class NodeCore:
             ev.LockRequested: self.lock.requested,
             ev.LockReleased: self.lock.released,
             ev.GangHint: self.lock.gangs.hinted,
+            ev.PriorityHint: self._on_priority_hint,
             ev.GangPosition: self.lock.gangs.reported,
             ev.MemoryReserveRequested: self.ledger.reserve,
             ev.MemoryReturned: self.ledger.returned,
@@ -251,6 +252,15 @@ class NodeCore:
             log.warning(message, *args)
 
     # ------------------------------------------------------------ limits
+
+    def _on_priority_hint(self, e: ev.PriorityHint, now: float) -> list[act.Action]:
+        c = self.state.clients.get(e.client_id)
+        if c is None:
+            return []
+        c.env_priority = e.priority
+        self._refresh_limits(c, now)  # (a priority is the daemon's alone: nothing to push)
+        self.lock.gangs.refresh(self.state.gangs[c.gang])
+        return self.lock.schedule(now)
 
     def _refresh_limits(self, c: Client, now: float) -> bool:
         """Recompute a client's limits; True when what its hook must enforce changed."""

@@ -76,6 +76,7 @@ class Client:
     gpu: str
     env_memory: int
     env_core: int
+    env_priority: int | None = None  # NVSHARE_GPU_PRIORITY, as its hook sent it
     limits: EffectiveLimits = _UNRESOLVED
     enforced: HookLimits = _UNSET  # what its hook was last told
     phase: Phase = Phase.IDLE
@@ -314,10 +315,17 @@ class NodeState:
             self.facts(c.gpu),
             env_memory=c.env_memory if with_env else 0,
             env_core=c.env_core if with_env else 0,
+            env_priority=c.env_priority if with_env else None,
         )
 
     def resolve_for(
-        self, ident: ClientIdentity, gpu: GpuFacts, *, env_memory: int = 0, env_core: int = 0
+        self,
+        ident: ClientIdentity,
+        gpu: GpuFacts,
+        *,
+        env_memory: int = 0,
+        env_core: int = 0,
+        env_priority: int | None = None,
     ) -> EffectiveLimits:
         """The limits of a process on a GPU, registered there or not."""
         pod, _ = self.pod_of(ident)
@@ -331,6 +339,7 @@ class NodeState:
             admin=self.overrides.limits_for(ident.pid, pod),
             env_memory_bytes=env_memory,
             env_core_percent=env_core,
+            env_priority=env_priority,
         )
 
     def remembered_limit(self, ident: ClientIdentity) -> Limits | None:

@@ -256,3 +256,27 @@ def test_explain_names_the_rule_that_set_a_priority() -> None:
     (row,) = h.core.explain(ExplainQuery(pid=4343)).clients
     assert row.priority == "normal (from policy default (default))"
     assert {a, b} == set(h.state.clients)
+
+
+def test_a_process_can_lower_its_own_priority_but_not_raise_it() -> None:
+    h = by_uid({7: HIGH})
+    polite, pushy = h.register(uid=1, pid=500), h.register(uid=1, pid=501)
+    served = h.register(uid=7, pid=502)
+    h.feed(ev.PriorityHint(polite, LOW))  # NVSHARE_GPU_PRIORITY=low
+    h.feed(ev.PriorityHint(pushy, 500))  # above its policy's normal: ignored
+    h.feed(ev.PriorityHint(served, 0))  # normal, below its rule's high: taken
+    (row,) = h.core.explain(ExplainQuery(pid=500)).clients
+    assert row.priority == "low (from env NVSHARE_GPU_PRIORITY)"
+    (row,) = h.core.explain(ExplainQuery(pid=501)).clients
+    assert row.priority == "normal (from policy default (default))"
+    (row,) = h.core.explain(ExplainQuery(pid=502)).clients
+    assert row.priority == "normal (from env NVSHARE_GPU_PRIORITY)"
+    # The line follows: the polite one is granted last.
+    holder = h.register(uid=1)
+    h.feed(ev.LockRequested(holder, 1))
+    for cid in (polite, pushy, served):
+        h.feed(ev.LockRequested(cid, 1))
+    first = grants(h.feed(ev.LockReleased(holder, ev.ReleaseReason.EXIT)))
+    second = grants(h.feed(ev.LockReleased(first[0], ev.ReleaseReason.EXIT)))
+    third = grants(h.feed(ev.LockReleased(second[0], ev.ReleaseReason.EXIT)))
+    assert first + second + third == [pushy, served, polite]

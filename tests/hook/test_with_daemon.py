@@ -140,6 +140,40 @@ def test_live_limit_raise_lower_and_remove(
     assert "Traceback" not in d.output()
 
 
+def shown_priorities(d: RunningDaemon, probes: dict[str, Probe]) -> dict[str, int | str]:
+    with ControlClient(d.socket_dir) as c:
+        rows = c.request(StatusRequest()).doc["clients"]
+    by_pid = {row["pid"]: row["priority"] for row in rows}
+    return {value: by_pid.get(p.proc.pid, "absent") for value, p in probes.items()}
+
+
+def test_a_process_lowers_its_own_priority_through_its_environment(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    d = start(running, daemon_dir, "scheduler: {mode: 'off'}\n")
+    probes = {}
+    for value in ("low", "-7", "high", "urgent"):
+        probes[value] = start_probe(
+            plain, plain.env(NVSHARE_SOCKET_DIR=str(d.socket_dir), NVSHARE_GPU_PRIORITY=value)
+        )
+        probes[value].ok("init")
+        probes[value].ok("launch 1")  # connected and registered
+    # low and -7 lower it; high would raise it above the policy's normal; urgent is no priority
+    want = {"low": -100, "-7": -7, "high": 0, "urgent": 0}
+    deadline = time.monotonic() + 5
+    while (shown := shown_priorities(d, probes)) != want:
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.02)
+    rc, err = probes["urgent"].finish()
+    assert_clean(rc, err)
+    assert "NVSHARE_GPU_PRIORITY=urgent is not low, normal, high or a whole number" in err
+    for value in ("low", "-7", "high"):
+        rc, err = probes[value].finish()
+        assert_clean(rc, err)
+        assert "NVSHARE_GPU_PRIORITY" not in err
+    assert "Traceback" not in d.output()
+
+
 def test_policy_idle_release_reaches_the_hook(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:

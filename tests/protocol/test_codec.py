@@ -8,6 +8,7 @@ import typing
 from appliance import codec, framing
 from appliance import protocol as p
 from appliance import protocol_gang as pg
+from appliance import protocol_view as pv
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
@@ -96,10 +97,12 @@ def test_a_hooks_fields_out_of_range_are_named() -> None:
     assert codec.hook_problem(p.MemReturn(0, 1 << 62)) == "a byte count beyond any GPU"
     assert codec.hook_problem(p.MemReserve(2 << 20, 1 << 30)) is None
     assert codec.hook_problem(p.LockRequest()) is None
+    assert codec.hook_problem(p.PriorityHint(-1000)) is None
+    assert codec.hook_problem(p.PriorityHint(5000)) == "priority 5000 is outside -1000 to 1000"
     assert codec.hook_problem(p.MemRefusals(1, 1 << 62)) == "a byte count beyond any GPU"
     assert codec.hook_problem(p.MemRefusals(3, 2 << 20)) is None
-    assert codec.hook_problem(p.ViewRequest(uuid, 80 << 30, "team", "small")) is None
-    view = p.ViewRequest(uuid, 80 << 30, "team", "Big Pod")
+    assert codec.hook_problem(pv.ViewRequest(uuid, 80 << 30, "team", "small")) is None
+    view = pv.ViewRequest(uuid, 80 << 30, "team", "Big Pod")
     assert codec.hook_problem(view) == "pod name 'Big Pod' is not a Kubernetes name"
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from appliance import framing
 from appliance import protocol as p
+from appliance import protocol_view as pv
 
 
 def test_round_trip_every_fixed_message() -> None:
@@ -37,8 +38,9 @@ def test_round_trip_every_fixed_message() -> None:
         p.MemObserved(5 << 30, 512 << 20),
         p.LedgerPeers(3),
         p.MemRefusals(2, 1 << 20),
-        p.ViewRequest("GPU-abc", 80 << 30, "ns", "pod"),
-        p.View(1 << 30, 300 << 20, (p.ViewProcess(12, p.VIEW_SELF, 200 << 20),), unlisted=1),
+        p.PriorityHint(-100),
+        pv.ViewRequest("GPU-abc", 80 << 30, "ns", "pod"),
+        pv.View(1 << 30, 300 << 20, (pv.ViewProcess(12, pv.VIEW_SELF, 200 << 20),), unlisted=1),
         p.Result(p.Status.PERMISSION, 7, "only root may change the time quantum"),
         p.JsonBody(p.MsgType.QUERY, {"query": "policy"}),
     ]
@@ -52,11 +54,11 @@ def test_round_trip_every_fixed_message() -> None:
 
 
 def test_a_view_lists_what_fits_and_counts_the_rest() -> None:
-    many = tuple(p.ViewProcess(pid, 0, 1 << 20) for pid in range(1, 21))
-    frame = framing.FrameDecoder().feed(framing.encode(p.View(1 << 30, 20 << 20, many)))[0]
+    many = tuple(pv.ViewProcess(pid, 0, 1 << 20) for pid in range(1, 21))
+    frame = framing.FrameDecoder().feed(framing.encode(pv.View(1 << 30, 20 << 20, many)))[0]
     view = framing.decode_body(frame)  # type: ignore[arg-type]
-    assert view.processes == many[: p.VIEW_MAX_PROCESSES]
-    assert view.unlisted == 20 - p.VIEW_MAX_PROCESSES
+    assert view.processes == many[: pv.VIEW_MAX_PROCESSES]
+    assert view.unlisted == 20 - pv.VIEW_MAX_PROCESSES
 
 
 def test_long_strings_are_truncated_and_nul_terminated() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol, protocol_gang
+from appliance import protocol, protocol_gang, protocol_view
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ FIELDS = {
         "unlisted",
         *(
             f"processes[{i}].{field}"
-            for i in range(protocol.VIEW_MAX_PROCESSES)
+            for i in range(protocol_view.VIEW_MAX_PROCESSES)
             for field in ("pid", "flags", "used")
         ),
     ],
@@ -116,7 +116,9 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", sorted(FIELDS))
 def test_struct_matches_c_header(name: str, c_layout: dict[str, int]) -> None:
-    fmt = {**protocol.BODY_FORMATS, **protocol_gang.BODY_FORMATS}[name]
+    fmt = {**protocol.BODY_FORMATS, **protocol_gang.BODY_FORMATS, **protocol_view.BODY_FORMATS}[
+        name
+    ]
     assert fmt.size == c_layout[name], f"{name}: Python {fmt.size} bytes, C {c_layout[name]}"
     offsets = python_offsets(fmt)
     assert len(offsets) == len(FIELDS[name])
@@ -133,5 +135,5 @@ def test_constants_match_c_header() -> None:
         s.name: s.value for s in protocol.Status if s.name != "OK"
     }
     assert f"0x{protocol.MAGIC:08X}u" in header
-    assert f"#define NVS_VIEW_MAX_PROCESSES {protocol.VIEW_MAX_PROCESSES}\n" in header
-    assert f"#define NVS_VIEW_SELF 0x{protocol.VIEW_SELF}u " in header
+    assert f"#define NVS_VIEW_MAX_PROCESSES {protocol_view.VIEW_MAX_PROCESSES}\n" in header
+    assert f"#define NVS_VIEW_SELF 0x{protocol_view.VIEW_SELF}u " in header
