@@ -317,8 +317,8 @@ def high_and_normal(
     **env: str,
 ) -> tuple[RunningDaemon, Probe, Probe, Path]:
     """A daemon in mode on (with `scheduler`'s further settings) whose rules make `*/probe-high`
-    a high priority, and two probes under it: one run as probe-high, one plain; kernels of
-    `launch_us`, traced to the returned file."""
+    a high priority, and two probes under it: one run as probe-high, which has launched once
+    and holds the GPU, and one plain; kernels of `launch_us`, traced to the returned file."""
     d = start(
         running,
         where,
@@ -335,7 +335,11 @@ def high_and_normal(
         **env,
     )
     high = start_probe(Renamed(plain.name, plain.build, plain.runtime, exe), environment)
-    return d, high, start_probe(plain, environment), trace
+    high.ok("init")
+    high.ok("launch 1")
+    low = start_probe(plain, environment)
+    low.ok("init")
+    return d, high, low, trace
 
 
 def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
@@ -356,9 +360,6 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
         launch_us=50000,
         NVSHARE_DAEMON_TIMEOUT_MS="600000",  # a stopped daemon is waited for, not given up on
     )
-    high.ok("init")
-    high.ok("launch 1")
-    low.ok("init")
     stream = low.ok("stream 0").split()[1]
     low.send(f"queue_on {stream} 30")  # granted once the high one has been idle for 20 ms
     deadline = time.monotonic() + 20
@@ -400,9 +401,6 @@ def test_a_steady_lender_finds_its_gpu_already_given_back(
         scheduler="idleHandoff: 20ms, reclaimAhead: 100ms",
         launch_us=10000,
     )
-    high.ok("init")
-    high.ok("launch 1")
-    low.ok("init")
     low.send("launchfor 9000 2")
     requests, period = 20, 0.3
     start_at = time.monotonic() + period
