@@ -354,7 +354,7 @@ class Lock:
             blocked |= g.gpus - g.held
             out += self._grant_waiting_members(g, now)
         for g in turns(self._s, now):
-            kept = bool(keeps) and ahead.kept_from(self._s, keeps, g, now)
+            kept = ahead.kept_from(self._s, keeps, g, now)
             if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
                 continue
