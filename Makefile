@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every Python package `make run` and `make test` use, at exact versions with their hashes.
+# `make lock` refreshes it (see README, "Dependencies").
+LOCK := requirements.lock
+UV_VERSION := 0.13.9
 HOOK := ld_hook/build/libnvshare.so
 POLICY_DIR ?= configmaps/default
 SOCKET_DIR ?= $(if $(NVSHARE_SOCKET_DIR),$(NVSHARE_SOCKET_DIR),/var/run/nvshare)
@@ -13,7 +17,7 @@ SOCKET_DIR ?= $(if $(NVSHARE_SOCKET_DIR),$(NVSHARE_SOCKET_DIR),/var/run/nvshare)
 # command -> Debian package that provides it
 APT_NEEDS := gcc:gcc make:make kubectl:kubernetes-client systemd-analyze:systemd
 
-.PHONY: run demo test deps venv hook lint clean install uninstall
+.PHONY: run demo test deps venv hook lint clean install uninstall lock
 
 # exec: the daemon takes the recipe shell's place, so the signal that stops `make run` (make
 # passes SIGTERM on to its recipe) stops the daemon, and no daemon is left behind.
@@ -39,11 +43,23 @@ deps:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+# A new lock rebuilds the venv from nothing, so no package of an older lock stays behind. The
+# venv's own pip (the one that came with $(PYTHON)) installs exactly the lock: hashes checked,
+# nothing resolved; then the appliance itself, editable, built with the locked setuptools.
+$(STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/pip check --disable-pip-version-check
 	touch $@
+
+# Re-resolve pyproject.toml's ranges into $(LOCK) for every Python from 3.10 and every platform:
+# versions already locked stay where they still fit; UPGRADE=1 takes the newest of everything.
+lock:
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	.venv-lock/bin/uv pip compile --quiet --universal --python-version 3.10 --generate-hashes \
+	  --extra test $(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
 
 hook: $(HOOK)
 
@@ -66,4 +82,4 @@ uninstall:
 
 clean:
 	$(MAKE) -C ld_hook clean
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) .venv-lock *.egg-info

@@ -57,6 +57,7 @@ POLICY_DIR=/etc/nvshare/policy.d
 DEFAULT_POLICY="$POLICY_DIR/00-default.yaml"
 PRELOAD_FILE=/etc/ld.so.preload
 MANIFEST="$PREFIX/install-manifest"
+BIN_DIR=/usr/local/bin
 
 if [ -z "$ROOT" ] && [ "$DRY_RUN" = 0 ] && [ "$(id -u)" != 0 ]; then
   echo "install.sh: installing into / needs root (or use --root DIR / --dry-run)" >&2
@@ -113,7 +114,23 @@ install_files() {
       act python3 -m venv "$ROOT$VENV"
       record venv "$VENV"
     fi
-    act "$ROOT$VENV/bin/pip" install --quiet "$REPO"
+    # Every package at the version requirements.lock names: a new release never changes an install.
+    local pins
+    pins="$(mktemp)"
+    "$REPO/scripts/pins.sh" > "$pins"
+    act "$ROOT$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$pins" "$REPO"
+    rm -f "$pins"
+    # The commands on the PATH, where an existing file of another install is left alone.
+    make_dirs "$BIN_DIR"; flush_dirs
+    local cmd
+    for cmd in nvsharectl nvshare-scheduler; do
+      if [ -e "$ROOT$BIN_DIR/$cmd" ] && [ "$(readlink "$ROOT$BIN_DIR/$cmd")" != "$VENV/bin/$cmd" ]; then
+        say "keeping $BIN_DIR/$cmd: it is not ours; run $VENV/bin/$cmd"
+        continue
+      fi
+      act ln -sfn "$VENV/bin/$cmd" "$ROOT$BIN_DIR/$cmd"
+      record file "$BIN_DIR/$cmd"
+    done
   fi
 
   make_dirs "$(dirname "$UNIT")"; flush_dirs
@@ -156,6 +173,7 @@ install_files() {
   if systemd_live; then act systemctl daemon-reload; fi
   if [ "$DRY_RUN" = 1 ]; then say "dry run: nothing was installed"; return 0; fi
   say "installed under ${ROOT:-/}; start it with: systemctl enable --now nvshare-scheduler"
+  if [ "$NO_VENV" = 0 ]; then say "nvsharectl and nvshare-scheduler are in $BIN_DIR"; fi
 }
 
 remove_preload_line() {

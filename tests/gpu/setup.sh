@@ -1,5 +1,6 @@
 # Sourced from the repository root by tests/gpu/run.sh and bench/gangs.sh on a GPU machine:
-# the appliance's dependencies from .whl/ when carried there (wheels for the machine's Python),
+# the appliance's dependencies from .whl/ when carried there (scripts/gpu-wheels.sh fetches them
+# at the versions requirements.lock names, for the machine's Python),
 # the tree on PYTHONPATH, what the machine has (GPUs, driver, torch), and the hook built.
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

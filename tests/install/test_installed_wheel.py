@@ -7,7 +7,8 @@ into a new virtualenv in a temp directory, and every program is run from there w
 temp directory as its working directory, so nothing can be picked up from the checkout.
 
 Dependencies come through pip as configured on the machine (its cache and indexes, the same
-ones `make test` used for `.venv`); bytecode compilation is skipped to keep this fast.
+ones `make test` used for `.venv`), each at the version `requirements.lock` names, as the image
+and `make install` take them; bytecode compilation is skipped to keep this fast.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.markers import Marker
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip"]
@@ -78,12 +80,20 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     (wheel,) = wheels.glob("nvshare_appliance-*.whl")
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pins = work / "pins.txt"
+    pins.write_text(
+        subprocess.run(
+            ["bash", str(ROOT / "scripts/pins.sh")], check=True, capture_output=True, text=True
+        ).stdout
+    )
     _pip(
         "--python",
         str(venv / "bin" / "python"),
         "install",
         "-q",
         "--no-compile",
+        "-c",
+        str(pins),
         str(wheel),
         cwd=work,
     )
@@ -105,6 +115,39 @@ def test_the_package_is_imported_from_the_install_and_carries_its_schema(
     package, schema, is_link = json.loads(done.stdout)
     assert Path(package).is_relative_to(installed.venv) and not is_link
     assert Path(schema).read_bytes() == (ROOT / "schema" / "policy.schema.json").read_bytes()
+
+
+def test_every_installed_package_is_at_its_locked_version(installed: Installed) -> None:
+    probe = (
+        "import json, importlib.metadata as m;"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
+    done = installed.run(installed.bin("python"), "-c", probe)
+    assert done.returncode == 0, done.stderr
+    got = {_canonical(name): version for name, version in json.loads(done.stdout).items()}
+    locked = _locked_versions()
+    assert {"pyyaml", "jsonschema", "kubernetes", "grpcio"} <= got.keys()
+    off = {n: (v, locked.get(n)) for n, v in got.items() if n != "nvshare-appliance"}
+    assert {n: vs for n, vs in off.items() if vs[0] != vs[1]} == {}
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _locked_versions() -> dict[str, str]:
+    """name -> version for this Python, from the lock's `name==version ; marker` lines."""
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    versions: dict[str, str] = {}
+    for line in lines:
+        if not line[:1].isalnum():
+            continue
+        pin, _, marker = line.rstrip(" \\").partition(";")
+        if marker.strip() and not Marker(marker.strip()).evaluate():
+            continue
+        name, _, version = pin.strip().partition("==")
+        versions[_canonical(name)] = version
+    return versions
 
 
 def test_nvsharectl_policy_validate_checks_against_the_installed_schema(

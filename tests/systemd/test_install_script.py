@@ -124,17 +124,42 @@ def test_given_venv_is_used_and_kept(staging: Path, hook: Path, tmp_path: Path) 
     # A scripted stand-in for an existing venv: its pip records what it was asked to install.
     venv = staging / "srv/tools-venv"
     (venv / "bin").mkdir(parents=True)
-    log = tmp_path / "pip.log"
-    for name, body in (("python", "exit 0"), ("pip", f'echo "$@" >> {log}')):
+    log, pins = tmp_path / "pip.log", tmp_path / "pins.txt"
+    keep_pins = f'while [ $# -gt 0 ]; do [ "$1" = -c ] && cp "$2" {pins}; shift; done'
+    for name, body in (("python", "exit 0"), ("pip", f'echo "$@" >> {log}; {keep_pins}')):
         (venv / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
         (venv / "bin" / name).chmod(0o755)
     before = tree(staging)
-    install(staging, "--venv", "/srv/tools-venv", "--hook", str(hook))
-    assert log.read_text().split() == ["install", "--quiet", str(ROOT)]
+    result = install(staging, "--venv", "/srv/tools-venv", "--hook", str(hook))
+    argv = log.read_text().split()
+    assert argv[0] == "install" and argv[-1] == str(ROOT)
+    # Every package at its locked version: the lock's pins, without hashes, as constraints.
+    assert argv[argv.index("-c") + 1] != str(pins) and "pyyaml==" in pins.read_text().lower()
+    assert "--hash" not in pins.read_text() and "\\" not in pins.read_text()
     unit = (staging / "etc/systemd/system/nvshare-scheduler.service").read_text()
     assert "ExecStart=/srv/tools-venv/bin/nvshare-scheduler --policy-dir" in unit
+    # The commands on the PATH.
+    for cmd in ("nvsharectl", "nvshare-scheduler"):
+        assert os.readlink(staging / "usr/local/bin" / cmd) == f"/srv/tools-venv/bin/{cmd}"
+    assert "nvsharectl and nvshare-scheduler are in /usr/local/bin" in result.stdout
     install(staging, "--uninstall")
     assert tree(staging) == before
+
+
+def test_a_command_of_another_install_on_the_path_is_left_alone(staging: Path, hook: Path) -> None:
+    venv = staging / "srv/v"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "pip"):
+        (venv / "bin" / name).write_text("#!/bin/sh\nexit 0\n")
+        (venv / "bin" / name).chmod(0o755)
+    (staging / "usr/local/bin").mkdir(parents=True)
+    (staging / "usr/local/bin/nvsharectl").write_text("#!/bin/sh\necho mine\n")
+    result = install(staging, "--venv", "/srv/v", "--hook", str(hook))
+    assert "keeping /usr/local/bin/nvsharectl: it is not ours" in result.stdout
+    assert (staging / "usr/local/bin/nvsharectl").read_text() == "#!/bin/sh\necho mine\n"
+    install(staging, "--uninstall")
+    assert (staging / "usr/local/bin/nvsharectl").read_text() == "#!/bin/sh\necho mine\n"
+    assert not (staging / "usr/local/bin/nvshare-scheduler").exists()
 
 
 def test_uninstall_without_a_manifest_removes_nothing(staging: Path) -> None:
