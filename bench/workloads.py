@@ -1,0 +1,463 @@
+"""A workload suite that no single loop can be tuned to: every scheduling feature on one GPU.
+
+Workers are ordinary PyTorch programs under the hook, each started by its own hard link of the
+interpreter (`*-nvs-ROLE`) so policy rules can tell them apart by executable:
+
+  train:SHAPE    a 4-layer 4096-wide bf16 MLP, forward, backward and SGD step; each step ends the
+                 way real loops do: `item` (loss.item()), `cpu` (loss.cpu()), `event` (an event
+                 recorded and synchronised), `pinned` (a blocking copy_ into pinned memory),
+                 `loader` (batches from a DataLoader with 2 workers and pinned memory, then
+                 .item()), `sync` (torch.cuda.synchronize(), the shape older benchmarks used)
+  compiled       the same model, forward only, under torch.compile(mode="reduce-overhead") (CUDA
+                 graphs), .item() each step
+  infer:ARRIVAL:MS[:graph]
+                 requests of about MS ms of GPU work (1024-wide fp16 layers), `steady` (one every
+                 50 ms) or `poisson` (exponential gaps, mean 50 ms, fixed seed); `graph` replays
+                 the request as a captured CUDA graph; latency from submission to its result
+
+Every worker writes the wall time at which each step (or request) finished, so the report can
+say what a user would see: each one's rate over the time both ran, the split, the longest time a
+job made no step, throughput shares from the first second.
+
+Sections (each pair also runs each member alone, in the same call, for its ratios):
+  turns      two trainers at TQ 5 s, mode on, the second started 0.5 s after the first, for every
+             step shape, and mixed pairs in both start orders: split and longest stall
+  modes      two `train:item` in modes on / auto / off: combined rate against one alone
+  quotas     `train:item` at coreLimit 25 / 50 / 75, `compiled` at 30, and a 25/75 pair:
+             throughput share over the first 1 s and the whole run
+  priorities an inference loop at priority high beside `train:item` at low (steady and Poisson,
+             eager and graph), and beside a trainer that lowers itself (NVSHARE_GPU_PRIORITY);
+             p99 against alone and against mode off, the trainer's rate against alone
+  requests   two trainers with coreRequest 30 and 70
+
+    python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
+    (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
+    2-GPU jobs are bench/gangs.py's)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _daemon import BenchDaemon, machine, percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
+TQ = "5s"
+RULES = """
+rules:
+  - {name: high, match: {executable: '*-nvs-hi*'}, priority: high}
+  - {name: low, match: {executable: '*-nvs-lo*'}, priority: low}
+  - {name: q25, match: {executable: '*-nvs-q25*'}, coreLimit: 25}
+  - {name: q30, match: {executable: '*-nvs-q30*'}, coreLimit: 30}
+  - {name: q50, match: {executable: '*-nvs-q50*'}, coreLimit: 50}
+  - {name: q75, match: {executable: '*-nvs-q75*'}, coreLimit: 75}
+  - {name: r30, match: {executable: '*-nvs-r30*'}, coreRequest: 30}
+  - {name: r70, match: {executable: '*-nvs-r70*'}, coreRequest: 70}
+"""
+
+
+# ------------------------------------------------------------------ workers (under the hook)
+
+
+def _wait_for_go(ready: Path, delay: float) -> None:
+    ready.touch()
+    go = ready.parent / "go"
+    while not go.exists():
+        time.sleep(0.002)
+    time.sleep(delay)
+
+
+def _end_step(shape: str) -> Any:
+    """How a step ends: the call that waits for the loss, as real training loops write it."""
+    import torch
+
+    pinned = torch.empty(1, pin_memory=True)
+
+    def event(loss: Any) -> None:
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+
+    endings = {
+        "item": lambda loss: loss.item(),
+        "loader": lambda loss: loss.item(),
+        "cpu": lambda loss: loss.detach().cpu(),
+        "event": event,
+        "pinned": lambda loss: pinned.copy_(loss.detach().reshape(1).float()),
+        "sync": lambda loss: torch.cuda.synchronize(),
+    }
+    if shape not in endings:
+        raise SystemExit(f"unknown step shape {shape!r}")
+    return endings[shape]
+
+
+def _batches(shape: str, x: Any) -> Any:
+    """The step's input: the same tensor, or for `loader` the next batch of a DataLoader."""
+    import torch
+
+    if shape != "loader":
+        return lambda: x
+    data = torch.utils.data.TensorDataset(torch.randn(64 * 512, 4096))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=512, num_workers=2, pin_memory=True, persistent_workers=True
+    )
+    batches = iter(loader)
+
+    def next_batch() -> Any:
+        nonlocal batches
+        batch = next(batches, None)
+        if batch is None:
+            batches = iter(loader)
+            batch = next(batches)
+        return batch[0].to("cuda", torch.bfloat16, non_blocking=True).repeat(4, 1)
+
+    return next_batch
+
+
+def _trainer(shape: str) -> Any:
+    import torch
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)])
+    model = model.to("cuda", torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    if shape == "compiled":
+        compiled = torch.compile(model, mode="reduce-overhead")
+
+        def inference_step() -> None:
+            with torch.no_grad():
+                compiled(x).float().square().mean().item()
+
+        return inference_step
+    batch, end = _batches(shape, x), _end_step(shape)
+
+    def step() -> None:
+        loss = model(batch()).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end(loss)
+
+    return step
+
+
+def train(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> None:
+    shape = "compiled" if spec == "compiled" else spec.split(":")[1]
+    step = _trainer(shape)
+    for _ in range(10 if shape != "compiled" else 20):  # warm-up (and compile) before the start
+        step()
+    _wait_for_go(ready, delay)
+    ends, start = [], time.time()
+    while time.time() < start + seconds - delay:
+        step()
+        ends.append(time.time())
+    out.write_text(json.dumps({"start": start, "ends": ends}))
+
+
+def infer(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> None:
+    import torch
+
+    _, arrival, work_ms, *graph = spec.split(":")
+    depth = max(1, round(float(work_ms) / 0.25))  # about 0.25 ms a 32x1024 @ 1024x4096 layer
+    layers = [torch.randn(1024, 1024, device="cuda", dtype=torch.float16) / 32] * depth
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.float16)
+
+    def forward() -> Any:
+        y = x
+        for w in layers:
+            y = torch.relu(y @ w)
+        return y
+
+    replay = None
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            forward()
+        replay = g.replay
+
+    def request() -> float:
+        t0 = time.perf_counter()
+        replay() if replay is not None else forward()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for _ in range(20):
+        request()
+    _wait_for_go(ready, delay)
+    rng = random.Random(7)
+    latencies, ends = [], []
+    start = time.time()
+    next_at = time.perf_counter()
+    stop_at = next_at + seconds - delay
+    while next_at < stop_at:
+        latencies.append(request())
+        ends.append(time.time())
+        gap = rng.expovariate(1 / 0.05) if arrival == "poisson" else 0.05
+        next_at += gap
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    out.write_text(json.dumps({"start": start, "ends": ends, "latencies_s": latencies}))
+
+
+# ------------------------------------------------------------------ running workers together
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # also the executable's suffix: policy rules match on it
+    spec: str  # train:SHAPE, compiled, infer:ARRIVAL:MS[:graph]
+    delay: float = 0.0  # seconds after the common start
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def interpreter(role: str) -> str:
+    """The interpreter under a name for the role, beside it (so it finds the same prefix)."""
+    real = os.path.realpath(sys.executable)
+    named = f"{real}-nvs-{role}"
+    if not os.path.exists(named):
+        try:
+            os.link(real, named)
+        except OSError:
+            shutil.copy2(real, named)
+    return named
+
+
+def run(policy: str | None, roles: list[Role], seconds: float) -> dict[str, Any]:
+    """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon)."""
+    daemon = BenchDaemon(policy + RULES) if policy is not None else None
+    tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if daemon is not None:
+        env |= {"LD_PRELOAD": str(HOOK), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for r in roles:
+            argv = [interpreter(r.name), __file__, "--worker", r.spec, str(seconds)]
+            argv += [str(tmp / r.name), str(tmp / f"ready-{r.name}"), str(r.delay)]
+            procs[r.name] = subprocess.Popen(argv, env={**env, **r.env})
+        deadline = time.monotonic() + 300  # torch.compile's first compile is slow
+        while not all((tmp / f"ready-{r.name}").exists() for r in roles):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+                raise RuntimeError(f"workers did not start: {[p.poll() for p in procs.values()]}")
+            time.sleep(0.01)
+        (tmp / "go").touch()
+        for p in procs.values():
+            p.wait(seconds + 120)
+        return {r.name: json.loads((tmp / r.name).read_text()) for r in roles}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        if daemon is not None:
+            daemon.stop()
+
+
+# ------------------------------------------------------------------ what a user would measure
+
+
+def steps_between(result: dict[str, Any], lo: float, hi: float) -> int:
+    return sum(1 for t in result["ends"] if lo <= t < hi)
+
+
+def overlap(results: dict[str, Any]) -> tuple[float, float]:
+    """From the last one's start to the first one's end: the time every worker ran."""
+    lo = max(r["start"] for r in results.values())
+    hi = min(r["ends"][-1] if r["ends"] else r["start"] for r in results.values())
+    return lo, hi
+
+
+def longest_stall(result: dict[str, Any], lo: float, hi: float) -> float:
+    """The longest time in [lo, hi) in which the worker finished no step."""
+    marks = [lo, *(t for t in result["ends"] if lo <= t < hi), hi]
+    return max(b - a for a, b in itertools.pairwise(marks))
+
+
+def pair_report(pair: dict[str, Any], alone: dict[str, float]) -> dict[str, Any]:
+    lo, hi = overlap(pair)
+    span = max(hi - lo, 1e-9)
+    rates = {n: steps_between(r, lo, hi) / span for n, r in pair.items()}
+    shares = {n: rates[n] / alone[n] for n in pair}  # each against itself alone
+    total = sum(shares.values()) or 1.0
+    return {
+        "both_ran_s": round(span, 2),
+        "split_pct": {n: round(100 * s / total, 1) for n, s in shares.items()},
+        "combined_of_alone": round(total, 3),
+        "longest_stall_s": {n: round(longest_stall(r, lo, hi), 2) for n, r in pair.items()},
+    }
+
+
+def rate(result: dict[str, Any], first_s: float | None = None) -> float:
+    start = result["start"]
+    end = start + first_s if first_s is not None else result["ends"][-1]
+    return steps_between(result, start, end) / max(end - start, 1e-9)
+
+
+def latency(result: dict[str, Any]) -> dict[str, float]:
+    ms = [x * 1000 for x in result["latencies_s"]]
+    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "n": len(ms)}
+
+
+# ------------------------------------------------------------------ sections
+
+
+def on_policy(mode: str = "on") -> str:
+    return f"scheduler: {{mode: '{mode}', timeQuantum: {TQ}}}"
+
+
+def alone_rates(specs: dict[str, str], seconds: float) -> dict[str, float]:
+    """Each role's rate alone under the hook (mode on, nothing to share with)."""
+    return {
+        name: rate(run(on_policy(), [Role(name, spec)], seconds)[name])
+        for name, spec in specs.items()
+    }
+
+
+def section_turns(seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    shapes = ["item", "cpu", "event", "pinned", "loader", "sync"]
+    solo = alone_rates({f"t{s}": f"train:{s}" for s in shapes}, seconds)
+    solo |= alone_rates({"tcompiled": "compiled"}, seconds)
+    for shape in shapes:
+        a, b = f"t{shape}", f"t{shape}2"
+        pair = run(
+            on_policy(), [Role(a, f"train:{shape}"), Role(b, f"train:{shape}", 0.5)], seconds
+        )
+        out[f"{shape}+{shape}"] = pair_report(pair, {a: solo[a], b: solo[a]})
+    for first, second in (
+        ("titem", "tloader"),
+        ("tloader", "titem"),
+        ("tcompiled", "titem"),
+        ("titem", "tcompiled"),
+    ):
+        specs = {"titem": "train:item", "tloader": "train:loader", "tcompiled": "compiled"}
+        roles = [Role(first, specs[first]), Role(second, specs[second], 0.5)]
+        pair = run(on_policy(), roles, seconds)
+        out[f"{first}->{second}"] = pair_report(pair, solo)
+    return out
+
+
+def section_modes(seconds: float) -> dict[str, Any]:
+    solo = alone_rates({"a": "train:item"}, seconds)["a"]
+    out = {}
+    for mode in ("on", "auto", "off"):
+        pair = run(
+            on_policy(mode), [Role("a", "train:item"), Role("b", "train:item", 0.5)], seconds
+        )
+        out[mode] = pair_report(pair, {"a": solo, "b": solo})
+    return out
+
+
+def section_quotas(seconds: float) -> dict[str, Any]:
+    solo = alone_rates({"t": "train:item", "c": "compiled"}, seconds)
+    out: dict[str, Any] = {}
+    for pct, spec, base in (
+        (25, "train:item", "t"),
+        (50, "train:item", "t"),
+        (75, "train:item", "t"),
+        (30, "compiled", "c"),
+    ):
+        name = f"q{pct}{base}"
+        r = run(on_policy(), [Role(name, spec)], seconds)[name]
+        solo_first = rate(run(on_policy(), [Role(base, spec)], 1.5)[base], 1.0)
+        out[name] = {
+            "limit": pct,
+            "share_first_1s": round(100 * rate(r, 1.0) / solo_first, 1),
+            "share_whole_run": round(100 * rate(r) / solo[base], 1),
+        }
+    pair = run(on_policy(), [Role("q25a", "train:item"), Role("q75a", "train:item")], seconds)
+    out["25+75"] = {n: round(100 * rate(r) / solo["t"], 1) for n, r in pair.items()}
+    return out
+
+
+def section_priorities(seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
+    for arrival in ("steady", "poisson"):
+        for work in ("1", "5"):
+            for graph in ("", ":graph"):
+                spec = f"infer:{arrival}:{work}{graph}"
+                alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
+                row: dict[str, Any] = {"alone_p99_ms": round(alone["p99_ms"], 3)}
+                cases = {
+                    "on": (on_policy(), [Role("hii", spec), Role("lot", "train:item")]),
+                    "on_self_lowered": (
+                        on_policy(),
+                        [
+                            Role("inf", spec),
+                            Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"}),
+                        ],
+                    ),
+                    "off": (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")]),
+                }
+                for case, (policy, roles) in cases.items():
+                    pair = run(policy, roles, seconds)
+                    inf, trn = (pair[r.name] for r in roles)
+                    row[case] = {
+                        "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
+                        "trainer_of_solo": round(rate(trn) / train_solo, 2),
+                    }
+                out[spec] = row
+    return out
+
+
+def section_requests(seconds: float) -> dict[str, Any]:
+    solo = alone_rates({"t": "train:item"}, seconds)["t"]
+    pair = run(on_policy(), [Role("r30", "train:item"), Role("r70", "train:item")], seconds)
+    return {n: round(100 * rate(r) / solo, 1) for n, r in pair.items()}
+
+
+SECTIONS = {
+    "turns": section_turns,
+    "modes": section_modes,
+    "quotas": section_quotas,
+    "priorities": section_priorities,
+    "requests": section_requests,
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "seconds": args.seconds,
+    }
+    for name in args.sections.split(","):
+        started = time.monotonic()
+        res[name] = SECTIONS[name](args.seconds)
+        res[name]["section_s"] = round(time.monotonic() - started, 1)
+        print(json.dumps({name: res[name]}, indent=1), flush=True)
+        if args.json is not None:  # what a run cut short by a time limit has done so far
+            args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        spec, seconds, out, ready, delay = sys.argv[2:7]
+        worker = infer if spec.startswith("infer") else train
+        worker(spec, float(seconds), Path(out), Path(ready), float(delay))
+    else:
+        sys.exit(main())
