@@ -33,6 +33,8 @@ from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 FOLLOW_POLICY = "policy"
 V = TypeVar("V")
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
+PID = click.IntRange(1, PID_MAX)
 
 
 def _fail(message: str) -> NoReturn:
@@ -283,8 +285,28 @@ def limit() -> None:
     """
 
 
-@limit.command("set")
-@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
+class SignedSizes(click.Command):
+    """A command with a MEMORY argument that a user may give a sign: `-5Gi` is a size refused
+    as such, not an option nobody has (`No such option '-5'`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes its list
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            signed = [a for a in given if a.startswith(exc.option_name) and a[1:2].isdigit()]
+            if not signed:
+                raise
+            raise click.BadParameter(
+                _NEGATIVE.format(signed[0]), ctx, param_hint="MEMORY"
+            ) from None
+
+
+_NEGATIVE = "{}: a memory limit must be positive (`limit clear` removes one)"
+
+
+@limit.command("set", cls=SignedSizes)
+@click.option("--pid", type=PID, help="A process connected to the scheduler.")
 @click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--core", type=click.IntRange(1, 100), help="Compute share in percent.")
 @click.argument("memory", required=False)
@@ -300,6 +322,8 @@ def limit_set(
     target_pid, ns, name = _target(pid, pod)
     flags, mem = 0, 0
     if memory is not None:
+        if memory.lstrip().startswith("-"):
+            raise click.BadParameter(_NEGATIVE.format(memory), param_hint="MEMORY")
         try:
             mem = parse_size(memory)
         except QuantityError as exc:
@@ -318,7 +342,7 @@ def limit_set(
 
 
 @limit.command("clear")
-@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
+@click.option("--pid", type=PID, help="A process connected to the scheduler.")
 @click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--memory/--no-memory", "clear_mem", default=True, help="Clear the memory limit.")
 @click.option("--core/--no-core", "clear_core", default=True, help="Clear the core limit.")
@@ -410,7 +434,7 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
 
 
 @policy.command("explain")
-@click.option("--pid", type=click.IntRange(min=1))
+@click.option("--pid", type=PID)
 @click.option("--pod", help="NAMESPACE/NAME")
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:

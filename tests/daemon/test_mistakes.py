@@ -62,7 +62,7 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["limit", "set", "--pid", "-3", "1Gi"], "-3 is not in the range x>=1"),
+        (["limit", "set", "--pid", "-3", "1Gi"], "-3 is not in the range 1<=x<=4194304"),
         (["limit", "set", "--pid", "7", "99999999Pi"], "'99999999Pi' is too large"),
         (["limit", "set", "--pid", "7", "1ki"], "did you mean Ki?"),
         (["limit", "set", "--pid", "7", "0"], "must be greater than 0"),
@@ -70,6 +70,16 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
         (["-T", "99999999999999"], "is not from 1 to 86400 seconds"),
         (["-T", "100000000"], "is not from 1 to 86400 seconds"),
         (["-T", "soon"], "'soon' is not a whole number of seconds, or 'policy'"),
+        (["--socket-dir", "", "status"], "'--socket-dir': an empty path names no directory"),
+        (["--control-dir", "", "status"], "'--control-dir': an empty path names no directory"),
+        (
+            ["limit", "set", "--pid", "99999999999999999999", "1Gi"],
+            "99999999999999999999 is not in the range 1<=x<=4194304",
+        ),
+        (["policy", "explain", "--pid", "99999999999999999999"], "not in the range 1<=x<="),
+        (["limit", "set", "--pid", "7", "-5Gi"], "-5Gi: a memory limit must be positive"),
+        (["limit", "set", "-5", "--pid", "7"], "MEMORY: -5: a memory limit must be positive"),
+        (["limit", "set", "--pid", "7", "--", "-5Gi"], "-5Gi: a memory limit must be positive"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -142,6 +152,49 @@ def test_a_missing_policy_directory_says_how_to_give_one(tmp_path: Path) -> None
     line = refusal(r)
     assert "does not exist; give one with --policy-dir DIR (env NVSHARE_POLICY_DIR)" in line
     assert "cannot watch" not in r.stderr  # no confusing warning before it
+
+
+def test_a_policy_directory_that_is_a_file_is_called_so(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("scheduler: {mode: 'on'}\n")
+    r = run(
+        "nvshare-scheduler",
+        "--policy-dir",
+        str(policy),
+        env={**os.environ, "NVSHARE_SOCKET_DIR": str(tmp_path / "run")},
+    )
+    line = refusal(r)
+    assert f"--policy-dir {policy} is not a directory" in line and "does not exist" not in line
+
+
+def test_a_control_directory_that_is_a_file_is_called_so(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    r = run("nvsharectl", "--control-dir", str(tmp_path / "file"), "status")
+    assert r.returncode == 1
+    assert one_line(r.stderr) == (
+        f"nvsharectl: no nvshare scheduler can be at {tmp_path}/file/control.sock: "
+        f"{tmp_path}/file is not a directory (check --socket-dir, --control-dir, "
+        "NVSHARE_SOCKET_DIR and NVSHARE_CONTROL_DIR)"
+    )
+
+
+def test_a_reader_that_stops_reading_ends_nvsharectl_quietly(daemon: RunningDaemon) -> None:
+    """`nvsharectl status | head -2`: no message, and the shell's exit status for a program
+    whose output pipe closed (128 + SIGPIPE), as `cat` gives."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line is written
+    try:
+        r = subprocess.run(
+            [str(BIN / "nvsharectl"), "status"],
+            env=daemon.env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.close(write_end)
+    assert r.stderr == "" and r.returncode == 128 + signal.SIGPIPE
 
 
 def test_a_webhook_certificate_that_is_not_there_is_named(tmp_path: Path) -> None:
