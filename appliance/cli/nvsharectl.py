@@ -20,6 +20,7 @@ from appliance import protocol as p
 from appliance.cli import top_view
 from appliance.cli.common import control_dir_option, program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
+from appliance.core.names import pod_name_problem
 from appliance.core.views import (
     ExplainView,
     OverridesView,
@@ -262,7 +263,9 @@ def mode(ctx: click.Context, mode: str, gpu: str) -> None:
     _answer(_request(ctx, _set_mode(mode, gpu)))
 
 
-def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
+def _target(pid: int | None, pod: str | None, *, wire: bool = True) -> tuple[int, str, str]:
+    """(pid, namespace, name) of --pid or --pod; `wire`: the pod's name travels in a
+    fixed-size field of a control message, not in a query's JSON."""
     if (pid is None) == (pod is None):
         raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
     if pod is not None:
@@ -270,6 +273,14 @@ def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
         if not ns or not name or "/" in name:
             raise click.BadParameter(
                 f"{pod!r} is not NAMESPACE/NAME (say default/{pod} for the default namespace)",
+                param_hint="--pod",
+            )
+        if (problem := pod_name_problem(ns, name)) is not None:
+            raise click.BadParameter(problem, param_hint="--pod")
+        if wire and len(name.encode()) >= p.NAME_LEN:
+            raise click.BadParameter(
+                f"pod names of up to {p.NAME_LEN - 1} characters can be given limits here; this "
+                f"one has {len(name)} (a known gap: pods a controller names stay within 63)",
                 param_hint="--pod",
             )
         return 0, ns, name
@@ -352,6 +363,8 @@ def limit_clear(
 ) -> None:
     """Remove an override: the policy or annotation value applies again."""
     target_pid, ns, name = _target(pid, pod)
+    if not clear_mem and not clear_core:
+        raise click.UsageError("--no-memory and --no-core together leave nothing to clear")
     flags = (p.LIMIT_SET_CLEAR_MEM if clear_mem else 0) | (
         p.LIMIT_SET_CLEAR_CORE if clear_core else 0
     )
@@ -439,7 +452,7 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
     """The effective limits of a client and what set each of them."""
-    _target(pid, pod)
+    _target(pid, pod, wire=False)
     view = from_json(ExplainView, _query(ctx, "explain", pid=pid, pod=pod))
     if not view.clients:
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")

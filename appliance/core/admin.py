@@ -16,6 +16,7 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.actions import Outcome
 from appliance.core.events import LimitTarget
+from appliance.core.names import pod_name_problem
 from appliance.core.state import Client, NodeState
 from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Limits, Policy
 from appliance.policy.quantity import MAX_SIZE_BYTES, format_bytes
@@ -127,6 +128,10 @@ class Admin:
             return [reply(Outcome.INVALID, missing)]
         if (problem := _limit_problem(e.limits)) is not None:
             return [reply(Outcome.INVALID, f"{problem}; nothing changed")]
+        if e.target.kind == "pod":
+            namespace, _, name = e.target.name.partition("/")
+            if (problem := pod_name_problem(namespace, name)) is not None:
+                return [reply(Outcome.INVALID, f"{problem[:200]}; nothing changed")]
         matched = self._s.reached(e.target)
         if e.target.kind == "pid" and not matched:
             message = (
@@ -141,7 +146,13 @@ class Admin:
         after = Limits(memory_bytes=memory, core_percent=core)
         if after == current:
             if e.clear_memory or e.clear_core:
-                message = f"{e.target} has no such override to clear; nothing changed"
+                what = " or ".join(
+                    w for w, asked in (("memory", e.clear_memory), ("core", e.clear_core)) if asked
+                )
+                message = (
+                    f"nothing was set for {e.target}: it has no {what} override to clear; "
+                    "nothing changed"
+                )
                 return [reply(Outcome.NOT_FOUND, message)]
             memory_shown, core_shown = _shown(after)
             message = f"{e.target} already has memory {memory_shown}, core {core_shown}; no change"

@@ -153,7 +153,9 @@ def test_an_override_says_what_changed_and_whom_it_reaches(
         ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True, reply_to=ADMIN)
     )
     assert reply(out).outcome is act.Outcome.NOT_FOUND
-    assert reply(out).message == "pid 500 has no such override to clear; nothing changed"
+    assert reply(out).message == (
+        "nothing was set for pid 500: it has no memory or core override to clear; nothing changed"
+    )
 
 
 def test_an_override_under_a_lower_env_limit_says_the_env_limit_wins(harness: Harness) -> None:

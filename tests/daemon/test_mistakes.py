@@ -80,6 +80,31 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
         (["limit", "set", "--pid", "7", "-5Gi"], "-5Gi: a memory limit must be positive"),
         (["limit", "set", "-5", "--pid", "7"], "MEMORY: -5: a memory limit must be positive"),
         (["limit", "set", "--pid", "7", "--", "-5Gi"], "-5Gi: a memory limit must be positive"),
+        (
+            ["limit", "set", "--pod", "Default/trainer", "1Gi"],
+            "namespace 'Default' is not a Kubernetes namespace: at most 63 lowercase letters",
+        ),
+        (
+            ["limit", "set", "--pod", "default/UPPER_case", "1Gi"],
+            "pod name 'UPPER_case' is not a Kubernetes pod name: at most 253 lowercase",
+        ),
+        (
+            ["limit", "set", "--pod", "default/" + "a" * 300, "1Gi"],
+            "a pod name of 300 characters ('aaaaaaaaaaaaaaaaaaaa'...) is longer than Kubernetes "
+            "allows: at most 253 (a DNS-1123 subdomain)",
+        ),
+        (
+            ["limit", "clear", "--pod", "n" * 64 + "/trainer"],
+            "a namespace of 64 characters",
+        ),
+        (
+            ["limit", "clear", "--pod", "default/" + "a" * 64],
+            "pod names of up to 63 characters can be given limits here; this one has 64",
+        ),
+        (
+            ["limit", "clear", "--pod", "ml/trainer", "--no-memory", "--no-core"],
+            "--no-memory and --no-core together leave nothing to clear",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -368,7 +393,12 @@ def test_state_changes_say_what_changed_and_refuse_what_names_nothing(
     listed = ctl(daemon, "limit", "list").stdout
     assert f"pid {me}" in listed and "2Gi" in listed
     r = ctl(daemon, "limit", "clear", "--pod", "ml/nothing-here")
-    assert r.returncode == 1 and "has no such override to clear" in r.stderr
+    assert r.returncode == 1 and one_line(r.stderr) == (
+        "nvsharectl: the scheduler refused: nothing was set for pod ml/nothing-here: it has no "
+        "memory or core override to clear; nothing changed"
+    )
+    r = ctl(daemon, "limit", "clear", "--pod", "ml/nothing-here", "--no-memory")
+    assert r.returncode == 1 and "it has no core override to clear" in r.stderr
     r = ctl(daemon, "mode", "on", "--gpu", "GPU-nosuch")
     assert r.returncode == 1 and f"no GPU GPU-nosuch is known here (known: {GPU})" in r.stderr
     assert ctl(daemon, "-T", "45").stdout.strip() == (
@@ -391,6 +421,18 @@ def test_state_changes_say_what_changed_and_refuse_what_names_nothing(
     while "no limit overrides" not in ctl(daemon, "limit", "list").stdout:
         assert time.monotonic() < deadline, "the override outlived its process"
         time.sleep(0.05)
+
+
+def test_the_daemon_refuses_an_override_for_a_pod_name_kubernetes_would_refuse(
+    daemon: RunningDaemon,
+) -> None:
+    """Whatever the client checked: the daemon keeps no override for a pod that cannot exist."""
+    with ControlClient(daemon.socket_dir, timeout=5) as c:
+        reply = c.request(p.LimitSet(0, p.LIMIT_SET_HAS_MEM, 1 << 30, 0, "ml", "Trainer_1"))
+    assert isinstance(reply, p.Result) and reply.status is p.Status.INVALID
+    assert reply.message.startswith("pod name 'Trainer_1' is not a Kubernetes pod name")
+    assert reply.message.endswith("; nothing changed")
+    assert "no limit overrides" in ctl(daemon, "limit", "list").stdout
 
 
 def test_a_claimed_pod_without_a_pod_watch_is_explained_once(daemon: RunningDaemon) -> None:
