@@ -9,6 +9,7 @@ unexpected is one line and exit status 1 (NVSHARE_DEBUG=1 shows the traceback).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -17,19 +18,18 @@ import click
 
 from appliance import framing, socket_dirs
 from appliance import protocol as p
-from appliance.cli import top_view
+from appliance.cli import status_view, top_view
 from appliance.cli.common import control_dir_option, program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.names import pod_name_problem
 from appliance.core.views import (
     ExplainView,
     OverridesView,
-    PolicyStatus,
     PolicyView,
     StatusView,
     from_json,
 )
-from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode, priority_name
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 FOLLOW_POLICY = "policy"
@@ -137,73 +137,17 @@ def _fmt_mem(n: int | None) -> str:
     return "-" if not n else format_bytes(n) if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f}Mi"
 
 
-def _print_status(status: StatusView) -> None:
-    if status.policy is not None:
-        _print_policy_status(status.policy)
-    if not status.gpus:
-        click.echo(
-            f"no GPUs in use yet (default mode {status.default_mode.value}, "
-            f"TQ {status.default_time_quantum_s:g} s)"
-        )
-    for g in status.gpus:
-        click.echo(
-            f"GPU {g.uuid}  mode {g.mode.value} ({g.mode_source})  "
-            f"TQ {g.time_quantum_s:g} s ({g.tq_source})  "
-            f"memory {_fmt_mem(g.memory_total)}"
-        )
-        click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
-        if note := top_view.scaled_requests(g):
-            click.echo(f"  {note}")
-    if status.clients or status.unhooked:
-        click.echo(
-            f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'NVML':>9} {'CONTEXT':>9} {'CORE':>5} {'REQ':>7} {'PRIO':>6} GPU"
-        )
-    for c in status.clients:
-        click.echo(
-            f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
-            f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
-            f"{_fmt_mem(c.memory_observed):>9} {_fmt_mem(top_view.overhead(c)):>9} "
-            f"{c.core_limit:>4}% {top_view.guaranteed(c):>7} {priority_name(c.priority):>6} {c.gpu}"
-            + (f"  gang: {c.gang}" if c.gang else "")
-            + (f"  late drops: {c.late_drops}" if c.late_drops else "")
-        )
-    # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.
-    for u in status.unhooked:
-        click.echo(
-            f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {_fmt_mem(u.memory_used):>9} {'-':>9} {'-':>5} {'-':>7} {'-':>6} "
-            f"{','.join(u.gpus)}"
-        )
-    if any(c.memory_observed is not None for c in status.clients):
-        click.echo(
-            "NVML: what NVML shows the process holding; CONTEXT: NVML minus MEM USED (the "
-            "hook's count), the CUDA context and the driver's own memory"
-        )
-    if status.unhooked:
-        click.echo(
-            f"{len(status.unhooked)} GPU process(es) run without the hook (unshared, "
-            "unlimited); the daemon's log says why each is likely"
-        )
-
-
-def _print_policy_status(policy: PolicyStatus) -> None:
-    state = "valid" if policy.valid else "INVALID (last good kept)"
-    click.echo(
-        f"policy: {policy.dir} hash {policy.hash[:12]} {state}; "
-        f"files: {', '.join(policy.files) or '(none: defaults)'}"
-    )
-    if policy.last_error:
-        click.echo(f"  last error: {policy.last_error}")
-    for name, source in sorted(policy.env_overrides.items()):
-        click.echo(f"  override from environment: {name} ({source})")
-
-
 @nvsharectl.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's status document.")
+@click.option(
+    "-w",
+    "--wide",
+    is_flag=True,
+    help="Everything: whole GPU UUIDs, client ids, NVML's memory, priorities, gangs.",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Show GPUs, modes, time quanta, clients, lock holders and queues."""
+def status(ctx: click.Context, as_json: bool, wide: bool) -> None:
+    """Show GPUs, modes, lock holders, queues and processes."""
     doc = _request(ctx, p.StatusRequest())
     if not isinstance(doc, p.JsonBody):
         _answer(doc)
@@ -211,7 +155,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc.doc, indent=2, sort_keys=True))
     else:
-        _print_status(from_json(StatusView, doc.doc))
+        width = shutil.get_terminal_size((status_view.WIDTH, 24)).columns
+        status_view.echo(from_json(StatusView, doc.doc), wide=wide, width=width)
 
 
 @nvsharectl.command()
@@ -252,7 +197,12 @@ def _set_mode(mode: str, gpu: str) -> p.SetMode:
 
 @nvsharectl.command()
 @click.argument("mode", type=click.Choice(["on", "off", "auto", FOLLOW_POLICY]))
-@click.option("--gpu", default="", help="Only this GPU (UUID); default every GPU.")
+@click.option(
+    "--gpu",
+    default="",
+    help="Only this GPU: its index (as nvidia-smi numbers it), UUID or a unique start of its "
+    "UUID; default every GPU.",
+)
 @click.pass_context
 def mode(ctx: click.Context, mode: str, gpu: str) -> None:
     """Set the scheduling mode of every GPU, or of one.
