@@ -31,7 +31,10 @@ from appliance.policy.model import priority_name
 from appliance.policy.quantity import format_bytes
 
 WIDTH = 80
-UNGATED, UNGATED_NOTE, state = top_view.UNGATED, top_view.UNGATED_NOTE, top_view.state
+
+
+def _index(index: int | None) -> str:
+    return "-" if index is None else str(index)
 
 
 def short_uuid(uuid: str) -> str:
@@ -50,14 +53,15 @@ def _ago(seconds: float) -> str:
 def scheduler_lines(status: StatusView) -> list[str]:
     """What every GPU runs with unless a `gpus` rule or a per-GPU mode says otherwise, and the
     overrides policy reloads replaced."""
-    return [f"default: {top_view.defaults(status)}"] + [
-        _dropped(d, status.time) for d in status.dropped
-    ]
+    lines = [f"default: {top_view.defaults(status)}"]
+    for d in status.dropped:
+        lines += _dropped(d, status.time)
+    return lines
 
 
-def _dropped(d: DroppedOverride, now: float) -> str:
+def _dropped(d: DroppedOverride, now: float) -> list[str]:
     text = f"nvsharectl's {d.what} was dropped {_ago(now - d.time)} ago: {d.why}"
-    return textwrap.fill(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
 
 
 def policy_lines(policy: PolicyStatus) -> list[str]:
@@ -71,10 +75,6 @@ def policy_lines(policy: PolicyStatus) -> list[str]:
     for name, source in sorted(policy.env_overrides.items()):
         lines.append(f"  override from environment: {name} ({source})")
     return lines
-
-
-def _gpu_name(g: GpuView) -> str:
-    return f"GPU {'-' if g.index is None else g.index}"
 
 
 def _mem(n: int | None) -> str:
@@ -93,12 +93,11 @@ def _pids(ids: tuple[int, ...], pid_of: dict[int, int], room: int) -> str:
     return ", ".join(shown) or "-"
 
 
-def gpu_lines(status: StatusView, g: GpuView) -> Iterator[str]:
+def gpu_lines(g: GpuView, pid_of: dict[int, int]) -> Iterator[str]:
     yield (
-        f"{_gpu_name(g)} {short_uuid(g.uuid)}  mode {g.mode.value} ({g.mode_source})  "
+        f"GPU {_index(g.index)} {short_uuid(g.uuid)}  mode {g.mode.value} ({g.mode_source})  "
         f"TQ {g.time_quantum_s:g} s ({g.tq_source})  memory {_mem(g.memory_total)}"
     )
-    pid_of = {c.id: c.pid for c in status.clients}
     holders = _pids(g.holders, pid_of, 24)
     yield f"  holding: {holders}  waiting: {_pids(g.queue, pid_of, WIDTH - 22 - len(holders))}"
     if note := top_view.scaled_requests(g):
@@ -110,11 +109,11 @@ TABLE = "{:>3} {:<8} {:>7} {:<15} {:<8} {:>6} {:>6} {:>4} {}"
 
 def _client_row(g: GpuView, c: ClientView, pod_width: int) -> str:
     return TABLE.format(
-        "-" if g.index is None else g.index,
+        _index(g.index),
         short_uuid(g.uuid),
         c.pid,
         (c.command or "?")[:15],
-        state(c),
+        top_view.state(c),
         top_view.size(c.memory_used),
         top_view.size(c.memory_limit),
         f"{c.core_limit}%",
@@ -122,15 +121,15 @@ def _client_row(g: GpuView, c: ClientView, pod_width: int) -> str:
     ).rstrip()
 
 
-def _unhooked_rows(g: GpuView, u: UnhookedView, pod_width: int) -> Iterator[str]:
+def _unhooked_row(index: int | None, uuid: str, u: UnhookedView, pod_width: int) -> str:
     name = u.command or (u.executable or "?").rsplit("/", 1)[-1]
-    yield TABLE.format(
-        "-" if g.index is None else g.index,
-        short_uuid(g.uuid),
+    return TABLE.format(
+        _index(index),
+        short_uuid(uuid),
         u.pid,
         name[:15],
         "unhooked",
-        top_view.size(u.gpu_memory.get(g.uuid, u.memory_used if len(u.gpus) == 1 else None)),
+        top_view.size(u.gpu_memory.get(uuid, u.memory_used if len(u.gpus) == 1 else None)),
         "-",
         "-",
         top_view.cut_middle(u.pod, pod_width),
@@ -138,14 +137,29 @@ def _unhooked_rows(g: GpuView, u: UnhookedView, pod_width: int) -> Iterator[str]
 
 
 def process_table(status: StatusView, width: int) -> list[str]:
-    """A row per client and per process running without the hook, GPU by GPU."""
+    """A row per client and per process running without the hook, GPU by GPU (a GPU no hook
+    uses yet, only NVML, last)."""
     pod_width = max(len("POD"), width - len(TABLE.format(*[""] * 9)))
+    index = {use.uuid: use.index for use in status.use}
+    hooked = {g.uuid for g in status.gpus}
+    unhooked_gpus = sorted({uuid for u in status.unhooked for uuid in u.gpus} - hooked)
+    clients: dict[str, list[ClientView]] = {}
+    for c in status.clients:
+        clients.setdefault(c.gpu, []).append(c)
     rows = []
     for g in status.gpus:
-        rows += [_client_row(g, c, pod_width) for c in status.clients if c.gpu == g.uuid]
-        for u in status.unhooked:
-            if g.uuid in u.gpus:
-                rows += _unhooked_rows(g, u, pod_width)
+        rows += [_client_row(g, c, pod_width) for c in clients.get(g.uuid, ())]
+        rows += [
+            _unhooked_row(g.index, g.uuid, u, pod_width)
+            for u in status.unhooked
+            if g.uuid in u.gpus
+        ]
+    for uuid in unhooked_gpus:
+        rows += [
+            _unhooked_row(index.get(uuid), uuid, u, pod_width)
+            for u in status.unhooked
+            if uuid in u.gpus
+        ]
     if not rows:
         return []
     head = TABLE.format("GPU", "UUID", "PID", "PROCESS", "STATE", "USED", "LIMIT", "CORE", "POD")
@@ -154,13 +168,14 @@ def process_table(status: StatusView, width: int) -> list[str]:
 
 def notes(status: StatusView) -> list[str]:
     lines = []
-    if any(state(c) == UNGATED for c in status.clients):
-        lines.append(textwrap.fill(UNGATED_NOTE, WIDTH, subsequent_indent="  "))
+    if any(top_view.state(c) == top_view.UNGATED for c in status.clients):
+        lines += textwrap.wrap(top_view.UNGATED_NOTE, WIDTH, subsequent_indent="  ")
     if status.unhooked:
-        lines.append(
+        text = (
             f"{len(status.unhooked)} GPU process(es) run without the hook (unshared, "
             "unlimited); the daemon's log says why each is likely"
         )
+        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ")
     return lines
 
 
@@ -169,9 +184,10 @@ def lines(status: StatusView, width: int = WIDTH) -> list[str]:
     out = policy_lines(status.policy) if status.policy is not None else []
     out += scheduler_lines(status)
     if not status.gpus:
-        out.append("no GPUs in use yet")
+        out.append("no GPU has a client of the scheduler yet")
+    pid_of = {c.id: c.pid for c in status.clients}
     for g in status.gpus:
-        out += gpu_lines(status, g)
+        out += gpu_lines(g, pid_of)
     table = process_table(status, width)
     return out + (["", *table] if table else []) + notes(status)
 
@@ -184,12 +200,13 @@ def wide_lines(status: StatusView) -> list[str]:
     out = policy_lines(status.policy) if status.policy is not None else []
     out += scheduler_lines(status)
     if not status.gpus:
-        out.append("no GPUs in use yet")
+        out.append("no GPU has a client of the scheduler yet")
     pid_of = {c.id: c.pid for c in status.clients}
     for g in status.gpus:
         out.append(
-            f"{_gpu_name(g)} {g.uuid} {g.model or ''}  mode {g.mode.value} ({g.mode_source})  "
-            f"TQ {g.time_quantum_s:g} s ({g.tq_source})  memory {_mem(g.memory_total)}"
+            f"GPU {_index(g.index)} {g.uuid} {g.model or ''}  mode {g.mode.value} "
+            f"({g.mode_source})  TQ {g.time_quantum_s:g} s ({g.tq_source})  "
+            f"memory {_mem(g.memory_total)}"
         )
         holders = ", ".join(f"{h} (pid {pid_of.get(h, '?')})" for h in g.holders) or "-"
         queue = ", ".join(f"{q} (pid {pid_of.get(q, '?')})" for q in g.queue) or "-"
@@ -203,7 +220,7 @@ def wide_lines(status: StatusView) -> list[str]:
         )
     for c in status.clients:
         out.append(
-            f"{c.id:>4} {c.pid:>8} {c.command or '?':<15} {c.pod:<28} {state(c):<9} "
+            f"{c.id:>4} {c.pid:>8} {c.command or '?':<15} {c.pod:<28} {top_view.state(c):<9} "
             f"{_mem(c.memory_used):>9} {_mem(c.memory_limit):>9} "
             f"{_mem(c.memory_observed):>9} {_mem(top_view.overhead(c)):>9} "
             f"{c.core_limit:>4}% {top_view.guaranteed(c):>7} {priority_name(c.priority):>6} {c.gpu}"

@@ -18,7 +18,11 @@ from pathlib import Path
 import pytest
 
 from appliance import protocol as p
+from appliance.cli import status_view
 from appliance.client import ControlClient
+from appliance.core.gpus import GpuUse
+from appliance.core.views import StatusView, UnhookedView
+from appliance.policy.model import Mode
 
 from .conftest import RunningDaemon, start_daemon, track
 from .test_mistakes import ctl
@@ -135,3 +139,34 @@ def test_a_gpu_is_named_by_a_unique_start_of_its_uuid(node: RunningDaemon) -> No
     r = ctl(node, "mode", "on", "--gpu", "0")
     assert r.returncode == 1
     assert f"no GPU 0 is known here; nothing changed (known: {GPU})" in r.stderr
+
+
+def test_a_process_without_the_hook_on_a_gpu_no_hook_uses_still_has_its_row() -> None:
+    """NVML lists GPU 1 and a process on it that never registered; no hook has used GPU 1."""
+    other = "GPU-12345678-0000-0000-0000-000000000000"
+    view = StatusView(
+        gpus=(),
+        clients=(),
+        counters={},
+        default_mode=Mode.ON,
+        default_time_quantum_s=30,
+        use=(GpuUse(other, 1, 5 << 30, 90, 0.0),),
+        unhooked=(
+            UnhookedView(
+                pid=4242,
+                uid=0,
+                pod="a-namespace/a-pod-with-a-name-too-long-for-80-columns-7f9c8d",
+                executable="/usr/bin/python3.11",
+                gpus=(other,),
+                memory_used=2 << 30,
+                seen_for_s=12.0,
+                command="python3",
+                gpu_memory={other: 2 << 30},
+            ),
+        ),
+    )
+    shown = status_view.lines(view)
+    assert max(map(len, shown)) <= 80, shown
+    row = next(line for line in shown if "4242" in line)
+    assert row.split()[:6] == ["1", "12345678", "4242", "python3", "unhooked", "2.0Gi"]
+    assert ".." in row.split()[-1] and row.split()[-1].endswith("7f9c8d")  # its ends kept
