@@ -297,9 +297,9 @@ def frame(status: StatusView, history: ShareHistory, width: int | None = None) -
     if status.policy is not None:
         policy = "  policy " + ("valid" if status.policy.valid else "INVALID (last good kept)")
     lines = [
-        f"nvshare: {len(status.clients)} client(s) on {len(status.gpus)} GPU(s), default "
-        f"{defaults(status)}{policy}",
+        f"nvshare: {len(status.clients)} client(s) on {len(status.gpus)} GPU(s){policy}  "
         f"({share_note}; CTX = NVML - USED: context and driver memory)",
+        f"default: {defaults(status)}",
     ]
     if any(state(c) == UNGATED for c in status.clients):
         lines.append(UNGATED_NOTE)
