@@ -200,6 +200,7 @@ def _set_mode(mode: str, gpu: str) -> p.SetMode:
 @click.option(
     "--gpu",
     default="",
+    metavar="GPU",
     help="Only this GPU: its index (as nvidia-smi numbers it), UUID or a unique start of its "
     "UUID; default every GPU.",
 )
