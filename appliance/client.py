@@ -16,6 +16,14 @@ class DaemonUnavailable(Exception):
     """No daemon answers on the socket; the message says where we looked."""
 
 
+def _file_on_the_way(path: Path) -> Path:
+    """The first of `path`'s parents that exists and is not a directory."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
+
+
 class ControlClient:
     def __init__(
         self,
@@ -43,6 +51,18 @@ class ControlClient:
         except PermissionError:
             self._sock.close()
             raise DaemonUnavailable(f"permission denied connecting to {self.path}") from None
+        except NotADirectoryError:
+            self._sock.close()
+            raise DaemonUnavailable(
+                f"no nvshare scheduler can be at {self.path}: {_file_on_the_way(self.path)} is "
+                "not a directory (check --socket-dir, --control-dir, NVSHARE_SOCKET_DIR and "
+                "NVSHARE_CONTROL_DIR)"
+            ) from None
+        except OSError as exc:  # a path too long for a Unix socket, and the like
+            self._sock.close()
+            raise DaemonUnavailable(
+                f"cannot connect to a scheduler at {self.path}: {exc.strerror or exc}"
+            ) from None
         self._seq = itertools.count(1)
         self._decoder = framing.FrameDecoder(max_document=framing.MAX_DOCUMENT)
         self._pending: list[framing.Frame | framing.ProtocolError] = []

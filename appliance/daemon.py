@@ -303,6 +303,13 @@ class Daemon:
 
     def _first_policy(self) -> tuple[str | None, Policy | None]:
         directory = self.config.policy_dir
+        if directory.exists() and not directory.is_dir():
+            return (
+                f"--policy-dir {directory} is not a directory: give the directory that holds "
+                "the policy files (env NVSHARE_POLICY_DIR), such as configmaps/default in the "
+                "source tree; `nvsharectl policy validate FILE` checks a single file",
+                None,
+            )
         if not directory.is_dir():
             return (
                 f"the policy directory {directory} does not exist; give one with --policy-dir "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,6 +14,9 @@ import click
 DEFAULT_POLICY_DIR = Path("/etc/nvshare/policy.d")
 F = TypeVar("F", bound=Callable[..., Any])
 PACKAGE = "nvshare-appliance"
+# How a shell reports a program killed by SIGPIPE (128 + 13): what `cat` and `grep` give
+# under `set -o pipefail` when the reader of their output went away.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 class OneLineErrors(click.Group):
@@ -23,6 +28,11 @@ class OneLineErrors(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader of our output went away (`nvsharectl status | head -2`): stop without
+            # a word, as Unix tools do; what is still buffered goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_BROKEN_PIPE)
         except Exception as exc:
             if os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"):
                 raise
@@ -64,9 +74,22 @@ kube_api_option: Callable[[F], F] = click.option(
     help="API server URL [env NVSHARE_KUBE_API]; default in-cluster or kubeconfig.",
 )
 
+
+def _directory_named(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """A directory option's value as a Path; an empty one names nothing (Path("") is ".")."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter(
+            "an empty path names no directory; give one, or leave the option out for the default"
+        )
+    return Path(value)
+
+
 socket_dir_option: Callable[[F], F] = click.option(
     "--socket-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
+    callback=_directory_named,
     envvar="NVSHARE_SOCKET_DIR",
     default=None,
     help="Directory of scheduler.sock [env NVSHARE_SOCKET_DIR; default /var/run/nvshare].",
@@ -74,7 +97,8 @@ socket_dir_option: Callable[[F], F] = click.option(
 
 control_dir_option: Callable[[F], F] = click.option(
     "--control-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
+    callback=_directory_named,
     envvar="NVSHARE_CONTROL_DIR",
     default=None,
     help="Directory of control.sock, nvsharectl's socket [env NVSHARE_CONTROL_DIR; default the "

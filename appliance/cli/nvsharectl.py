@@ -9,6 +9,7 @@ unexpected is one line and exit status 1 (NVSHARE_DEBUG=1 shows the traceback).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -17,22 +18,24 @@ import click
 
 from appliance import framing, socket_dirs
 from appliance import protocol as p
-from appliance.cli import top_view
+from appliance.cli import status_view, top_view
 from appliance.cli.common import control_dir_option, program, socket_dir_option
 from appliance.client import ControlClient, DaemonUnavailable
+from appliance.core.names import pod_name_problem
 from appliance.core.views import (
     ExplainView,
     OverridesView,
-    PolicyStatus,
     PolicyView,
     StatusView,
     from_json,
 )
-from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode, priority_name
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 
 FOLLOW_POLICY = "policy"
 V = TypeVar("V")
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no process id is larger
+PID = click.IntRange(1, PID_MAX)
 
 
 def _fail(message: str) -> NoReturn:
@@ -134,73 +137,17 @@ def _fmt_mem(n: int | None) -> str:
     return "-" if not n else format_bytes(n) if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f}Mi"
 
 
-def _print_status(status: StatusView) -> None:
-    if status.policy is not None:
-        _print_policy_status(status.policy)
-    if not status.gpus:
-        click.echo(
-            f"no GPUs in use yet (default mode {status.default_mode.value}, "
-            f"TQ {status.default_time_quantum_s:g} s)"
-        )
-    for g in status.gpus:
-        click.echo(
-            f"GPU {g.uuid}  mode {g.mode.value} ({g.mode_source})  "
-            f"TQ {g.time_quantum_s:g} s ({g.tq_source})  "
-            f"memory {_fmt_mem(g.memory_total)}"
-        )
-        click.echo(f"  lock holders: {list(g.holders) or '-'}  queue: {list(g.queue) or '-'}")
-        if note := top_view.scaled_requests(g):
-            click.echo(f"  {note}")
-    if status.clients or status.unhooked:
-        click.echo(
-            f"{'ID':>4} {'PID':>8} {'POD':<28} {'STATE':<9} {'MEM USED':>9} "
-            f"{'MEM LIMIT':>9} {'NVML':>9} {'CONTEXT':>9} {'CORE':>5} {'REQ':>7} {'PRIO':>6} GPU"
-        )
-    for c in status.clients:
-        click.echo(
-            f"{c.id:>4} {c.pid:>8} {c.pod:<28} {c.state.value:<9} "
-            f"{_fmt_mem(c.memory_used):>9} {_fmt_mem(c.memory_limit):>9} "
-            f"{_fmt_mem(c.memory_observed):>9} {_fmt_mem(top_view.overhead(c)):>9} "
-            f"{c.core_limit:>4}% {top_view.guaranteed(c):>7} {priority_name(c.priority):>6} {c.gpu}"
-            + (f"  gang: {c.gang}" if c.gang else "")
-            + (f"  late drops: {c.late_drops}" if c.late_drops else "")
-        )
-    # Processes NVML shows on a GPU that never registered: they share nothing and obey no limit.
-    for u in status.unhooked:
-        click.echo(
-            f"{'-':>4} {u.pid:>8} {u.pod:<28} {'UNHOOKED':<9} {_fmt_mem(u.memory_used):>9} "
-            f"{'-':>9} {_fmt_mem(u.memory_used):>9} {'-':>9} {'-':>5} {'-':>7} {'-':>6} "
-            f"{','.join(u.gpus)}"
-        )
-    if any(c.memory_observed is not None for c in status.clients):
-        click.echo(
-            "NVML: what NVML shows the process holding; CONTEXT: NVML minus MEM USED (the "
-            "hook's count), the CUDA context and the driver's own memory"
-        )
-    if status.unhooked:
-        click.echo(
-            f"{len(status.unhooked)} GPU process(es) run without the hook (unshared, "
-            "unlimited); the daemon's log says why each is likely"
-        )
-
-
-def _print_policy_status(policy: PolicyStatus) -> None:
-    state = "valid" if policy.valid else "INVALID (last good kept)"
-    click.echo(
-        f"policy: {policy.dir} hash {policy.hash[:12]} {state}; "
-        f"files: {', '.join(policy.files) or '(none: defaults)'}"
-    )
-    if policy.last_error:
-        click.echo(f"  last error: {policy.last_error}")
-    for name, source in sorted(policy.env_overrides.items()):
-        click.echo(f"  override from environment: {name} ({source})")
-
-
 @nvsharectl.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's status document.")
+@click.option(
+    "-w",
+    "--wide",
+    is_flag=True,
+    help="Everything: whole GPU UUIDs, client ids, NVML's memory, priorities, gangs.",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Show GPUs, modes, time quanta, clients, lock holders and queues."""
+def status(ctx: click.Context, as_json: bool, wide: bool) -> None:
+    """Show GPUs, modes, lock holders, queues and processes."""
     doc = _request(ctx, p.StatusRequest())
     if not isinstance(doc, p.JsonBody):
         _answer(doc)
@@ -208,7 +155,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc.doc, indent=2, sort_keys=True))
     else:
-        _print_status(from_json(StatusView, doc.doc))
+        width = shutil.get_terminal_size((status_view.WIDTH, 24)).columns
+        status_view.echo(from_json(StatusView, doc.doc), wide=wide, width=width)
 
 
 @nvsharectl.command()
@@ -249,7 +197,13 @@ def _set_mode(mode: str, gpu: str) -> p.SetMode:
 
 @nvsharectl.command()
 @click.argument("mode", type=click.Choice(["on", "off", "auto", FOLLOW_POLICY]))
-@click.option("--gpu", default="", help="Only this GPU (UUID); default every GPU.")
+@click.option(
+    "--gpu",
+    default="",
+    metavar="GPU",
+    help="Only this GPU: its index (as nvidia-smi numbers it), UUID or a unique start of its "
+    "UUID; default every GPU.",
+)
 @click.pass_context
 def mode(ctx: click.Context, mode: str, gpu: str) -> None:
     """Set the scheduling mode of every GPU, or of one.
@@ -260,7 +214,9 @@ def mode(ctx: click.Context, mode: str, gpu: str) -> None:
     _answer(_request(ctx, _set_mode(mode, gpu)))
 
 
-def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
+def _target(pid: int | None, pod: str | None, *, wire: bool = True) -> tuple[int, str, str]:
+    """(pid, namespace, name) of --pid or --pod; `wire`: the pod's name travels in a
+    fixed-size field of a control message, not in a query's JSON."""
     if (pid is None) == (pod is None):
         raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
     if pod is not None:
@@ -268,6 +224,14 @@ def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
         if not ns or not name or "/" in name:
             raise click.BadParameter(
                 f"{pod!r} is not NAMESPACE/NAME (say default/{pod} for the default namespace)",
+                param_hint="--pod",
+            )
+        if (problem := pod_name_problem(ns, name)) is not None:
+            raise click.BadParameter(problem, param_hint="--pod")
+        if wire and len(name.encode()) >= p.NAME_LEN:
+            raise click.BadParameter(
+                f"pod names of up to {p.NAME_LEN - 1} characters can be given limits here; this "
+                f"one has {len(name)} (a known gap: pods a controller names stay within 63)",
                 param_hint="--pod",
             )
         return 0, ns, name
@@ -283,8 +247,28 @@ def limit() -> None:
     """
 
 
-@limit.command("set")
-@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
+class SignedSizes(click.Command):
+    """A command with a MEMORY argument that a user may give a sign: `-5Gi` is a size refused
+    as such, not an option nobody has (`No such option '-5'`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes its list
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            signed = [a for a in given if a.startswith(exc.option_name) and a[1:2].isdigit()]
+            if not signed:
+                raise
+            raise click.BadParameter(
+                _NEGATIVE.format(signed[0]), ctx, param_hint="MEMORY"
+            ) from None
+
+
+_NEGATIVE = "{}: a memory limit must be positive (`limit clear` removes one)"
+
+
+@limit.command("set", cls=SignedSizes)
+@click.option("--pid", type=PID, help="A process connected to the scheduler.")
 @click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--core", type=click.IntRange(1, 100), help="Compute share in percent.")
 @click.argument("memory", required=False)
@@ -300,6 +284,8 @@ def limit_set(
     target_pid, ns, name = _target(pid, pod)
     flags, mem = 0, 0
     if memory is not None:
+        if memory.lstrip().startswith("-"):
+            raise click.BadParameter(_NEGATIVE.format(memory), param_hint="MEMORY")
         try:
             mem = parse_size(memory)
         except QuantityError as exc:
@@ -318,7 +304,7 @@ def limit_set(
 
 
 @limit.command("clear")
-@click.option("--pid", type=click.IntRange(min=1), help="A process connected to the scheduler.")
+@click.option("--pid", type=PID, help="A process connected to the scheduler.")
 @click.option("--pod", help="A pod, as NAMESPACE/NAME.")
 @click.option("--memory/--no-memory", "clear_mem", default=True, help="Clear the memory limit.")
 @click.option("--core/--no-core", "clear_core", default=True, help="Clear the core limit.")
@@ -328,6 +314,8 @@ def limit_clear(
 ) -> None:
     """Remove an override: the policy or annotation value applies again."""
     target_pid, ns, name = _target(pid, pod)
+    if not clear_mem and not clear_core:
+        raise click.UsageError("--no-memory and --no-core together leave nothing to clear")
     flags = (p.LIMIT_SET_CLEAR_MEM if clear_mem else 0) | (
         p.LIMIT_SET_CLEAR_CORE if clear_core else 0
     )
@@ -410,12 +398,12 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
 
 
 @policy.command("explain")
-@click.option("--pid", type=click.IntRange(min=1))
+@click.option("--pid", type=PID)
 @click.option("--pod", help="NAMESPACE/NAME")
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
     """The effective limits of a client and what set each of them."""
-    _target(pid, pod)
+    _target(pid, pod, wire=False)
     view = from_json(ExplainView, _query(ctx, "explain", pid=pid, pod=pod))
     if not view.clients:
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")

@@ -39,12 +39,18 @@ from appliance import framing
 from appliance import protocol as p
 from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.gputime import QuotaUse
+from appliance.core.state import Phase
 from appliance.core.views import ClientView, GpuView, StatusView, from_json
 from appliance.policy.model import priority_name
 
 Fetch = Callable[[], StatusView]
 UNREACHABLE = (DaemonUnavailable, OSError, framing.ProtocolError)  # timeouts included
 
+UNGATED = "ungated"
+UNGATED_NOTE = (
+    "ungated: runs without the lock (mode off, or a rule exempts it): no GPU% of its own; "
+    "the GPU's util is NVML's"
+)
 QUIT_KEYS = frozenset(b"qQ")
 SHARE_WINDOW_S = 2.0  # the seed's compute window: share over the last one
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
@@ -135,6 +141,28 @@ def scaled_requests(g: GpuView) -> str | None:
     )
 
 
+def state(c: ClientView) -> str:
+    """What a client is doing as far as the scheduler knows: its lock phase, or `ungated` for
+    one that never asks for the lock (mode off, or a rule exempts it), busy or not."""
+    return UNGATED if not c.gated and c.state is Phase.IDLE else c.state.value
+
+
+def defaults(status: StatusView) -> str:
+    """The mode and quantum every GPU runs with unless a `gpus` rule or a per-GPU mode says
+    otherwise, and whether nvsharectl set them over the policy."""
+
+    def said(value: str, by_nvsharectl: bool, policy: str) -> str:
+        return f"{value} (nvsharectl; policy {policy})" if by_nvsharectl else f"{value} (policy)"
+
+    mode = (status.mode_set or status.default_mode).value
+    tq = f"{status.default_time_quantum_s:g} s"
+    policy_tq = f"{status.policy_time_quantum_s:g} s"
+    return (
+        f"mode {said(mode, status.mode_set is not None, status.default_mode.value)}  "
+        f"TQ {said(tq, status.time_quantum_set_s is not None, policy_tq)}"
+    )
+
+
 def _gang(key: str) -> str:
     return key or "-"  # a lone client's is ""
 
@@ -143,7 +171,7 @@ def _cut_end(text: str, width: int) -> str:
     return text[:width]
 
 
-def _cut_middle(text: str, width: int) -> str:
+def cut_middle(text: str, width: int) -> str:
     """`text` in `width` characters, its middle given way: the kind in front of a gang key
     (pod:, uid:) and its end (a pod UID's last digits, a rendezvous port) tell gangs apart."""
     if len(text) <= width:
@@ -168,8 +196,9 @@ class Column:
         return f"{value:>{self.width}}"
 
 
-def _share(share: float | None) -> str:
-    return "-" if share is None else f"{share * 100:.0f}"
+def _share(c: ClientView, share: float | None) -> str:
+    """Its share of lock time; none for a client that runs without the lock."""
+    return "-" if share is None or state(c) == UNGATED else f"{share * 100:.0f}"
 
 
 # What changes from second to second first, memory after; POD and GANG as wide as what they
@@ -178,8 +207,8 @@ COLUMNS = (
     Column("ID", 4, lambda c, _: str(c.id)),
     Column("PID", 7, lambda c, _: str(c.pid)),
     Column("POD", 3, lambda c, _: c.pod, text=True),
-    Column("STATE", 8, lambda c, _: c.state.value, text=True),
-    Column("GPU%", 4, lambda _, share: _share(share)),
+    Column("STATE", 8, lambda c, _: state(c), text=True),
+    Column("GPU%", 4, _share),
     Column("CORE", 4, lambda c, _: f"{c.core_limit}%"),
     Column("REQ", 7, lambda c, _: guaranteed(c)),
     Column("PRIO", 6, lambda c, _: priority_name(c.priority)),
@@ -188,7 +217,7 @@ COLUMNS = (
     Column("LIMIT", 6, lambda c, _: size(c.memory_limit)),
     Column("NVML", 6, lambda c, _: size(c.memory_observed)),
     Column("CTX", 6, lambda c, _: size(overhead(c))),
-    Column("GANG", 4, lambda c, _: _gang(c.gang), text=True, cut=_cut_middle),
+    Column("GANG", 4, lambda c, _: _gang(c.gang), text=True, cut=cut_middle),
 )
 POD_WIDTH = 24
 # Where the row is wider than the terminal: whole columns give way, the least useful first,
@@ -246,8 +275,10 @@ def _gpu_lines(status: StatusView, g: GpuView, clients: list[ClientView]) -> Ite
     util = "-" if use is None or use.utilization_percent is None else f"{use.utilization_percent}%"
     used = None if use is None else use.memory_used
     name = f"GPU {g.index}" if g.index is not None else "GPU"
+    mode = g.mode.value + (" (nvsharectl)" if g.mode_source == "nvsharectl" else "")
+    tq = f"{g.time_quantum_s:g}s" + (" (nvsharectl)" if g.tq_source == "nvsharectl" else "")
     yield (
-        f"{name} {g.uuid} {g.model or ''}  mode {g.mode.value}  TQ {g.time_quantum_s:g}s  "
+        f"{name} {g.uuid} {g.model or ''}  mode {mode}  TQ {tq}  "
         f"util {util}  memory {size(used)}/{size(g.memory_total)}"
     )
     pid_of = {c.id: c.pid for c in clients}
@@ -266,10 +297,12 @@ def frame(status: StatusView, history: ShareHistory, width: int | None = None) -
     if status.policy is not None:
         policy = "  policy " + ("valid" if status.policy.valid else "INVALID (last good kept)")
     lines = [
-        f"nvshare: {len(status.clients)} client(s) on {len(status.gpus)} GPU(s), default mode "
-        f"{status.default_mode.value}, TQ {status.default_time_quantum_s:g}s{policy}  "
+        f"nvshare: {len(status.clients)} client(s) on {len(status.gpus)} GPU(s){policy}  "
         f"({share_note}; CTX = NVML - USED: context and driver memory)",
+        f"default: {defaults(status)}",
     ]
+    if any(state(c) == UNGATED for c in status.clients):
+        lines.append(UNGATED_NOTE)
     if not status.gpus:
         lines.append("no GPUs in use yet")
     columns = table_columns(status.clients, width)

@@ -1,29 +1,40 @@
 """nvsharectl's commands as the core decides them: bounds, targets, reply texts, who is logged.
 
 Every request gets one `Reply` saying what changed or why nothing did. The time quantum and
-the modes set here win over the policy until a policy reload changes scheduling (the newest
-writer wins, and the log says what it replaced); a pid's limit override lives as long as that
-process is connected, a pod's waits for the pod. State changes push new limits to the hooks
-they concern through `refresh`.
+the modes set here win over the policy until a policy reload changes that same value (the
+newest writer wins; the log and status say what it replaced); a pid's limit override lives as
+long as that process is connected, a pod's waits for the pod. State changes push new limits to
+the hooks they concern through `refresh`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.actions import Outcome
 from appliance.core.events import LimitTarget
-from appliance.core.state import Client, NodeState
-from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Limits, Policy
+from appliance.core.limits import gpu_settings
+from appliance.core.names import pod_name_problem
+from appliance.core.state import Client, DroppedOverride, NodeState
+from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Limits, Mode, Policy
 from appliance.policy.quantity import MAX_SIZE_BYTES, format_bytes
 
 log = logging.getLogger("nvshare.scheduler")
 
 MAX_TIME_QUANTUM_S = MAX_DURATION_S
+MESSAGE_MAX = 240  # what a reply frame carries, with room to spare
 Refresh = Callable[[float], list[act.Action]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """Why a request names nothing to act on: the reply's text."""
+
+    message: str
 
 
 class Admin:
@@ -69,18 +80,19 @@ class Admin:
 
     def set_mode(self, e: ev.ModeSet, now: float) -> list[act.Action]:
         modes = self._s.overrides.modes
-        where = e.gpu_uuid or "every GPU"
 
         def reply(outcome: Outcome, message: str) -> act.Reply:
             return act.Reply(e.reply_to, outcome, message)
 
-        known = set(self._s.gpus) | set(self._s.inventory)
-        if e.gpu_uuid and e.gpu_uuid not in known:
-            names = ", ".join(sorted(known)) or "none yet"
-            message = f"no GPU {e.gpu_uuid} is known here (known: {names}); nothing changed"
-            return [reply(Outcome.NOT_FOUND, message[:240])]
+        uuid = ""
+        if e.gpu_uuid:
+            found = self._find_gpu(e.gpu_uuid)
+            if isinstance(found, _Problem):
+                return [reply(Outcome.NOT_FOUND, found.message[:MESSAGE_MAX])]
+            uuid = found
+        where = self._gpu_name(uuid) if uuid else "every GPU"
         if e.mode is None:
-            keys = [e.gpu_uuid] if e.gpu_uuid else list(modes)
+            keys = [uuid] if uuid else list(modes)
             if not any(k in modes for k in keys):
                 return [reply(Outcome.DONE, f"the mode on {where} already follows the policy")]
             for key in keys:
@@ -88,33 +100,118 @@ class Admin:
             log.info("%s handed the mode on %s back to the policy", e.by, where)
             message = f"the mode on {where} follows the policy again"
             return [reply(Outcome.DONE, message), *self._refresh(now)]
-        if not e.gpu_uuid:
+        was = self._modes_now(uuid)
+        if not uuid:
             modes.clear()
-        modes[e.gpu_uuid] = e.mode
-        log.info("%s set mode %s on %s", e.by, e.mode.value, where)
-        message = f"anti-thrashing mode {e.mode.value} on {where}"
-        return [reply(Outcome.DONE, message), *self._refresh(now)]
+        modes[uuid] = e.mode
+        log.info("%s set mode %s on %s (was %s)", e.by, e.mode.value, where, was)
+        message = f"mode set to {e.mode.value} for {where} (was {was})"
+        return [reply(Outcome.DONE, message[:MESSAGE_MAX]), *self._refresh(now)]
 
-    def policy_changed(self, old: Policy, new: Policy) -> None:
-        """A policy that changes scheduling replaces the time quantum and modes set here."""
-        if old.scheduler == new.scheduler and old.gpus == new.gpus:
-            return
-        overrides = self._s.overrides
-        replaced = []
-        if overrides.time_quantum_s is not None:
-            replaced.append(f"time quantum {overrides.time_quantum_s:g} s")
-        replaced += [
-            f"mode {mode.value} on {uuid or 'every GPU'}"
-            for uuid, mode in sorted(overrides.modes.items())
-        ]
-        if replaced:
-            log.info(
-                "the policy reload changes scheduling settings, so it replaces what "
-                "nvsharectl set: %s",
-                ", ".join(replaced),
+    def _known_gpus(self) -> list[str]:
+        return sorted(set(self._s.gpus) | set(self._s.inventory))
+
+    def _gpu_name(self, uuid: str) -> str:
+        index = self._s.facts(uuid).index
+        return uuid if index is None else f"GPU {index} ({uuid})"
+
+    def _find_gpu(self, given: str) -> str | _Problem:
+        """The GPU `given` names: its UUID, a prefix of it found nowhere else (with or without
+        `GPU-`), or its index as NVML (and nvidia-smi) numbers it."""
+        known = self._known_gpus()
+        if given in known:
+            return given
+        if given.isdigit():
+            found = [u for u in known if self._s.facts(u).index == int(given)]
+        else:
+            prefix = given.lower()
+            found = [
+                u
+                for u in known
+                if u.lower().startswith(prefix) or u.lower().partition("-")[2].startswith(prefix)
+            ]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            verdict = f"{given!r} names {len(found)} GPUs: give more of the UUID; nothing changed"
+        else:
+            verdict = f"no GPU {given} is known here; nothing changed"
+        message = f"{verdict} (known: {', '.join(map(self._gpu_name, known)) or 'none yet'})"
+        if len(message) > MESSAGE_MAX:  # a GPU's index and the start of its UUID, then
+            message = f"{verdict} (known: {', '.join(map(self._gpu_short, known))})"
+        return _Problem(message)
+
+    def _gpu_short(self, uuid: str) -> str:
+        index = self._s.facts(uuid).index
+        return uuid[:12] if index is None else f"GPU {index} ({uuid[:12]})"
+
+    def _modes_now(self, uuid: str) -> str:
+        """ "on from the policy": the mode of that GPU, or of every GPU, and what set it."""
+        modes, s = self._s.overrides.modes, self._s
+        if not uuid and not s.gpus and not s.inventory:
+            if "" in modes:
+                return f"{modes[''].value} from nvsharectl"
+            return f"{s.policy.scheduler.mode.value} from the policy"
+        shown: dict[str, list[str]] = {}
+        for gpu in [uuid] if uuid else self._known_gpus():
+            source = "nvsharectl" if (gpu in modes or "" in modes) else "the policy"
+            index = s.facts(gpu).index
+            shown.setdefault(f"{s.gpu_mode(gpu).value} from {source}", []).append(
+                gpu if index is None else f"GPU {index}"
             )
-        overrides.time_quantum_s = None
-        overrides.modes.clear()
+        if len(shown) == 1:
+            return next(iter(shown))
+        return "; ".join(f"{what} on {', '.join(gpus)}" for what, gpus in shown.items())
+
+    # ------------------------------------------------------------ policy reloads
+
+    def policy_changed(self, old: Policy, new: Policy, now: float) -> None:
+        """A reload keeps what nvsharectl set unless it changes the very value that was set:
+        the time quantum the policy gives (any GPU) for `-T`; the mode the policy gives that
+        GPU (any GPU, for a mode set on every GPU) for a mode. A reload that only touches
+        other settings (scheduler.idleRelease, limits, rules) keeps them. Where the policy's
+        own value changed, the newest writer wins: the override goes, and the log and
+        `status` say which one, when and why."""
+        overrides = self._s.overrides
+        gpus = sorted(set(self._known_gpus()) | {u for u in overrides.modes if u})
+        before, after = self._settings(old, gpus), self._settings(new, gpus)
+        mode_changes = {u: (before[u][0].value, after[u][0].value) for u in before}
+        tq_changes = {u: (f"{before[u][1]:g}s", f"{after[u][1]:g}s") for u in before}
+        mode_changes = {u: c for u, c in mode_changes.items() if c[0] != c[1]}
+        tq_changes = {u: c for u, c in tq_changes.items() if c[0] != c[1]}
+        dropped = []
+        if overrides.time_quantum_s is not None and tq_changes:
+            what = f"time quantum {overrides.time_quantum_s:g} s on every GPU"
+            dropped.append((what, "time quantum", tq_changes, "scheduler.timeQuantum"))
+            overrides.time_quantum_s = None
+        for uuid, mode in sorted(overrides.modes.items()):
+            relevant = {u: c for u, c in mode_changes.items() if not uuid or u == uuid}
+            if relevant:
+                where = self._gpu_name(uuid) if uuid else "every GPU"
+                dropped.append(
+                    (f"mode {mode.value} on {where}", "mode", relevant, "scheduler.mode")
+                )
+                del overrides.modes[uuid]
+        for what, setting, changes, default in dropped:
+            change = self._changes(changes, default)
+            why = f"a policy reload changed the policy's {setting} ({change})"
+            log.info("%s, so it replaces what nvsharectl set: %s", why, what)
+            overrides.dropped.append(DroppedOverride(what=what, why=why, time=now))
+
+    def _settings(self, policy: Policy, gpus: list[str]) -> dict[str, tuple[Mode, float]]:
+        """The mode and time quantum a policy gives by default ("") and to each GPU."""
+        settings = {"": (policy.scheduler.mode, policy.scheduler.time_quantum_s)}
+        for uuid in gpus:
+            mode, tq, _ = gpu_settings(policy, self._s.facts(uuid))
+            settings[uuid] = (mode, tq)
+        return settings
+
+    def _changes(self, changes: dict[str, tuple[str, str]], default: str) -> str:
+        """ "scheduler.mode on -> auto", or per GPU where only the `gpus` rules changed."""
+        if "" in changes:
+            return f"{default} {changes[''][0]} -> {changes[''][1]}"
+        shown = [f"{self._gpu_name(u)} {a} -> {b}" for u, (a, b) in sorted(changes.items())]
+        return ", ".join(shown[:2]) + (f", {len(shown) - 2} more" if len(shown) > 2 else "")
 
     # ------------------------------------------------------------ limits
 
@@ -127,6 +224,10 @@ class Admin:
             return [reply(Outcome.INVALID, missing)]
         if (problem := _limit_problem(e.limits)) is not None:
             return [reply(Outcome.INVALID, f"{problem}; nothing changed")]
+        if e.target.kind == "pod":
+            namespace, _, name = e.target.name.partition("/")
+            if (problem := pod_name_problem(namespace, name)) is not None:
+                return [reply(Outcome.INVALID, f"{problem[:200]}; nothing changed")]
         matched = self._s.reached(e.target)
         if e.target.kind == "pid" and not matched:
             message = (
@@ -141,7 +242,13 @@ class Admin:
         after = Limits(memory_bytes=memory, core_percent=core)
         if after == current:
             if e.clear_memory or e.clear_core:
-                message = f"{e.target} has no such override to clear; nothing changed"
+                what = " or ".join(
+                    w for w, asked in (("memory", e.clear_memory), ("core", e.clear_core)) if asked
+                )
+                message = (
+                    f"nothing was set for {e.target}: it has no {what} override to clear; "
+                    "nothing changed"
+                )
                 return [reply(Outcome.NOT_FOUND, message)]
             memory_shown, core_shown = _shown(after)
             message = f"{e.target} already has memory {memory_shown}, core {core_shown}; no change"

@@ -13,6 +13,7 @@ class ClientIdentity:
     user: str | None = None
     groups: frozenset[str] = frozenset()
     executable: str | None = None
+    command: str | None = None  # /proc/<pid>/comm: the name ps, top and nvidia-smi show
     systemd_unit: str | None = None
     pod_uid: str | None = None
     container_id: str | None = None

@@ -309,7 +309,7 @@ class NodeCore:
     def _on_policy(self, e: ev.PolicyChanged, now: float) -> list[act.Action]:
         s = self.state
         old, s.policy = s.policy, e.policy
-        self.admin.policy_changed(old, e.policy)
+        self.admin.policy_changed(old, e.policy, now)
         out: list[act.Action] = []
         replicas = e.policy.device_plugin.replicas_per_gpu
         if replicas != old.device_plugin.replicas_per_gpu:

@@ -186,14 +186,27 @@ class UnhookedProcess:
     reported: bool = False  # listed past the grace period, and said so
 
 
+@dataclass(frozen=True, slots=True)
+class DroppedOverride:
+    """A time quantum or mode nvsharectl set that a policy reload replaced (`admin`)."""
+
+    what: str  # "mode off on every GPU"
+    why: str  # "a policy reload changed the policy's mode (scheduler.mode on -> auto)"
+    time: float  # the core's clock
+
+
+DROPS_KEPT = 4  # the last few, for status
+
+
 @dataclass(slots=True)
 class Overrides:
-    """What nvsharectl set over the policy; `admin` changes it, a scheduling policy reload
-    clears the time quantum and modes."""
+    """What nvsharectl set over the policy; `admin` changes it, a policy reload that changes
+    the very value set replaces it (and `dropped` says so)."""
 
     time_quantum_s: float | None = None
     modes: dict[str, Mode] = field(default_factory=dict)  # "" = every GPU
     limits: dict[LimitTarget, Limits] = field(default_factory=dict)
+    dropped: deque[DroppedOverride] = field(default_factory=lambda: deque(maxlen=DROPS_KEPT))
 
     def limits_for(self, pid: int, pod: PodInfo | None) -> Limits | None:
         """The override of a process, of its pod, or both merged (the process's wins)."""

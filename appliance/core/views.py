@@ -14,7 +14,7 @@ import types
 import typing
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from appliance.core.gang import label, queue
@@ -30,7 +30,7 @@ from appliance.core.gputime import (
 )
 from appliance.core.limits import describe
 from appliance.core.share import guaranteed_percent
-from appliance.core.state import Client, NodeState, Phase, UnhookedProcess
+from appliance.core.state import Client, DroppedOverride, NodeState, Phase, UnhookedProcess
 from appliance.policy.model import Mode, Policy
 
 T = TypeVar("T")
@@ -87,6 +87,7 @@ class ClientView:
     core_request: int = 0  # guaranteed percent it asks for (`core.share`)
     core_guaranteed: float = 0.0  # what it is guaranteed: the request, scaled if over 100
     gang: str = ""  # the gang it holds its GPUs with (`core.gang`); "" for a lone client
+    command: str | None = None  # its process's name (/proc/<pid>/comm), read by the daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,8 @@ class UnhookedView:
     gpus: tuple[str, ...]
     memory_used: int | None  # on all its GPUs, as NVML shows it; None where NVML does not say
     seen_for_s: float
+    command: str | None = None  # its process's name (/proc/<pid>/comm)
+    gpu_memory: Mapping[str, int | None] = field(default_factory=dict)  # per GPU of `gpus`
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +125,18 @@ class StatusView:
     gpus: tuple[GpuView, ...]
     clients: tuple[ClientView, ...]
     counters: Mapping[str, int]
-    default_mode: Mode
-    default_time_quantum_s: float
+    default_mode: Mode  # the policy's scheduler.mode
+    default_time_quantum_s: float  # in force: nvsharectl's, else the policy's
     policy: PolicyStatus | None = None  # the daemon adds what the core does not know
     nvml: bool | None = None
     unhooked: tuple[UnhookedView, ...] = ()
     use: tuple[GpuUse, ...] = ()  # what NVML last showed of each GPU
     pods: tuple[PodView, ...] = ()
     time: float = 0.0  # the daemon's monotonic clock when the view was built
+    mode_set: Mode | None = None  # nvsharectl's mode for every GPU (-S); None: the policy's
+    time_quantum_set_s: float | None = None  # nvsharectl's (-T); None: the policy's
+    policy_time_quantum_s: float = 0.0  # the policy's scheduler.timeQuantum
+    dropped: tuple[DroppedOverride, ...] = ()  # what policy reloads replaced, oldest first
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
@@ -162,6 +169,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         core_request=c.limits.core_request,
         core_guaranteed=guaranteed_percent(c),
         gang=label(s.gangs[c.gang]),
+        command=c.ident.command,
     )
 
 
@@ -197,6 +205,8 @@ def unhooked_view(s: NodeState, p: UnhookedProcess, now: float) -> UnhookedView:
         gpus=tuple(sorted(p.memory)),
         memory_used=sum(known) if known else None,
         seen_for_s=round(now - p.first_seen, 3),
+        command=ident.command,
+        gpu_memory=dict(p.memory),
     )
 
 
@@ -214,6 +224,10 @@ def status(s: NodeState, now: float) -> StatusView:
         pods=pod_views(s, clients),
         use=tuple(s.use[uuid] for uuid in sorted(s.use)),
         time=now,
+        mode_set=s.overrides.modes.get(""),
+        time_quantum_set_s=s.overrides.time_quantum_s,
+        policy_time_quantum_s=s.policy.scheduler.time_quantum_s,
+        dropped=tuple(s.overrides.dropped),
     )
 
 

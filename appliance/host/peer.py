@@ -1,4 +1,5 @@
-"""Client identity from the kernel: SO_PEERCRED, then /proc/<pid> for groups, exe and cgroup.
+"""Client identity from the kernel: SO_PEERCRED, then /proc/<pid> for groups, exe, comm and
+cgroup.
 
 What a client says about itself (pod name hints in REGISTER) is kept apart; the core decides
 whether it counts (`trust.podClaimUids`) and who may change state (`core.authority`).
@@ -65,6 +66,10 @@ def identify(
     except OSError:
         exe = None
     try:
+        command: str | None = (proc_root / str(pid) / "comm").read_text().rstrip("\n") or None
+    except (OSError, UnicodeDecodeError):
+        command = None
+    try:
         cg = cgroup_identity(pid, proc_root=proc_root)
         pod_uid, container, unit, known = cg.pod_uid, cg.container_id, cg.systemd_unit, True
     except (OSError, ProcessLookupError):
@@ -77,6 +82,7 @@ def identify(
         user=user,
         groups=_group_names(_group_ids(pid, gid, proc_root)),
         executable=exe,
+        command=command,
         systemd_unit=unit,
         pod_uid=pod_uid,
         container_id=container,

@@ -12,8 +12,16 @@ from appliance.core import events as ev
 from appliance.core.events import LimitTarget
 from appliance.core.gpus import GpuFacts
 from appliance.core.node import NodeCore
+from appliance.core.state import DroppedOverride
 from appliance.core.views import OverrideRow
-from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
+from appliance.policy.model import (
+    GpuMatch,
+    GpuRule,
+    Limits,
+    Mode,
+    Policy,
+    SchedulerSettings,
+)
 
 from .conftest import ADMIN, GPU, GiB, Harness, of
 
@@ -54,17 +62,58 @@ def test_a_time_quantum_is_set_logged_with_who_and_handed_back(
 
 
 def test_a_mode_for_an_unknown_gpu_is_refused_naming_the_known_ones() -> None:
-    h = Harness(NodeCore(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER)}))
-    h.register()  # on GPU
+    h = Harness(NodeCore(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER, index=1)}))
+    h.register()  # on GPU, which NVML does not list: no index
     answer = reply(h.feed(ev.ModeSet(Mode.OFF, "GPU-nosuch", reply_to=ADMIN)))
     assert answer.outcome is act.Outcome.NOT_FOUND
     assert answer.message == (
-        f"no GPU GPU-nosuch is known here (known: {GPU}, {OTHER}); nothing changed"
+        f"no GPU GPU-nosuch is known here; nothing changed (known: {GPU}, GPU 1 ({OTHER}))"
     )
     assert h.state.overrides.modes == {}
     assert (
         reply(h.feed(ev.ModeSet(Mode.OFF, OTHER, reply_to=ADMIN))).outcome is act.Outcome.DONE
     )  # NVML knows it
+
+
+def test_a_gpu_is_named_by_its_index_or_a_prefix_of_its_uuid_found_nowhere_else() -> None:
+    third = "GPU-00000000-0000-0000-0000-000000000003"
+    inventory = {u: GpuFacts(uuid=u, index=i) for i, u in enumerate((GPU, OTHER, third))}
+    h = Harness(NodeCore(Policy(), inventory=inventory))
+    answer = reply(h.feed(ev.ModeSet(Mode.OFF, "1", reply_to=ADMIN)))
+    assert answer.outcome is act.Outcome.DONE
+    assert answer.message == f"mode set to off for GPU 1 ({OTHER}) (was on from the policy)"
+    assert h.state.overrides.modes == {OTHER: Mode.OFF}
+    answer = reply(
+        h.feed(ev.ModeSet(Mode.AUTO, "00000000-0000-0000-0000-000000000003", reply_to=ADMIN))
+    )
+    assert answer.message == f"mode set to auto for GPU 2 ({third}) (was on from the policy)"
+    answer = reply(
+        h.feed(ev.ModeSet(None, "gpu-00000000-0000-0000-0000-0000000000", reply_to=ADMIN))
+    )
+    assert answer.outcome is act.Outcome.NOT_FOUND
+    assert answer.message == (
+        "'gpu-00000000-0000-0000-0000-0000000000' names 3 GPUs: give more of the UUID; nothing "
+        "changed (known: GPU 0 (GPU-00000000), GPU 1 (GPU-00000000), GPU 2 (GPU-00000000))"
+    )  # too long with whole UUIDs: the index and the UUID's start
+    answer = reply(h.feed(ev.ModeSet(Mode.ON, "3", reply_to=ADMIN)))
+    assert answer.outcome is act.Outcome.NOT_FOUND
+    assert answer.message.startswith("no GPU 3 is known here; nothing changed (known: GPU 0 (")
+    assert h.state.overrides.modes == {OTHER: Mode.OFF, third: Mode.AUTO}
+
+
+def test_a_mode_set_says_what_it_replaced(harness: Harness) -> None:
+    """As -T does: `-S on` after `-S off` says "was off from nvsharectl"."""
+    assert reply(harness.feed(ev.ModeSet(Mode.OFF, reply_to=ADMIN))).message == (
+        "mode set to off for every GPU (was on from the policy)"
+    )
+    harness.register()
+    assert reply(harness.feed(ev.ModeSet(Mode.ON, reply_to=ADMIN))).message == (
+        "mode set to on for every GPU (was off from nvsharectl)"
+    )
+    harness.feed(ev.ModeSet(Mode.AUTO, GPU, reply_to=ADMIN))
+    assert reply(harness.feed(ev.ModeSet(Mode.OFF, GPU, reply_to=ADMIN))).message == (
+        f"mode set to off for {GPU} (was auto from nvsharectl)"
+    )
 
 
 def test_a_mode_handed_back_to_policy_reaches_the_hooks(harness: Harness) -> None:
@@ -79,7 +128,21 @@ def test_a_mode_handed_back_to_policy_reaches_the_hooks(harness: Harness) -> Non
     )
 
 
-def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
+def test_a_reload_that_leaves_the_policys_mode_and_quantum_keeps_what_nvsharectl_set(
+    harness: Harness,
+) -> None:
+    """An edit of scheduler.idleRelease is not a word about the mode: `-S off` stays."""
+    a = harness.register()
+    harness.feed(ev.TimeQuantumSet(45, reply_to=ADMIN))
+    harness.feed(ev.ModeSet(Mode.OFF, reply_to=ADMIN))
+    edited = Policy(scheduler=SchedulerSettings(idle_release_s=3.0))
+    harness.feed(ev.PolicyChanged(edited))
+    assert harness.state.gpu_mode(GPU) is Mode.OFF and harness.enforced(a).mode is Mode.OFF
+    assert harness.state.time_quantum(GPU) == 45
+    assert not harness.state.overrides.dropped
+
+
+def test_a_reload_that_changes_the_policys_quantum_replaces_only_nvsharectls_quantum(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="nvshare.scheduler")
@@ -87,11 +150,36 @@ def test_a_policy_reload_that_replaces_nvsharectl_settings_says_so(
     harness.feed(ev.TimeQuantumSet(45, reply_to=ADMIN))
     harness.feed(ev.ModeSet(Mode.AUTO, GPU, reply_to=ADMIN))
     harness.feed(ev.PolicyChanged(Policy(scheduler=SchedulerSettings(time_quantum_s=12))))
-    assert harness.state.time_quantum(GPU) == 12 and harness.state.gpu_mode(GPU) is Mode.ON
-    assert (
-        "the policy reload changes scheduling settings, so it replaces what nvsharectl set: "
-        f"time quantum 45 s, mode auto on {GPU}"
-    ) in caplog.text
+    assert harness.state.time_quantum(GPU) == 12 and harness.state.gpu_mode(GPU) is Mode.AUTO
+    why = "a policy reload changed the policy's time quantum (scheduler.timeQuantum 30s -> 12s)"
+    assert list(harness.state.overrides.dropped) == [
+        DroppedOverride("time quantum 45 s on every GPU", why, harness.now)
+    ]
+    assert f"{why}, so it replaces what nvsharectl set: time quantum 45 s on every GPU" in (
+        caplog.text
+    )
+
+
+def test_a_reload_that_changes_the_policys_mode_replaces_nvsharectls_mode() -> None:
+    h = Harness(NodeCore(Policy(), inventory={OTHER: GpuFacts(uuid=OTHER, index=1)}))
+    h.register()
+    h.feed(ev.ModeSet(Mode.OFF, OTHER, reply_to=ADMIN))
+    h.feed(ev.ModeSet(Mode.AUTO, GPU, reply_to=ADMIN))
+    # a `gpus` rule gives GPU 1 its own mode: the override there gives way, GPU's stays
+    rule = GpuRule(GpuMatch(index=1), mode=Mode.AUTO)
+    h.feed(ev.PolicyChanged(Policy(gpus=(rule,))))
+    assert h.state.overrides.modes == {GPU: Mode.AUTO} and h.state.gpu_mode(OTHER) is Mode.AUTO
+    (dropped,) = h.state.overrides.dropped
+    assert dropped.what == f"mode off on GPU 1 ({OTHER})"
+    assert dropped.why == f"a policy reload changed the policy's mode (GPU 1 ({OTHER}) on -> auto)"
+    # one set on every GPU gives way to a change of the policy's mode on any GPU
+    h.feed(ev.ModeSet(Mode.OFF, reply_to=ADMIN))
+    h.feed(ev.PolicyChanged(Policy(scheduler=SchedulerSettings(mode=Mode.AUTO))))
+    assert h.state.overrides.modes == {} and h.state.gpu_mode(GPU) is Mode.AUTO
+    assert h.state.overrides.dropped[-1].what == "mode off on every GPU"
+    assert h.state.overrides.dropped[-1].why == (
+        "a policy reload changed the policy's mode (scheduler.mode on -> auto)"
+    )
 
 
 def test_a_pid_that_is_not_connected_is_refused(harness: Harness) -> None:
@@ -153,7 +241,9 @@ def test_an_override_says_what_changed_and_whom_it_reaches(
         ev.AdminLimitSet(target, Limits(), clear_memory=True, clear_core=True, reply_to=ADMIN)
     )
     assert reply(out).outcome is act.Outcome.NOT_FOUND
-    assert reply(out).message == "pid 500 has no such override to clear; nothing changed"
+    assert reply(out).message == (
+        "nothing was set for pid 500: it has no memory or core override to clear; nothing changed"
+    )
 
 
 def test_an_override_under_a_lower_env_limit_says_the_env_limit_wins(harness: Harness) -> None:

@@ -62,7 +62,7 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["limit", "set", "--pid", "-3", "1Gi"], "-3 is not in the range x>=1"),
+        (["limit", "set", "--pid", "-3", "1Gi"], "-3 is not in the range 1<=x<=4194304"),
         (["limit", "set", "--pid", "7", "99999999Pi"], "'99999999Pi' is too large"),
         (["limit", "set", "--pid", "7", "1ki"], "did you mean Ki?"),
         (["limit", "set", "--pid", "7", "0"], "must be greater than 0"),
@@ -70,6 +70,41 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
         (["-T", "99999999999999"], "is not from 1 to 86400 seconds"),
         (["-T", "100000000"], "is not from 1 to 86400 seconds"),
         (["-T", "soon"], "'soon' is not a whole number of seconds, or 'policy'"),
+        (["--socket-dir", "", "status"], "'--socket-dir': an empty path names no directory"),
+        (["--control-dir", "", "status"], "'--control-dir': an empty path names no directory"),
+        (
+            ["limit", "set", "--pid", "99999999999999999999", "1Gi"],
+            "99999999999999999999 is not in the range 1<=x<=4194304",
+        ),
+        (["policy", "explain", "--pid", "99999999999999999999"], "not in the range 1<=x<="),
+        (["limit", "set", "--pid", "7", "-5Gi"], "-5Gi: a memory limit must be positive"),
+        (["limit", "set", "-5", "--pid", "7"], "MEMORY: -5: a memory limit must be positive"),
+        (["limit", "set", "--pid", "7", "--", "-5Gi"], "-5Gi: a memory limit must be positive"),
+        (
+            ["limit", "set", "--pod", "Default/trainer", "1Gi"],
+            "namespace 'Default' is not a Kubernetes namespace: at most 63 lowercase letters",
+        ),
+        (
+            ["limit", "set", "--pod", "default/UPPER_case", "1Gi"],
+            "pod name 'UPPER_case' is not a Kubernetes pod name: at most 253 lowercase",
+        ),
+        (
+            ["limit", "set", "--pod", "default/" + "a" * 300, "1Gi"],
+            "a pod name of 300 characters ('aaaaaaaaaaaaaaaaaaaa'...) is longer than Kubernetes "
+            "allows: at most 253 (a DNS-1123 subdomain)",
+        ),
+        (
+            ["limit", "clear", "--pod", "n" * 64 + "/trainer"],
+            "a namespace of 64 characters",
+        ),
+        (
+            ["limit", "clear", "--pod", "default/" + "a" * 64],
+            "pod names of up to 63 characters can be given limits here; this one has 64",
+        ),
+        (
+            ["limit", "clear", "--pod", "ml/trainer", "--no-memory", "--no-core"],
+            "--no-memory and --no-core together leave nothing to clear",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -142,6 +177,49 @@ def test_a_missing_policy_directory_says_how_to_give_one(tmp_path: Path) -> None
     line = refusal(r)
     assert "does not exist; give one with --policy-dir DIR (env NVSHARE_POLICY_DIR)" in line
     assert "cannot watch" not in r.stderr  # no confusing warning before it
+
+
+def test_a_policy_directory_that_is_a_file_is_called_so(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("scheduler: {mode: 'on'}\n")
+    r = run(
+        "nvshare-scheduler",
+        "--policy-dir",
+        str(policy),
+        env={**os.environ, "NVSHARE_SOCKET_DIR": str(tmp_path / "run")},
+    )
+    line = refusal(r)
+    assert f"--policy-dir {policy} is not a directory" in line and "does not exist" not in line
+
+
+def test_a_control_directory_that_is_a_file_is_called_so(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    r = run("nvsharectl", "--control-dir", str(tmp_path / "file"), "status")
+    assert r.returncode == 1
+    assert one_line(r.stderr) == (
+        f"nvsharectl: no nvshare scheduler can be at {tmp_path}/file/control.sock: "
+        f"{tmp_path}/file is not a directory (check --socket-dir, --control-dir, "
+        "NVSHARE_SOCKET_DIR and NVSHARE_CONTROL_DIR)"
+    )
+
+
+def test_a_reader_that_stops_reading_ends_nvsharectl_quietly(daemon: RunningDaemon) -> None:
+    """`nvsharectl status | head -2`: no message, and the shell's exit status for a program
+    whose output pipe closed (128 + SIGPIPE), as `cat` gives."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line is written
+    try:
+        r = subprocess.run(
+            [str(BIN / "nvsharectl"), "status"],
+            env=daemon.env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.close(write_end)
+    assert r.stderr == "" and r.returncode == 128 + signal.SIGPIPE
 
 
 def test_a_webhook_certificate_that_is_not_there_is_named(tmp_path: Path) -> None:
@@ -315,9 +393,15 @@ def test_state_changes_say_what_changed_and_refuse_what_names_nothing(
     listed = ctl(daemon, "limit", "list").stdout
     assert f"pid {me}" in listed and "2Gi" in listed
     r = ctl(daemon, "limit", "clear", "--pod", "ml/nothing-here")
-    assert r.returncode == 1 and "has no such override to clear" in r.stderr
+    assert r.returncode == 1 and one_line(r.stderr) == (
+        "nvsharectl: the scheduler refused: nothing was set for pod ml/nothing-here: it has no "
+        "memory or core override to clear; nothing changed"
+    )
+    r = ctl(daemon, "limit", "clear", "--pod", "ml/nothing-here", "--no-memory")
+    assert r.returncode == 1 and "it has no core override to clear" in r.stderr
     r = ctl(daemon, "mode", "on", "--gpu", "GPU-nosuch")
-    assert r.returncode == 1 and f"no GPU GPU-nosuch is known here (known: {GPU})" in r.stderr
+    assert r.returncode == 1
+    assert f"no GPU GPU-nosuch is known here; nothing changed (known: {GPU})" in r.stderr
     assert ctl(daemon, "-T", "45").stdout.strip() == (
         "time quantum set to 45 s on every GPU (was 2 s from the policy)"
     )
@@ -338,6 +422,18 @@ def test_state_changes_say_what_changed_and_refuse_what_names_nothing(
     while "no limit overrides" not in ctl(daemon, "limit", "list").stdout:
         assert time.monotonic() < deadline, "the override outlived its process"
         time.sleep(0.05)
+
+
+def test_the_daemon_refuses_an_override_for_a_pod_name_kubernetes_would_refuse(
+    daemon: RunningDaemon,
+) -> None:
+    """Whatever the client checked: the daemon keeps no override for a pod that cannot exist."""
+    with ControlClient(daemon.socket_dir, timeout=5) as c:
+        reply = c.request(p.LimitSet(0, p.LIMIT_SET_HAS_MEM, 1 << 30, 0, "ml", "Trainer_1"))
+    assert isinstance(reply, p.Result) and reply.status is p.Status.INVALID
+    assert reply.message.startswith("pod name 'Trainer_1' is not a Kubernetes pod name")
+    assert reply.message.endswith("; nothing changed")
+    assert "no limit overrides" in ctl(daemon, "limit", "list").stdout
 
 
 def test_a_claimed_pod_without_a_pod_watch_is_explained_once(daemon: RunningDaemon) -> None:

@@ -288,7 +288,7 @@ def test_an_80_column_terminal_shows_each_clients_priority_request_and_gang(
         assert probe.ask("init") == "ok" and probe.ask(f"primary {rank}") == "ok"
         assert probe.ask("launch 1") == "ok"
     key = f"uid:{os.getuid()}:torch/@127.0.0.1:29500"
-    eventually(lambda: f"gang: {key}" in nvsharectl(d, "status"), "the ranks made a gang")
+    eventually(lambda: f"gang: {key}" in nvsharectl(d, "status", "-w"), "the ranks made a gang")
 
     frame = last_frame(on_terminal(d, lambda out: b"uid:" in out))
     assert max(map(len, frame)) <= 80
@@ -308,8 +308,8 @@ def test_an_80_column_terminal_shows_each_clients_priority_request_and_gang(
         assert gang.startswith("uid:") and ".." in gang and gang.endswith(":29500")
         assert len(gang) < len(key)
 
-    # status says the same, with the gang's whole key
-    lines = nvsharectl(d, "status").splitlines()
+    # status --wide says the same, with the gang's whole key
+    lines = nvsharectl(d, "status", "--wide").splitlines()
     status = {int(line.split()[1]): line for line in lines if line.split()[0].isdigit()}
     assert re.search(r" 60>50%\s+high GPU-\S+$", status[serve.pid])
     assert re.search(r" 60>50%\s+low GPU-\S+$", status[train.pid])
@@ -347,6 +347,55 @@ def test_an_80_column_terminal_shows_each_clients_priority_request_and_gang(
     explained = nvsharectl(d, "policy", "explain", "--pid", str(ranks[0].pid)).splitlines()
     assert "  priority: 7 (from rule 'ranks' (policy.yaml#/rules/2))" in explained
     assert "  request: 0% (from policy default (default))" in explained
+
+
+def test_mode_off_says_whose_it_is_and_shows_its_clients_ungated(
+    node: tuple[RunningDaemon, Path],
+) -> None:
+    """`-S off` then top and status: the mode in force, said to be nvsharectl's over the
+    policy's; a busy client of a GPU in mode off is `ungated` with no lock share, not idle."""
+    d, _ = node
+    # a GPU by its index, as nvidia-smi numbers it (the fake NVML lists one GPU)
+    said = nvsharectl(d, "mode", "auto", "--gpu", "0")
+    assert re.fullmatch(
+        r"mode set to auto for GPU 0 \(GPU-\S+\) \(was on from the policy\)\n", said
+    )
+    assert (
+        nvsharectl(d, "-S", "off") == "mode set to off for every GPU (was auto from nvsharectl)\n"
+    )
+    busy = Probe(d)
+    assert busy.ask("init") == "ok" and busy.ask("total").startswith("ok")
+    launching = threading.Thread(target=busy.ask, args=("launchfor 3000 1",))
+    launching.start()
+    try:
+        out = top(d, "--once", "-d", "0.5").stdout
+        shown = nvsharectl(d, "status")
+    finally:
+        launching.join()
+    assert "\ndefault: mode off (nvsharectl; policy on)  TQ 30 s (policy)\n" in out, out
+    assert re.search(
+        r"^GPU 0 GPU-\S+ NVIDIA Fake GPU  mode off \(nvsharectl\)  TQ 30s  ", out, re.M
+    )
+    row = ROW.format(
+        id=r"\d+",
+        pid=busy.pid,
+        state="ungated",
+        share="-",
+        core="100",
+        req="0%",
+        prio="normal",
+        quota="-",
+        used="0",
+        limit="-",
+        nvml="-",
+        ctx="-",
+        gang="-",
+    )
+    assert re.search(row, out, re.M), out
+    assert "ungated: runs without the lock" in out
+    assert "default: mode off (nvsharectl; policy on)  TQ 30 s (policy)" in shown
+    assert re.search(rf"^  0 \w{{8}}\s+{busy.pid} probe\s+ungated\s", shown, re.M), shown
+    assert busy.close() == 0
 
 
 def nvsharectl(d: RunningDaemon, *args: str) -> str:

@@ -47,9 +47,13 @@ def node() -> Iterator[tuple[RunningDaemon, Path, int]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def nvsharectl_status(d: RunningDaemon) -> str:
+def nvsharectl_status(d: RunningDaemon, *args: str) -> str:
     done = subprocess.run(
-        [str(BIN / "nvsharectl"), "status"], env=d.env, capture_output=True, text=True, timeout=30
+        [str(BIN / "nvsharectl"), "status", *args],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -74,9 +78,11 @@ def test_a_gpu_process_without_the_hook_is_reported_until_it_exits(
     eventually(lambda: f" {hooked.pid} " in nvsharectl_status(d), "the hooked probe registered")
     state.write_text(f"0 {2 * GiB} 2 50 {hooked.pid}:{GiB} {bare.pid}:{GiB}\n")
 
-    row = re.compile(rf"^\s+-\s+{bare.pid}\s+-\s+UNHOOKED\s+1Gi\s.*GPU-", re.M)
+    row = re.compile(rf"^  0 \w{{8}}\s+{bare.pid} probe\s+unhooked\s+1\.0Gi\s+-\s+-\s+-$", re.M)
     eventually(lambda: bool(row.search(nvsharectl_status(d))), "the bare probe in status")
-    shown = nvsharectl_status(d)
+    wide = re.compile(rf"^\s+-\s+{bare.pid}\s+probe\s+-\s+UNHOOKED\s+1Gi\s.*GPU-", re.M)
+    assert wide.search(nvsharectl_status(d, "--wide"))
+    shown = nvsharectl_status(d, "--wide")
     hooked_row = next(line for line in shown.splitlines() if f" {hooked.pid} " in line)
     assert "UNHOOKED" not in hooked_row
     # NVML shows 1Gi, the hook counts nothing: all of it is context (MEM USED, LIMIT: none)
@@ -90,7 +96,7 @@ def test_a_gpu_process_without_the_hook_is_reported_until_it_exits(
 
     assert bare.close() == 0
     state.write_text(f"0 {GiB} 1 50 {hooked.pid}:{GiB}\n")
-    eventually(lambda: "UNHOOKED" not in nvsharectl_status(d), "the report gone with it")
+    eventually(lambda: "unhooked" not in nvsharectl_status(d), "the report gone with it")
     assert unhooked_metric(port) == 0
     assert hooked.close() == 0
     assert "Traceback" not in d.output()

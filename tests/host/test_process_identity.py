@@ -25,6 +25,7 @@ def fake_process(proc: Path, pid: int, *, uid: int, started: int, cgroup: str = 
     rest = " ".join(["S"] + ["0"] * 18 + [str(started)] + ["0"] * 30)
     (d / "stat").write_text(f"{pid} (my (odd) name) {rest}\n")
     (d / "cgroup").write_text(cgroup)
+    (d / "comm").write_text("my (odd) name\n")
 
 
 def test_a_pod_process_is_known_by_its_pod_container_and_owner(tmp_path: Path) -> None:
@@ -33,6 +34,7 @@ def test_a_pod_process_is_known_by_its_pod_container_and_owner(tmp_path: Path) -
     assert ident is not None
     assert (ident.pid, ident.uid, ident.gid) == (4242, 1001, 7)
     assert (ident.pod_uid, ident.container_id) == (POD, "a" * 64)
+    assert ident.command == "my (odd) name"  # /proc/<pid>/comm: what status shows
     assert start_time(4242, proc_root=tmp_path) == 555
 
 
@@ -56,3 +58,4 @@ def test_this_test_process_on_the_real_proc() -> None:
     ident = identify_process(os.getpid())
     assert ident is not None and ident.uid == os.getuid()
     assert ident.executable == os.path.realpath(sys.executable)
+    assert ident.command == Path("/proc/self/comm").read_text().strip()
