@@ -28,11 +28,22 @@ struct fake_ctx {
     unsigned coll_head, coll_tail;
 };
 
+/* A graph node; CUgraphNode handles point at these. */
+struct fake_node {
+    int type;         /* CU_GRAPH_NODE_TYPE_* */
+    int dev;          /* allocation nodes: the device of their pool */
+    size_t bytesize;  /* allocation nodes: as asked for */
+    CUdeviceptr dptr; /* allocation and free nodes */
+    struct fake_graph *child;
+};
+
+/* A graph: its nodes, added by capture or by the cuGraphAdd* calls (fake_graph.c). */
 struct fake_graph {
     uint64_t magic;
     int dev;
-    unsigned nodes;
-    uint64_t mem; /* bytes of the memory nodes captured into it */
+    struct fake_node **nodes;
+    size_t n, cap;
+    int instantiated; /* with memory nodes, a graph has one executable at a time */
 };
 
 struct fake_stream {
@@ -80,5 +91,10 @@ CUresult fake_give(uint64_t handle);
 void fake_free_ctx_memory(struct fake_ctx *c);
 void fake_release_pools(int d); /* at a synchronisation: pools shrink to their release threshold */
 void fake_memory_init(void);
+
+/* graphs (fake_graph.c); with dev.mu held for fake_graph_add */
+struct fake_graph *fake_graph_new(int dev);
+struct fake_node *fake_graph_add(struct fake_graph *g, struct fake_node node);
+CUresult fake_launch(CUstream s); /* queue one kernel on s (fake_cuda.c) */
 
 #endif
