@@ -738,6 +738,68 @@ def held_memory() -> None:
     )
 
 
+def graph_memory() -> None:
+    """Graph memory inside the limit before the driver reserves it (issue 26), limit 1Gi: a 2 GiB
+    captured cudaMallocAsync refused at instantiate/upload with nothing reserved (natively it
+    runs), a 512 MiB one admitted and charged once over four launches, and PyTorch's CUDA graphs
+    (torch.cuda.graph, torch.compile reduce-overhead; also with the cudaMallocAsync backend,
+    whose graphs carry memory nodes) unaffected below the limit."""
+    d = Daemon("defaults: {memoryLimit: 1Gi}")
+    try:
+        over = program(["graph_admit", str(2 * GiB)], d.env())
+        within = program(["graph_admit", str(512 * MiB)], d.env())
+        torch_runs = {
+            f"{kind}{suffix}": json.loads(
+                run([sys.executable, str(WORKER), kind, "8"], env=d.env(**extra)).splitlines()[-1]
+            )
+            for kind in ("graphs", "compiled")
+            for suffix, extra in (
+                ("", {}),
+                ("_async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+            )
+        }
+    finally:
+        d.stop()
+    native = program(["graph_admit", str(2 * GiB)], {**os.environ, "LD_PRELOAD": ""})
+    RESULTS["graph_memory"] = {"over": over, "within": within, "native_over": native, **torch_runs}
+    check(
+        "graph memory: a 2 GiB graph allocation under 1 GiB is refused before it is reserved",
+        over["graph_instantiate_upload"] == "oom"
+        and over["graph_instantiate"] == "oom"
+        and over["graph_launches_ok"] == "0"
+        and over["graph_reserved"] == "0"
+        and int(over["graph_nvml_used"]) < GiB
+        and native["graph_instantiate"] == "ok"
+        and native["graph_launches_ok"] == "4",
+        f"hooked: {json.dumps(over)}; native: instantiate {native.get('graph_instantiate')}, "
+        f"{native.get('graph_launches_ok')} launches, reserved {native.get('graph_reserved')}",
+    )
+    check(
+        "graph memory: a 512 MiB graph allocation is admitted and charged once over 4 launches",
+        within["graph_instantiate_upload"] == "ok"
+        and within["graph_instantiate"] == "ok"
+        and within["graph_upload"] == "ok"
+        and within["graph_launches_ok"] == "4"
+        and int(within["graph_reserved"]) >= 512 * MiB
+        and int(within["graph_free"]) <= GiB - 512 * MiB
+        and int(within["graph_free"]) >= GiB - 2 * 512 * MiB
+        and within["graph_reserved_after_trim"] == "0",
+        json.dumps(within),
+    )
+    for key, unit in (
+        ("graphs", "captures"),
+        ("graphs_async", "captures"),
+        ("compiled", "calls"),
+        ("compiled_async", "calls"),
+    ):
+        r = torch_runs[key]
+        check(
+            f"graph memory: PyTorch {key} below the limit: 0 failures",
+            r.get("failures") == 0 and r.get(unit, 0) > 0,
+            json.dumps(r)[:600],
+        )
+
+
 def two_gpu() -> None:
     """Memory and the lock follow the stream's GPU, not the current context's."""
     import pynvml
@@ -1165,6 +1227,7 @@ def main() -> int:
         "captures",
         "twogpu",
         "view",
+        "graphmem",
     ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
@@ -1185,6 +1248,7 @@ def main() -> int:
         "captures": captures_under_drops,
         "twogpu": two_gpu,
         "view": gpu_view,
+        "graphmem": graph_memory,
     }
     for name in only:
         t0 = time.monotonic()
