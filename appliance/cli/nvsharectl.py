@@ -182,6 +182,15 @@ def _print_status(status: StatusView) -> None:
             f"{len(status.unhooked)} GPU process(es) run without the hook (unshared, "
             "unlimited); the daemon's log says why each is likely"
         )
+    _print_backstop(status)
+
+
+def _print_backstop(status: StatusView) -> None:
+    for b in status.backstop:
+        state = (
+            f"active, {len(b.limits)} cgroup(s) limited" if b.active else f"inactive: {b.reason}"
+        )
+        click.echo(f"kernel backstop on GPU {b.gpu}: {state}")
 
 
 def _print_policy_status(policy: PolicyStatus) -> None:
@@ -427,6 +436,9 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
             ("request", row.request),
             ("priority", row.priority),
             ("gated", row.gated),
+            ("kernel backstop", row.backstop),
         )
         for key, said in said_by:
+            if not said and key == "kernel backstop":
+                continue
             click.echo(f"  {key}: {said}")

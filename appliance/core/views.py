@@ -118,6 +118,17 @@ class PolicyStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class BackstopView:
+    """The kernel-enforced backstop on one GPU (the daemon's `gpu.backstop` fills it in)."""
+
+    gpu: str
+    active: bool
+    code: str  # "active", or why not: off, nvml, driver, cgroup, mig, permission, unsupported
+    reason: str  # the same in words: what is missing, and what to do
+    limits: Mapping[str, int]  # cgroup directory -> the hard limit set there, in bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StatusView:
     gpus: tuple[GpuView, ...]
     clients: tuple[ClientView, ...]
@@ -130,6 +141,7 @@ class StatusView:
     use: tuple[GpuUse, ...] = ()  # what NVML last showed of each GPU
     pods: tuple[PodView, ...] = ()
     time: float = 0.0  # the daemon's monotonic clock when the view was built
+    backstop: tuple[BackstopView, ...] = ()  # the daemon adds it, per GPU
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
@@ -238,6 +250,7 @@ class ExplainRow:
     gated: str
     priority: str = ""  # "high (from annotation)"
     request: str = ""  # "30% (from rule 'serving')"
+    backstop: str = ""  # the kernel-enforced limit on its cgroup, or why there is none
 
 
 @dataclass(frozen=True, slots=True)
