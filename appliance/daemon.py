@@ -70,6 +70,7 @@ class DaemonConfig:
     metrics: bool = True  # tests turn the HTTP endpoint off
     open_files: int = 65536  # the soft limit of open files the daemon raises itself to
     proc_root: Path = Path("/proc")  # tests give a tree whose cgroup files say "a pod"
+    cgroup_root: Path = Path("/sys/fs/cgroup")  # where the kernel backstop finds cgroups
 
     @property
     def control(self) -> Path:
@@ -101,7 +102,9 @@ class Daemon:
         self.node_status: NodeStatusPublisher | None = None
         self.pod_watcher: PodWatcher | None = None
         self.permissions: Permissions | None = None  # what RBAC refused, with --node-name
-        self.backstop = KernelBackstop(self.nvml)  # driver-enforced limits, where policy asks
+        self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
+            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
+        )
         self._backstop_loop: BackstopLoop | None = None
 
     # ------------------------------------------------------------------ glue
@@ -303,7 +306,7 @@ class Daemon:
                 clients = holders(core.status(engine.now()))
                 return memory.kernel_backstop, memory.backstop_allowance_bytes, clients
 
-            return engine.read(read)
+            return engine.read(read, timeout_s=1.0)  # never holds up a shutdown for long
 
         self._backstop_loop = BackstopLoop(self.backstop, snapshot)
         self._backstop_loop.start()

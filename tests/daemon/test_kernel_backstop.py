@@ -6,6 +6,7 @@ its limit changes, when it ends, for a workstation cgroup, and every way it is r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,11 +14,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from appliance.core.views import StatusView
+from appliance import protocol as p
+from appliance.client import ControlClient
+from appliance.core.views import ExplainQuery, StatusView
+from appliance.daemon import Daemon
 from appliance.gpu.backstop import Holder, KernelBackstop
 from appliance.gpu.nvml import MEMORY_LIMIT_MAX, Nvml
 from appliance.metrics import ApplianceCollector
 from appliance.policy.model import Mode
+
+from .inprocess import daemon_config, eventually, run_with
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -71,6 +77,12 @@ class PartitioningNvml:
 
     def nvmlEventSetCreate(self) -> str:  # noqa: N802
         raise NVMLError(3)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(gpu=0, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
+        return []
 
     # the two calls, with the structures pynvml defines
     c_nvmlSetMemoryLimits_v1_t = SimpleNamespace  # noqa: N815 (pynvml's names)
@@ -247,3 +259,42 @@ def test_status_metrics_show_per_gpu_whether_it_is_active_and_why_not(cgroups: P
     text = generate_latest(registry).decode()
     assert f'nvshare_gpu_kernel_backstop_active{{gpu_uuid="{GPU}",reason="driver"}} 0.0' in text
     assert f'nvshare_gpu_kernel_backstop_cgroups{{gpu_uuid="{GPU}"}} 0.0' in text
+
+
+def test_the_daemon_limits_a_registered_clients_cgroup_and_clears_it_when_it_goes(
+    tmp_path: Path, cgroups: Path
+) -> None:
+    scope = "/system.slice/train.service"
+    proc = proc_tree(tmp_path, cgroups, {os.getpid(): scope})  # the client is this process
+    library = PartitioningNvml()
+    config = daemon_config(
+        tmp_path,
+        "defaults: {memoryLimit: 1Gi}\nmemory: {kernelBackstop: 'on'}\nmetrics: {enabled: false}\n",
+        proc_root=proc,
+        cgroup_root=cgroups,
+    )
+    daemon = Daemon(config, nvml=Nvml(library=library))
+    cgroup = str(cgroups / scope.lstrip("/"))
+
+    def body(d: Daemon) -> None:
+        eventually(lambda: d._ready, "the daemon serving")
+        assert d.engine is not None and d.answers is not None
+        engine, answers = d.engine, d.answers
+        hook = ControlClient.as_hook(config.socket_dir, timeout=5)
+        hook.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 * GiB))
+        eventually(lambda: library.limits, "the client's cgroup limited")
+        assert library.calls == [(cgroup, GPU, GiB + ALLOWANCE)]
+        status = engine.read(answers.status)
+        assert [(b.gpu, b.active, dict(b.limits)) for b in status.backstop] == [
+            (GPU, True, {cgroup: GiB + ALLOWANCE})
+        ]
+        (row,) = engine.read(lambda: answers.explain(ExplainQuery(pid=os.getpid()))).clients
+        assert (
+            row.backstop
+            == f"{(GiB + ALLOWANCE) >> 20} MiB hard limit on {cgroup} (kernel-enforced)"
+        )
+        hook.close()  # the client goes: its cgroup's limit is cleared
+        eventually(lambda: not library.limits, "the limit cleared")
+        assert library.calls[-1] == (cgroup, GPU, None)
+
+    assert run_with(daemon, body) == 0
