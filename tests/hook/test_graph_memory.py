@@ -7,11 +7,15 @@ runs, and goes back when the pool is trimmed; a trimmed graph is checked again w
 
 from __future__ import annotations
 
+from appliance.protocol import MsgType
+
+from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
 
 MiB = 1 << 20
 GiB = 1 << 30
 OOM = "err 2"
+CAPTURE_GLOBAL = 0
 CAPTURE_RELAXED = 2
 
 
@@ -175,3 +179,31 @@ def test_a_graph_without_memory_nodes_runs_as_before(
         exe = p.ok(f"instantiate {g}").split()[1]
         p.ok(f"graph_launch {exe} {s}")
     assert_clean(*p.finish())
+
+
+def test_a_capture_with_memory_nodes_survives_a_drop_and_its_graph_is_checked(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    env = variant.env(
+        NVSHARE_SOCKET_DIR=sock_dir,
+        NVSHARE_IDLE_RELEASE_MS="3600000",
+        NVSHARE_GPU_MEMORY_LIMIT="64Mi",
+    )
+    with fs.FakeScheduler(sock_dir, tq_s=0.1) as sched:
+        a, b = start_probe(variant, env), start_probe(variant, env)
+        a.ok("init")
+        b.ok("init")
+        a.ok("launch 1")  # a holds the lock
+        s = a.ok("stream 0").split()[1]
+        a.ok(f"capture_begin {s} {CAPTURE_GLOBAL}")
+        a.ok(f"capture_alloc {s} {48 * MiB}")
+        b.send("launch 1")  # b asks for the lock: a is told to drop it mid-capture
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_DROP) == 1)
+        a.ok(f"capture_alloc {s} {32 * MiB}")
+        graph = a.ok(f"capture_end {s}").split()[1]  # not CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_RELEASED) == 1)
+        assert b.answer() == "ok"
+        assert a.do(f"instantiate {graph}") == OOM  # 48 + 32 MiB of memory nodes under 64 MiB
+        assert graph_pool(a) == (0, 0)
+        for p in (a, b):
+            assert_clean(*p.finish())
