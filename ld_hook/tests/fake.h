@@ -92,6 +92,25 @@ void fake_free_ctx_memory(struct fake_ctx *c);
 void fake_release_pools(int d); /* at a synchronisation: pools shrink to their release threshold */
 void fake_memory_init(void);
 
+/* cuda.h's CUgraphNodeParams, as far as cuGraphAddNode reads it here: a child graph node whose
+ * graph moves into the parent (CUDA 12.9's CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), the one way a
+ * graph with memory nodes can be a child. */
+#define FAKE_CHILD_GRAPH_OWNERSHIP_MOVE 1
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        struct {
+            CUgraph graph;
+            int ownership;
+        } graph;
+    } u;
+    long long reserved2;
+} fake_node_params;
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                        fake_node_params *params);
+
 /* graphs (fake_graph.c); with dev.mu held for fake_graph_add */
 struct fake_graph *fake_graph_new(int dev);
 struct fake_node *fake_graph_add(struct fake_graph *g, struct fake_node node);

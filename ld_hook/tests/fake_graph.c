@@ -134,6 +134,25 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const
     return r;
 }
 
+/* Only a child graph node whose graph moves into the parent: it may hold memory nodes. */
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t ndeps, fake_node_params *params)
+{
+    (void)deps, (void)ndeps;
+    struct fake_graph *g = graph_of(graph);
+    if (g == NULL || params == NULL || params->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (params->u.graph.ownership != FAKE_CHILD_GRAPH_OWNERSHIP_MOVE)
+        return cuGraphAddChildGraphNode(node, graph, deps, ndeps, params->u.graph.graph);
+    struct fake_graph *c = graph_of(params->u.graph.graph);
+    if (c == NULL || c == g) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&dev.mu);
+    *node = (CUgraphNode)fake_graph_add(
+        g, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_GRAPH, .child = c});
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *n)
 {
     struct fake_graph *g = graph_of(graph);

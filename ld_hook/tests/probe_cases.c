@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fake.h" /* the cuGraphAddNode parameters the fake reads */
 #include "probe.h"
 
 #define FN ((CUfunction)1)
@@ -315,6 +316,18 @@ static int graph_case(const char *cmd, unsigned long long x, unsigned long long 
         uint64_t c = 0;
         r = handle_of(x, 'G', &v) && handle_of(y, 'G', &c)
                 ? cuGraphAddChildGraphNode(&n, (CUgraph)(uintptr_t)v, NULL, 0, (CUgraph)(uintptr_t)c)
+                : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok\n", 0);
+    } else if (strcmp(cmd, "graph_child_move") == 0) { /* graph_child_move PARENT CHILD */
+        CUgraphNode n;
+        uint64_t c = 0;
+        fake_node_params params;
+        memset(&params, 0, sizeof params);
+        params.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        params.u.graph.ownership = FAKE_CHILD_GRAPH_OWNERSHIP_MOVE;
+        r = handle_of(x, 'G', &v) && handle_of(y, 'G', &c)
+                ? (params.u.graph.graph = (CUgraph)(uintptr_t)c,
+                   cuGraphAddNode(&n, (CUgraph)(uintptr_t)v, NULL, 0, &params))
                 : CUDA_ERROR_INVALID_VALUE;
         reply(r, "ok\n", 0);
     } else if (strcmp(cmd, "instantiate_v2") == 0) { /* instantiate_v2 GRAPH -> executable */

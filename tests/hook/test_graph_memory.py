@@ -207,3 +207,15 @@ def test_a_capture_with_memory_nodes_survives_a_drop_and_its_graph_is_checked(
         assert graph_pool(a) == (0, 0)
         for p in (a, b):
             assert_clean(*p.finish())
+
+
+def test_memory_nodes_of_a_child_graph_count(plain: Variant, start_probe, sock_dir: str) -> None:
+    p = start(plain, start_probe, sock_dir)
+    child = p.ok("graph_create").split()[1]
+    p.ok(f"graph_alloc {child} 0 {2 * GiB}")
+    parent = p.ok("graph_create").split()[1]
+    assert p.do(f"graph_child {parent} {child}") == "err 801"  # cloned: not with memory nodes
+    p.ok(f"graph_child_move {parent} {child}")  # moved into the parent (CUDA 12.9)
+    assert p.do(f"instantiate {parent}") == OOM
+    assert graph_pool(p) == (0, 0)
+    assert_clean(*p.finish())
