@@ -35,6 +35,7 @@ struct graph_rec {
 static struct {
     pthread_mutex_t mu;
     uint64_t charged[NVS_MAX_GPUS];    /* charged for the GPU's graph pool */
+    uint64_t reserved[NVS_MAX_GPUS];   /* the pool's reserved memory when last read */
     uint64_t generation[NVS_MAX_GPUS]; /* +1 each time the pool is seen to shrink */
     int used[NVS_MAX_GPUS];            /* a graph ran on it: worth re-reading */
 } graphs = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -57,7 +58,8 @@ static int settle_gpu(struct nvs_gpu *g)
     nvs_lock(&graphs.mu);
     int64_t delta = (int64_t)reserved - (int64_t)graphs.charged[g->index];
     graphs.charged[g->index] = reserved;
-    if (delta < 0) graphs.generation[g->index]++; /* trimmed or reset: parts may be unmapped */
+    if (reserved < graphs.reserved[g->index]) graphs.generation[g->index]++; /* trimmed, reset */
+    graphs.reserved[g->index] = reserved;
     nvs_unlock(&graphs.mu);
     if (delta > 0) nvs_ledger_force(g, (uint64_t)delta);
     if (delta < 0) nvs_ledger_uncharge(g, (uint64_t)-delta);
@@ -342,5 +344,5 @@ NVS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 void nvs_graphs_after_fork(void)
 {
     pthread_mutex_init(&graphs.mu, NULL);
-    for (int i = 0; i < NVS_MAX_GPUS; i++) graphs.charged[i] = graphs.used[i] = 0;
+    for (int i = 0; i < NVS_MAX_GPUS; i++) graphs.charged[i] = graphs.reserved[i] = graphs.used[i] = 0;
 }

@@ -6,8 +6,9 @@
  * its reserved-but-unused memory cannot serve; they stay mapped across launches; a destroyed
  * executable's memory goes back to the pool, still reserved; cuDeviceGraphMemTrim unmaps what no
  * scheduled graph uses (every fake graph has finished by then) and gives the pool's unused
- * memory back to the device, so the next launch maps it again. Allocations are never shared
- * within or between graphs (the driver may share; nothing requires it to).
+ * memory back to the device, so the next launch maps it again. Allocations of one graph share
+ * no memory, unless NVSHARE_FAKE_GRAPH_SHARE=1: then a graph needs only its largest allocation
+ * (as if none were live at once; the driver may share what is not, nothing requires it to).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +60,13 @@ static struct fake_graph *graph_of(CUgraph graph)
 /* With dev.mu held: the graph's allocation bytes per device, child graphs included. */
 static void graph_memory(const struct fake_graph *g, uint64_t *mem)
 {
+    const char *share = getenv("NVSHARE_FAKE_GRAPH_SHARE");
+    int shared = share != NULL && strcmp(share, "1") == 0;
     for (size_t i = 0; i < g->n; i++) {
         const struct fake_node *n = g->nodes[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) mem[n->dev] += fake_rounded(n->bytesize);
+        uint64_t bytes = fake_rounded(n->bytesize);
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+            mem[n->dev] = shared ? (bytes > mem[n->dev] ? bytes : mem[n->dev]) : mem[n->dev] + bytes;
         if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) graph_memory(n->child, mem);
     }
 }

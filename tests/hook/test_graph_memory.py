@@ -219,3 +219,24 @@ def test_memory_nodes_of_a_child_graph_count(plain: Variant, start_probe, sock_d
     assert p.do(f"instantiate {parent}") == OOM
     assert graph_pool(p) == (0, 0)
     assert_clean(*p.finish())
+
+
+def test_a_driver_that_shares_memory_within_a_graph_is_charged_what_it_reserved(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    p = start(variant, start_probe, sock_dir, NVSHARE_FAKE_GRAPH_SHARE="1")
+    s = p.ok("stream 0").split()[1]
+    p.ok(f"capture_begin {s} {CAPTURE_RELAXED}")
+    p.ok(f"capture_alloc {s} {256 * MiB}")
+    p.ok(f"capture_alloc {s} {256 * MiB}")  # never live at once: the driver shares them
+    first = p.ok(f"instantiate {p.ok(f'capture_end {s}').split()[1]}").split()[1]
+    p.ok(f"graph_launch {first} {s}")  # checked for 512 MiB, settled to the 256 reserved
+    assert graph_pool(p) == (256 * MiB, 256 * MiB)
+    assert free_bytes(p) == GiB - 256 * MiB
+    p.ok(f"alloc mem {256 * MiB}")
+    second = p.ok(f"instantiate {captured(p, s, 128 * MiB)}").split()[1]
+    p.ok(f"graph_launch {second} {s}")
+    assert free_bytes(p) == GiB - 640 * MiB
+    p.ok(f"graph_launch {first} {s}")  # still mapped: not checked for its 512 MiB again
+    assert free_bytes(p) == GiB - 640 * MiB
+    assert_clean(*p.finish())
