@@ -14,6 +14,7 @@
 #include "capture.h"
 #include "contexts.h"
 #include "dispatch.h"
+#include "gate.h"
 #include "graphs.h"
 #include "ledger.h"
 #include "log.h"
@@ -277,14 +278,28 @@ static CUresult call_flags(CUgraphExec *exec, CUgraph graph, const void *args)
 {
     return NVS_CALL(cuGraphInstantiateWithFlags, (exec, graph, *(const unsigned long long *)args));
 }
+/* An instantiation that also uploads submits to its upload stream: it passes that gate, as
+ * cuGraphUpload does. */
+static struct nvs_thread *upload_gate(const CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (p == NULL || !(p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) return NULL;
+    return nvs_gate_enter(nvs_submit_gpu(p->hUploadStream), p->hUploadStream);
+}
 static CUresult call_params(CUgraphExec *exec, CUgraph graph, const void *args)
 {
-    return NVS_CALL(cuGraphInstantiateWithParams, (exec, graph, (CUDA_GRAPH_INSTANTIATE_PARAMS *)args));
+    CUDA_GRAPH_INSTANTIATE_PARAMS *p = (CUDA_GRAPH_INSTANTIATE_PARAMS *)args;
+    struct nvs_thread *t = upload_gate(p);
+    CUresult r = NVS_CALL(cuGraphInstantiateWithParams, (exec, graph, p));
+    nvs_gate_exit(t);
+    return r;
 }
 static CUresult call_params_ptsz(CUgraphExec *exec, CUgraph graph, const void *args)
 {
-    return NVS_CALL(cuGraphInstantiateWithParams_ptsz,
-                    (exec, graph, (CUDA_GRAPH_INSTANTIATE_PARAMS *)args));
+    CUDA_GRAPH_INSTANTIATE_PARAMS *p = (CUDA_GRAPH_INSTANTIATE_PARAMS *)args;
+    struct nvs_thread *t = upload_gate(p);
+    CUresult r = NVS_CALL(cuGraphInstantiateWithParams_ptsz, (exec, graph, p));
+    nvs_gate_exit(t);
+    return r;
 }
 
 NVS_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err,

@@ -240,3 +240,17 @@ def test_a_driver_that_shares_memory_within_a_graph_is_charged_what_it_reserved(
     p.ok(f"graph_launch {first} {s}")  # still mapped: not checked for its 512 MiB again
     assert free_bytes(p) == GiB - 640 * MiB
     assert_clean(*p.finish())
+
+
+def test_an_instantiation_that_uploads_asks_for_the_lock_like_an_upload(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    with fs.FakeScheduler(sock_dir) as sched:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        s = p.ok("stream 0").split()[1]
+        graph = captured(p, s, 16 * MiB)
+        assert sched.count(MsgType.LOCK_REQUEST) == 0  # capturing submits nothing
+        p.ok(f"instantiate_upload {graph} {s}")
+        assert sched.count(MsgType.LOCK_REQUEST) == 1
+        assert_clean(*p.finish())
