@@ -242,15 +242,17 @@ def test_a_driver_that_shares_memory_within_a_graph_is_charged_what_it_reserved(
     assert_clean(*p.finish())
 
 
-def test_an_instantiation_that_uploads_asks_for_the_lock_like_an_upload(
+def test_an_instantiation_that_uploads_waits_for_the_lock_like_an_upload(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
-    with fs.FakeScheduler(sock_dir) as sched:
+    with fs.FakeScheduler(sock_dir, auto_grant=False) as sched:
         p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
         p.ok("init")
         s = p.ok("stream 0").split()[1]
-        graph = captured(p, s, 16 * MiB)
-        assert sched.count(MsgType.LOCK_REQUEST) == 0  # capturing submits nothing
-        p.ok(f"instantiate_upload {graph} {s}")
-        assert sched.count(MsgType.LOCK_REQUEST) == 1
+        graph = captured(p, s, 16 * MiB)  # recorded work runs later: it never waits
+        p.send(f"instantiate_upload {graph} {s}")
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) >= 1)
+        assert not p.answered(0.3)  # it uploads only once granted the GPU
+        sched.grant_waiting()
+        assert p.answer().startswith("ok")
         assert_clean(*p.finish())
