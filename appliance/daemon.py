@@ -28,6 +28,7 @@ from appliance.core import events as ev
 from appliance.core.authority import Authority
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
+from appliance.gpu.backstop import BackstopLoop, KernelBackstop, holders
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import cgroup_identity
@@ -69,6 +70,7 @@ class DaemonConfig:
     metrics: bool = True  # tests turn the HTTP endpoint off
     open_files: int = 65536  # the soft limit of open files the daemon raises itself to
     proc_root: Path = Path("/proc")  # tests give a tree whose cgroup files say "a pod"
+    cgroup_root: Path = Path("/sys/fs/cgroup")  # where the kernel backstop finds cgroups
 
     @property
     def control(self) -> Path:
@@ -100,6 +102,10 @@ class Daemon:
         self.node_status: NodeStatusPublisher | None = None
         self.pod_watcher: PodWatcher | None = None
         self.permissions: Permissions | None = None  # what RBAC refused, with --node-name
+        self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
+            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
+        )
+        self._backstop_loop: BackstopLoop | None = None
 
     # ------------------------------------------------------------------ glue
 
@@ -261,6 +267,8 @@ class Daemon:
             watcher=self.watcher,
             policy_dir=self.config.policy_dir,
             nvml_available=self.nvml.available,
+            backstop=self.backstop.views,
+            backstop_for=self.backstop.explain,
         )
         engine, core = self.engine, self.core
         self.server = SchedulerServer(
@@ -276,7 +284,33 @@ class Daemon:
             proc_root=config.proc_root,
         )
         engine.connect(self.server.send, *SchedulerServer.ACTIONS)
-        engine.connect(lambda a: limits_file.write(a.limits), act.LimitsPublished)
+        engine.connect(self._limits_published(limits_file), act.LimitsPublished)
+
+    def _limits_published(self, limits_file: LimitsFile) -> Any:
+        """The published limits go to the file hooks fall back to, and wake the backstop."""
+
+        def sink(a: act.LimitsPublished) -> None:
+            limits_file.write(a.limits)
+            if self._backstop_loop is not None:
+                self._backstop_loop.wake()
+
+        return sink
+
+    def _start_backstop(self) -> None:
+        assert self.engine is not None and self.core is not None
+        engine, core = self.engine, self.core
+
+        def snapshot() -> tuple[bool, int, list[Any]]:
+            def read() -> tuple[bool, int, list[Any]]:
+                memory = core.state.policy.memory
+                clients = holders(core.status(engine.now()))
+                return memory.kernel_backstop, memory.backstop_allowance_bytes, clients
+
+            return engine.read(read, timeout_s=1.0)  # never holds up a shutdown for long
+
+        self._backstop_loop = BackstopLoop(self.backstop, snapshot)
+        self._backstop_loop.start()
+        self._threads.append(self._backstop_loop)
 
     def _preflight(self) -> str | None:
         """What makes the configuration unusable, found before anything is claimed."""
@@ -333,6 +367,7 @@ class Daemon:
                 self._start_device_plugin(policy)
             if self.nvml.available:
                 self._start_nvml_sampler()
+                self._start_backstop()
         except Exception as exc:
             log.error("stopping: %s", exc)
             return 1

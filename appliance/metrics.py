@@ -89,6 +89,7 @@ class ApplianceCollector(Collector):
         yield from _client_time(clients)
         yield from _pods(pods)
         yield from _scheduler(status)
+        yield from _backstop(status)
         if status.policy is not None:
             yield from _policy(status.policy)
         omitted = GaugeMetricFamily(
@@ -380,6 +381,26 @@ def _scheduler(status: StatusView) -> Iterator[Metric]:
     for release in ReleaseReason:
         releases.add_metric([release.value], counters.get(f"releases_{release.value}", 0))
     yield releases
+
+
+def _backstop(status: StatusView) -> Iterator[Metric]:
+    active = GaugeMetricFamily(
+        "nvshare_gpu_kernel_backstop_active",
+        "1 where the driver enforces hard per-cgroup memory limits the daemon set (MPS v3 "
+        "memory partitioning); 0 with the reason: off, nvml, driver, cgroup, mig, permission, "
+        "unsupported",
+        labels=["gpu_uuid", "reason"],
+    )
+    limits = GaugeMetricFamily(
+        "nvshare_gpu_kernel_backstop_cgroups",
+        "Cgroups with a kernel-enforced hard memory limit on this GPU",
+        labels=["gpu_uuid"],
+    )
+    for b in status.backstop:
+        active.add_metric([b.gpu, b.code], 1 if b.active else 0)
+        limits.add_metric([b.gpu], len(b.limits))
+    yield active
+    yield limits
 
 
 def _policy(policy: PolicyStatus) -> Iterator[Metric]:

@@ -31,21 +31,37 @@ class Answers:
         watcher: PolicyWatcher,
         policy_dir: Path,
         nvml_available: bool,
+        backstop: Callable[[], tuple[views.BackstopView, ...]] = tuple,
+        backstop_for: Callable[[str, int], str] = lambda gpu, pid: "",
     ) -> None:
         self._core = core
         self._clock = clock
         self._watcher = watcher
         self._policy_dir = str(policy_dir)
         self._nvml = nvml_available
+        self._backstop = backstop
+        self._backstop_for = backstop_for
         self.queries: dict[str, Query] = {
             "policy": lambda request: self.policy(),
-            "explain": lambda request: core.explain(views.ExplainQuery.from_request(request)),
+            "explain": lambda request: self.explain(views.ExplainQuery.from_request(request)),
             "overrides": lambda request: core.overrides(),
         }
 
     def status(self) -> views.StatusView:
         node = self._core.status(self._clock())
-        return dataclasses.replace(node, policy=self.policy_status(), nvml=self._nvml)
+        return dataclasses.replace(
+            node, policy=self.policy_status(), nvml=self._nvml, backstop=self._backstop()
+        )
+
+    def explain(self, query: views.ExplainQuery) -> views.ExplainView:
+        """The core's answer, with the kernel-enforced limit on each client's cgroup."""
+        rows = self._core.explain(query).clients
+        return views.ExplainView(
+            tuple(
+                dataclasses.replace(row, backstop=self._backstop_for(row.gpu, row.pid))
+                for row in rows
+            )
+        )
 
     def policy_status(self) -> views.PolicyStatus:
         w = self._watcher

@@ -72,7 +72,27 @@ CUresult cuStreamEndCapture(CUstream s, CUgraph *graph);
 CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph);
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status);
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log,
+                            size_t log_size);
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err, char *log,
+                               size_t log_size);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *n);
+CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child);
+/* building graphs (the probe and the fake driver) */
+CUresult cuGraphCreate(CUgraph *graph, unsigned flags);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t ndeps, CUdeviceptr dptr);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  size_t ndeps, CUgraph child);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value);

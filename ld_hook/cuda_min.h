@@ -33,7 +33,6 @@ typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams; /* only p
 typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;            /* only passed through */
 typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;    /* only passed through */
 typedef struct CUmemDecompressParams_st CUmemDecompressParams;      /* only passed through */
-typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS; /* passed through */
 typedef struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
 typedef struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
 typedef void (*CUhostFn)(void *userData);
@@ -87,7 +86,18 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 #define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+
+/* Graph nodes: the hook reads the allocation nodes of a graph (and of its child graphs) before
+ * the driver reserves their memory. */
+typedef int CUgraphNodeType;
+#define CU_GRAPH_NODE_TYPE_KERNEL 0
+#define CU_GRAPH_NODE_TYPE_GRAPH 4
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_NODE_TYPE_MEM_FREE 11
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+typedef struct CUmemAccessDesc_st CUmemAccessDesc; /* only passed through */
 
 typedef struct {
     unsigned char bytes[16];
@@ -167,6 +177,23 @@ typedef struct {
     unsigned short usage;
     unsigned char reserved[54];
 } CUmemPoolProps;
+
+/* cuda.h's CUDA_MEM_ALLOC_NODE_PARAMS(_v1): read for the size and the pool's device. */
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* Read for the upload flag: an instantiation that also uploads reserves the graph's memory. */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* NVML */
 typedef int nvmlReturn_t;

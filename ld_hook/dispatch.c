@@ -161,7 +161,7 @@ static int since_version(const char *name)
         {"cuStreamWriteValue32_v2", 11070}, {"cuStreamWriteValue64_v2", 11070},
         {"cuStreamBatchMemOp_v2", 11070},   {"cuMemPrefetchAsync_v2", 13000},
         {"cuMemcpyBatchAsync_v2", 13000},   {"cuMemcpy3DBatchAsync_v2", 13000},
-        {"cuLaunchHostFunc_v2", 13020},
+        {"cuLaunchHostFunc_v2", 13020},     {"cuGraphInstantiate_v2", 11000},
     };
     size_t len = strlen(name);
     if (is_per_thread(name)) len -= 5;
@@ -181,6 +181,14 @@ static int since_version(const char *name)
  */
 static int pick_for_proc_address(const char *symbol, void *real, int version, cuuint64_t flags)
 {
+    /* From CUDA 12.0, cuda.h maps cuGraphInstantiate to cuGraphInstantiateWithFlags (another
+     * signature): the driver's answer is that function, never our cuGraphInstantiate_v2. */
+    if (version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0) {
+        int id = lookup("cuGraphInstantiateWithFlags");
+        void *expected = NULL;
+        atomic_compare_exchange_strong(&nvs_slots[id], &expected, real);
+        return id;
+    }
     size_t slen = strlen(symbol);
     int candidates[NVS_H_COUNT], n = 0;
     for (int i = 0; i < NVS_H_COUNT; i++) {

@@ -1,7 +1,7 @@
 /*
  * What every translation unit of the hook shares: the export and branch-hint macros, the TLS model
  * of the hot path, and the monotonic clock. Each concern has its own header (log.h, config.h,
- * dispatch.h, gpus.h, allocmap.h, contexts.h, capture.h, conn.h, gate.h, ledger.h, pools.h,
+ * dispatch.h, gpus.h, allocmap.h, contexts.h, capture.h, conn.h, gate.h, ledger.h, graphs.h, pools.h,
  * alloc.h, session.h); a module includes only the headers of the layers below it (the order is
  * checked by tests/hook/test_structure.py). Only the interposed driver symbols and dlsym are
  * exported (libnvshare.map.in); everything else is hidden (-fvisibility=hidden).

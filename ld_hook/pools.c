@@ -1,5 +1,5 @@
 /*
- * Pools and graph memory (see pools.h). Each pool the process allocated from is listed with its
+ * Pools (see pools.h). Each pool the process allocated from is listed with its
  * GPU and what is charged for it; the charge is set to the pool's CU_MEMPOOL_ATTR_RESERVED_MEM_
  * CURRENT whenever it is read. An allocation is checked against the limit for the growth it needs
  * (used + size beyond reserved) before the real call, and for any further growth after it.
@@ -10,6 +10,7 @@
 #include "capture.h"
 #include "contexts.h"
 #include "dispatch.h"
+#include "graphs.h"
 #include "ledger.h"
 #include "log.h"
 #include "pools.h"
@@ -26,8 +27,6 @@ static struct {
     pthread_mutex_t mu;
     struct pool_rec *list;
     int n, cap;
-    uint64_t graph_charged[NVS_MAX_GPUS];
-    int graph_used[NVS_MAX_GPUS];
 } pools = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t round_up(uint64_t n) { return (n + GRANULE - 1) / GRANULE * GRANULE; }
@@ -79,49 +78,19 @@ static int64_t settle_pool(CUmemoryPool pool)
     return delta;
 }
 
-static int64_t settle_graph(struct nvs_gpu *g)
-{
-    if (g == NULL) return 0;
-    cuuint64_t reserved = 0;
-    if (NVS_CALL(cuDeviceGetGraphMemAttribute,
-                 (g->index, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved)) != CUDA_SUCCESS)
-        return 0;
-    nvs_lock(&pools.mu);
-    int64_t delta = (int64_t)reserved - (int64_t)pools.graph_charged[g->index];
-    pools.graph_charged[g->index] = reserved;
-    nvs_unlock(&pools.mu);
-    if (delta > 0) nvs_ledger_force(g, (uint64_t)delta);
-    if (delta < 0) nvs_ledger_uncharge(g, (uint64_t)-delta);
-    return delta;
-}
-
 int nvs_pools_settle(struct nvs_gpu *g)
 {
     if (g == NULL) return 0;
     CUmemoryPool mine[16];
-    int n = 0, graphs;
+    int n = 0;
     nvs_lock(&pools.mu);
     for (int i = 0; i < pools.n && n < 16; i++)
         if (pools.list[i].gpu == g->index) mine[n++] = pools.list[i].pool;
-    graphs = pools.graph_used[g->index];
     nvs_unlock(&pools.mu);
     int shrank = 0;
     for (int i = 0; i < n; i++) shrank |= settle_pool(mine[i]) < 0;
-    if (graphs) shrank |= settle_graph(g) < 0;
+    shrank |= nvs_graphs_settle(g);
     return shrank;
-}
-
-void nvs_graph_ran(struct nvs_gpu *g, CUgraphExec exec)
-{
-    if (g == NULL || exec == NULL) return;
-    struct nvs_alloc seen;
-    if (nvs_allocmap_get((uint64_t)(uintptr_t)exec, NVS_KIND_GRAPH, &seen)) return;
-    nvs_allocmap_put((struct nvs_alloc){.key = (uint64_t)(uintptr_t)exec, .kind = NVS_KIND_GRAPH,
-                                        .gpu = g->index});
-    nvs_lock(&pools.mu);
-    pools.graph_used[g->index] = 1;
-    nvs_unlock(&pools.mu);
-    settle_graph(g);
 }
 
 /* What the pool must grow by to serve `bytes` now (0 when its cached memory is enough). */
@@ -242,27 +211,9 @@ NVS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     return r;
 }
 
-/* A destroyed executable's memory goes back to the device's graph pool (trimmed later). */
-NVS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    struct nvs_alloc seen;
-    int known = nvs_allocmap_take((uint64_t)(uintptr_t)exec, NVS_KIND_GRAPH, &seen);
-    CUresult r = NVS_CALL(cuGraphExecDestroy, (exec));
-    if (known) settle_graph(nvs_gpu_at(seen.gpu));
-    return r;
-}
-
-NVS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
-{
-    CUresult r = NVS_CALL(cuDeviceGraphMemTrim, (dev));
-    struct nvs_gpu *g = nvs_gpu_at(dev);
-    if (g != NULL) settle_graph(g);
-    return r;
-}
-
 void nvs_pools_after_fork(void)
 {
     pthread_mutex_init(&pools.mu, NULL);
     pools.n = 0;
-    for (int i = 0; i < NVS_MAX_GPUS; i++) pools.graph_charged[i] = pools.graph_used[i] = 0;
+    nvs_graphs_after_fork();
 }

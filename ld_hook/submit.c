@@ -10,7 +10,7 @@
 #include "cut.h"
 #include "dispatch.h"
 #include "gate.h"
-#include "pools.h"
+#include "graphs.h"
 
 #define NVS_GATED_ON(name, params, args, stream)              \
     NVS_EXPORT CUresult name params                           \
@@ -73,15 +73,16 @@ NVS_ASYNC_COPIES(NVS_GATED_STREAM, _ptsz)
 NVS_STREAM_OPS(NVS_GATED_STREAM, )
 NVS_STREAM_OPS(NVS_GATED_STREAM, _ptsz)
 
-/* A graph's memory is reserved when it is uploaded or first launched: measure it then. */
+/* An upload or launch may make the driver reserve the graph's memory (graphs.h): checked
+ * against the limit before, settled after. */
 #define NVS_GRAPH_RUN(name)                                              \
     NVS_EXPORT CUresult name(CUgraphExec g, CUstream s)                  \
     {                                                                    \
-        struct nvs_gpu *gpu = nvs_submit_gpu(s);                         \
-        struct nvs_thread *t = nvs_gate_enter(gpu, s);                   \
+        if (nvs_graph_admit(g, s) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY; \
+        struct nvs_thread *t = nvs_gate_enter(nvs_submit_gpu(s), s);     \
         CUresult r = NVS_CALL(name, (g, s));                             \
         nvs_gate_exit(t);                                                \
-        if (r == CUDA_SUCCESS) nvs_graph_ran(gpu, g);                    \
+        nvs_graph_ran(g, s, r);                                          \
         return r;                                                        \
     }
 NVS_GRAPH_RUN(cuGraphLaunch)

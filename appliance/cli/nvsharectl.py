@@ -415,6 +415,9 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
             ("request", row.request),
             ("priority", row.priority),
             ("gated", row.gated),
+            ("kernel backstop", row.backstop),
         )
         for key, said in said_by:
+            if not said and key == "kernel backstop":
+                continue
             click.echo(f"  {key}: {said}")

@@ -176,6 +176,12 @@ def notes(status: StatusView) -> list[str]:
             "unlimited); the daemon's log says why each is likely"
         )
         lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ")
+    for b in status.backstop:
+        state = (
+            f"active, {len(b.limits)} cgroup(s) limited" if b.active else f"inactive: {b.reason}"
+        )
+        text = f"kernel backstop on GPU {short_uuid(b.gpu)}: {state}"
+        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ")
     return lines
 
 

@@ -121,6 +121,17 @@ class PolicyStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class BackstopView:
+    """The kernel-enforced backstop on one GPU (the daemon's `gpu.backstop` fills it in)."""
+
+    gpu: str
+    active: bool
+    code: str  # "active", or why not: off, nvml, driver, cgroup, mig, permission, unsupported
+    reason: str  # the same in words: what is missing, and what to do
+    limits: Mapping[str, int]  # cgroup directory -> the hard limit set there, in bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StatusView:
     gpus: tuple[GpuView, ...]
     clients: tuple[ClientView, ...]
@@ -137,6 +148,7 @@ class StatusView:
     time_quantum_set_s: float | None = None  # nvsharectl's (-T); None: the policy's
     policy_time_quantum_s: float = 0.0  # the policy's scheduler.timeQuantum
     dropped: tuple[DroppedOverride, ...] = ()  # what policy reloads replaced, oldest first
+    backstop: tuple[BackstopView, ...] = ()  # the daemon adds it, per GPU
 
 
 def client_view(s: NodeState, c: Client, now: float) -> ClientView:
@@ -252,6 +264,7 @@ class ExplainRow:
     gated: str
     priority: str = ""  # "high (from annotation)"
     request: str = ""  # "30% (from rule 'serving')"
+    backstop: str = ""  # the kernel-enforced limit on its cgroup, or why there is none
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,27 @@ class GpuSample:
     pids: tuple[int, ...] | None = None  # every compute process's pid; None: NVML cannot say
 
 
+# NVML's return codes for the memory-limit calls (nvml.h).
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+# nvmlSetMemoryLimits_v1_t's "no hard limit" (NVML_DEVICE_MEMORY_LIMIT_MAX in nvml.h and pynvml)
+MEMORY_LIMIT_MAX = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class MemoryLimitRefused(Exception):
+    """NVML did not set or read a cgroup's device-memory limit. `gpu_wide`: no cgroup on that
+    GPU can have one (the driver lacks the call, no permission, not supported); `code` names
+    the cause for metrics."""
+
+    def __init__(self, message: str, *, code: str, gpu_wide: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.gpu_wide = gpu_wide
+
+
 def _default_library() -> Any:
     import pynvml  # type: ignore[import-untyped]
 
@@ -185,6 +206,64 @@ class Nvml:
             return False
         return True
 
+    def mig_enabled(self, uuid: str) -> bool:
+        """MIG mode is on for this GPU (False where NVML cannot say)."""
+        if not self.available:
+            return False
+        try:
+            return self._mig_enabled(self._lib.nvmlDeviceGetHandleByUUID(uuid))
+        except self._lib.NVMLError:
+            return False
+
+    def set_memory_limit(self, uuid: str, cgroup: str, hard: int | None) -> None:
+        """nvmlDeviceSetMemoryLimits_v1 for the cgroup directory `cgroup` on this GPU: only a
+        hard limit (the soft one stays 0: no guarantee); `hard` None clears the limit.
+        Raises MemoryLimitRefused."""
+        lib = self._lib
+        limits = self._limits_struct(
+            "c_nvmlSetMemoryLimits_v1_t",
+            nameSpace=cgroup.encode(),
+            softLimit=0,
+            hardLimit=MEMORY_LIMIT_MAX if hard is None else hard,
+        )
+        try:
+            lib.nvmlDeviceSetMemoryLimits_v1(lib.nvmlDeviceGetHandleByUUID(uuid), limits)
+        except lib.NVMLError as exc:
+            raise _refused(exc, "set", cgroup) from None
+
+    def memory_limit(self, uuid: str, cgroup: str) -> tuple[int | None, int]:
+        """(hard limit or None for none, bytes used) of a cgroup on this GPU, as NVML reads
+        them back (nvmlDeviceGetMemoryLimits_v1). Raises MemoryLimitRefused."""
+        lib = self._lib
+        limits = self._limits_struct(
+            "c_nvmlGetMemoryLimits_v1_t",
+            nameSpace=cgroup.encode(),
+            softLimit=0,
+            hardLimit=0,
+            currentUsed=0,
+        )
+        try:
+            lib.nvmlDeviceGetMemoryLimits_v1(lib.nvmlDeviceGetHandleByUUID(uuid), limits)
+        except lib.NVMLError as exc:
+            raise _refused(exc, "read", cgroup) from None
+        hard = int(limits.hardLimit)
+        return (None if hard == MEMORY_LIMIT_MAX else hard), int(limits.currentUsed)
+
+    def _limits_struct(self, name: str, **fields: Any) -> Any:
+        if not self.available:
+            raise MemoryLimitRefused(
+                f"NVML is not available ({self.reason})", code="nvml", gpu_wide=True
+            )
+        struct = getattr(self._lib, name, None)
+        if struct is None:
+            raise MemoryLimitRefused(
+                "the installed pynvml has no nvmlDeviceSetMemoryLimits_v1 binding "
+                "(nvidia-ml-py 13.615 or newer has it)",
+                code="driver",
+                gpu_wide=True,
+            )
+        return struct(**fields)
+
     def close(self) -> None:
         if not self.available:
             return
@@ -283,3 +362,32 @@ class Nvml:
             return
         self._logged.add(key)
         log.warning("NVML error in %s: %s (%s; said once)", what, exc, consequence)
+
+
+def _refused(exc: Any, doing: str, cgroup: str) -> MemoryLimitRefused:
+    """What an NVML error from a memory-limit call means, for status and the log."""
+    value = getattr(exc, "value", None)
+    if value == NVML_ERROR_FUNCTION_NOT_FOUND:
+        return MemoryLimitRefused(
+            "the driver has no nvmlDeviceSetMemoryLimits_v1 (MPS v3 memory partitioning needs "
+            "driver r615 / CUDA 13.4 or newer)",
+            code="driver",
+            gpu_wide=True,
+        )
+    if value == NVML_ERROR_NO_PERMISSION:
+        return MemoryLimitRefused(
+            "NVML refused to set memory limits: no permission (the daemon must run as root)",
+            code="permission",
+            gpu_wide=True,
+        )
+    if value == NVML_ERROR_NOT_SUPPORTED:
+        return MemoryLimitRefused(
+            "the driver does not support memory partitioning on this GPU",
+            code="unsupported",
+            gpu_wide=True,
+        )
+    return MemoryLimitRefused(
+        f"NVML could not {doing} the memory limit of cgroup {cgroup}: {exc}",
+        code="cgroup",
+        gpu_wide=False,
+    )

@@ -85,6 +85,8 @@ def _memory(mem: dict[str, Any]) -> model.MemorySettings:
         single_process_oversubscription=mem["singleProcessOversubscription"],
         reserve_bytes=parse_size(mem["reserve"]),
         chunk_bytes=parse_size(mem["chunk"]),
+        kernel_backstop=mem["kernelBackstop"] == "on",
+        backstop_allowance_bytes=parse_size(mem["kernelBackstopAllowance"]),
     )
 
 

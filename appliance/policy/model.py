@@ -77,6 +77,8 @@ class MemorySettings:
     single_process_oversubscription: bool = False
     reserve_bytes: int = 0  # kept free on every GPU, never granted to clients
     chunk_bytes: int = 64 << 20  # reservation granted to a hook per round trip
+    kernel_backstop: bool = False  # set driver-enforced hard limits per cgroup (gpu/backstop.py)
+    backstop_allowance_bytes: int = 768 << 20  # per process, beyond the memory limit
 
 
 @dataclass(frozen=True, slots=True)

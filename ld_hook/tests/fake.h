@@ -28,11 +28,22 @@ struct fake_ctx {
     unsigned coll_head, coll_tail;
 };
 
+/* A graph node; CUgraphNode handles point at these. */
+struct fake_node {
+    int type;         /* CU_GRAPH_NODE_TYPE_* */
+    int dev;          /* allocation nodes: the device of their pool */
+    size_t bytesize;  /* allocation nodes: as asked for */
+    CUdeviceptr dptr; /* allocation and free nodes */
+    struct fake_graph *child;
+};
+
+/* A graph: its nodes, added by capture or by the cuGraphAdd* calls (fake_graph.c). */
 struct fake_graph {
     uint64_t magic;
     int dev;
-    unsigned nodes;
-    uint64_t mem; /* bytes of the memory nodes captured into it */
+    struct fake_node **nodes;
+    size_t n, cap;
+    int instantiated; /* with memory nodes, a graph has one executable at a time */
 };
 
 struct fake_stream {
@@ -80,5 +91,29 @@ CUresult fake_give(uint64_t handle);
 void fake_free_ctx_memory(struct fake_ctx *c);
 void fake_release_pools(int d); /* at a synchronisation: pools shrink to their release threshold */
 void fake_memory_init(void);
+
+/* cuda.h's CUgraphNodeParams, as far as cuGraphAddNode reads it here: a child graph node whose
+ * graph moves into the parent (CUDA 12.9's CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), the one way a
+ * graph with memory nodes can be a child. */
+#define FAKE_CHILD_GRAPH_OWNERSHIP_MOVE 1
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        struct {
+            CUgraph graph;
+            int ownership;
+        } graph;
+    } u;
+    long long reserved2;
+} fake_node_params;
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                        fake_node_params *params);
+
+/* graphs (fake_graph.c); with dev.mu held for fake_graph_add */
+struct fake_graph *fake_graph_new(int dev);
+struct fake_node *fake_graph_add(struct fake_graph *g, struct fake_node node);
+CUresult fake_launch(CUstream s); /* queue one kernel on s (fake_cuda.c) */
 
 #endif

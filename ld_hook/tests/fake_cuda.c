@@ -34,18 +34,10 @@
 #include "fake_uuid.h"
 
 #define STREAM_MAGIC 0x66616b6573747265ull
-#define GRAPH_MAGIC 0x66616b6567726170ull
-#define EXEC_MAGIC 0x66616b6565786563ull
 #define GREEN_MAGIC 0x66616b6567726565ull
 #define MAX_STREAMS 4096
 
 struct fake_device_table dev = {.mu = PTHREAD_MUTEX_INITIALIZER, .trace_fd = -1};
-
-struct fake_exec {
-    uint64_t magic;
-    struct fake_graph *graph;
-    int reserved;
-};
 
 struct fake_green {
     uint64_t magic;
@@ -515,9 +507,7 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode)
         fs->capturing = 1;
         fs->invalidated = 0;
         fs->mode = mode;
-        fs->graph = calloc(1, sizeof *fs->graph);
-        fs->graph->magic = GRAPH_MAGIC;
-        fs->graph->dev = fs->ctx->dev;
+        fs->graph = fake_graph_new(fs->ctx->dev);
         if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) dev.global_captures++;
     }
     pthread_mutex_unlock(&dev.mu);
@@ -617,7 +607,7 @@ static CUresult launch_kind(CUstream s, int collective)
     if (fs != NULL && fs->capturing) {
         pthread_mutex_lock(&dev.mu);
         CUresult r = fs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
-        if (r == CUDA_SUCCESS) fs->graph->nodes++;
+        if (r == CUDA_SUCCESS) fake_graph_add(fs->graph, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_KERNEL});
         pthread_mutex_unlock(&dev.mu);
         return r;
     }
@@ -646,6 +636,7 @@ static CUresult launch_kind(CUstream s, int collective)
 }
 
 static CUresult launch(CUstream s) { return launch_kind(s, 0); }
+CUresult fake_launch(CUstream s) { return launch(s); }
 
 /* A kernel in the remote memory-synchronisation domain is a collective, as NCCL's are. */
 static int is_collective(const CUlaunchConfig *cfg)
@@ -782,100 +773,6 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
     return launch(s);
 }
 
-/* ---- graphs: their memory is reserved at upload or first launch ---- */
-
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
-                                            unsigned long long flags)
-{
-    (void)flags;
-    struct fake_graph *g = (struct fake_graph *)graph;
-    if (g == NULL || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    struct fake_exec *e = calloc(1, sizeof *e);
-    e->magic = EXEC_MAGIC;
-    e->graph = g;
-    *exec = (CUgraphExec)e;
-    return CUDA_SUCCESS;
-}
-
-static struct fake_exec *exec_of(CUgraphExec exec)
-{
-    struct fake_exec *e = (struct fake_exec *)exec;
-    return e != NULL && e->magic == EXEC_MAGIC ? e : NULL;
-}
-
-static CUresult reserve_graph(struct fake_exec *e)
-{
-    CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&dev.mu);
-    int d = e->graph->dev;
-    if (!e->reserved) {
-        uint64_t want = dev.graph_used[d] + e->graph->mem;
-        uint64_t grow = want > dev.graph_reserved[d] ? want - dev.graph_reserved[d] : 0;
-        if (dev.used[d] + grow > dev.total) {
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            dev.used[d] += grow;
-            dev.graph_reserved[d] += grow;
-            dev.graph_used[d] += e->graph->mem;
-            e->reserved = 1;
-        }
-    }
-    pthread_mutex_unlock(&dev.mu);
-    return r;
-}
-
-static CUresult run_graph(CUgraphExec exec, CUstream s, int launch_it)
-{
-    struct fake_exec *e = exec_of(exec);
-    if (e == NULL) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = reserve_graph(e);
-    return r == CUDA_SUCCESS && launch_it ? launch(s) : r;
-}
-
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run_graph(g, s, 1); }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return run_graph(g, s, 1); }
-EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { return run_graph(g, s, 0); }
-EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) { return run_graph(g, s, 0); }
-
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    struct fake_exec *e = exec_of(exec);
-    if (e == NULL) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&dev.mu);
-    if (e->reserved) dev.graph_used[e->graph->dev] -= e->graph->mem;
-    e->magic = 0;
-    pthread_mutex_unlock(&dev.mu);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphDestroy(CUgraph graph)
-{
-    struct fake_graph *g = (struct fake_graph *)graph;
-    return g != NULL && g->magic == GRAPH_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void *value)
-{
-    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
-    pthread_mutex_lock(&dev.mu);
-    uint64_t v = attr == 0 ? dev.graph_used[d] : attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT
-                                                     ? dev.graph_reserved[d]
-                                                     : 0;
-    pthread_mutex_unlock(&dev.mu);
-    *(cuuint64_t *)value = v;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
-{
-    if (d < 0 || d >= dev.count) return CUDA_ERROR_INVALID_DEVICE;
-    pthread_mutex_lock(&dev.mu);
-    dev.used[d] -= dev.graph_reserved[d] - dev.graph_used[d];
-    dev.graph_reserved[d] = dev.graph_used[d];
-    pthread_mutex_unlock(&dev.mu);
-    return CUDA_SUCCESS;
-}
-
 /* Copies and sets move no bytes: synchronous ones wait for the context, async ones return. */
 #define FAKE_SYNC(name, params, args)                              \
     EXPORT CUresult name params                                    \
@@ -925,7 +822,10 @@ static const struct proc procs[] = {
     P(cuLaunchKernel) P(cuLaunchKernel_ptsz) P(cuLaunchKernelEx) P(cuLaunchKernelEx_ptsz)
     P(cuLaunchCooperativeKernel) P(cuLaunchCooperativeKernel_ptsz)
     P(cuLaunchCooperativeKernelMultiDevice) P(cuGraphLaunch) P(cuGraphLaunch_ptsz)
-    P(cuGraphUpload) P(cuGraphUpload_ptsz)
+    P(cuGraphUpload) P(cuGraphUpload_ptsz) P(cuGraphInstantiate) P(cuGraphInstantiate_v2)
+    P(cuGraphInstantiateWithParams) P(cuGraphInstantiateWithParams_ptsz) P(cuGraphExecDestroy)
+    P(cuDeviceGraphMemTrim) P(cuDeviceGetGraphMemAttribute) P(cuGraphGetNodes)
+    P(cuGraphNodeGetType) P(cuGraphMemAllocNodeGetParams) P(cuGraphChildGraphNodeGetGraph)
     NVS_SYNC_COPIES(P_COPY, ) NVS_SYNC_COPIES(P_COPY, _ptds) NVS_ASYNC_COPIES(P_COPY, )
     NVS_ASYNC_COPIES(P_COPY, _ptsz) NVS_STREAM_OPS(P_COPY, ) NVS_STREAM_OPS(P_COPY, _ptsz)
     P(cuMemAlloc_v2) P(cuMemAllocPitch_v2) P(cuMemAllocManaged) P(cuMemAllocAsync)
@@ -952,6 +852,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     static const char *const per_thread[] = {"_v2_ptds", "_v2_ptsz", "_ptds", "_ptsz"};
     char name[128];
     void *fn = NULL;
+    if (version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0) /* cuda.h 12's mapping */
+        symbol = "cuGraphInstantiateWithFlags";
     if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         for (size_t i = 0; i < 4 && fn == NULL; i++) {
             snprintf(name, sizeof name, "%s%s", symbol, per_thread[i]);

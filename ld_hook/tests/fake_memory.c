@@ -326,18 +326,23 @@ static struct fake_pool *pool_of(CUmemoryPool pool)
     return NULL;
 }
 
-/* An allocation on a capturing stream: a graph node, no memory until the graph runs. */
+/* An allocation on a capturing stream: a graph allocation node, no memory until the graph runs
+ * (fake_graph.c). Its address is a record of no bytes, freed by the matching free. */
 static CUresult graph_node(struct fake_stream *fs, CUdeviceptr *p, size_t bytes)
 {
-    pthread_mutex_lock(&dev.mu);
-    CUresult r = fs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
-    if (r == CUDA_SUCCESS) fs->graph->mem += fake_rounded(bytes);
-    pthread_mutex_unlock(&dev.mu);
-    if (r != CUDA_SUCCESS) return r;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mem.mu);
     *p = (uint64_t)(uintptr_t)record(fs->ctx->dev, 0, NULL, NULL);
     pthread_mutex_unlock(&mem.mu);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&dev.mu);
+    CUresult r = fs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        fake_graph_add(fs->graph, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                                     .dev = fs->ctx->dev, .bytesize = bytes,
+                                                     .dptr = *p});
+    pthread_mutex_unlock(&dev.mu);
+    if (r != CUDA_SUCCESS) fake_give(*p);
+    return r;
 }
 
 static CUresult pool_alloc(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s)
@@ -385,10 +390,15 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmem
     return cuMemAllocFromPoolAsync(p, bytes, pool, s);
 }
 
-/* The bytes go back to the pool (in stream order, which the fake does not model: at once). */
+/* The bytes go back to the pool (in stream order, which the fake does not model: at once); on a
+ * capturing stream, a graph free node. */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
-    (void)s;
+    struct fake_stream *fs = fake_stream(s);
+    pthread_mutex_lock(&dev.mu);
+    if (fs != NULL && fs->capturing && !fs->invalidated)
+        fake_graph_add(fs->graph, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dptr = p});
+    pthread_mutex_unlock(&dev.mu);
     return fake_give(p);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }

@@ -94,7 +94,7 @@ static int symbols(void)
         "cuInit", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuMemAlloc_v2", "cuMemcpyHtoD_v2",
         "cuMemcpyHtoD_v2_ptds", "cuMemsetD8Async_ptsz", "cuGraphLaunch", "cuMemGetInfo_v2",
         "cuGetProcAddress_v2", "cuCtxGetDevice", "cuDeviceGetCount", "cuStreamCreate",
-        "cuMemHostAlloc"};
+        "cuMemHostAlloc", "cuGraphInstantiate_v2", "cuGraphInstantiateWithParams_ptsz"};
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) return 2;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -104,7 +104,7 @@ static int symbols(void)
     static const char *const bases[] = {"cuInit", "cuLaunchKernel", "cuMemAlloc", "cuMemcpyHtoD",
                                         "cuMemsetD8Async", "cuGraphLaunch", "cuMemGetInfo",
                                         "cuGetProcAddress", "cuCtxGetDevice", "cuStreamCreate",
-                                        "cuMemFreeAsync", "cuCtxCreate"};
+                                        "cuMemFreeAsync", "cuCtxCreate", "cuGraphInstantiate"};
     static const cuuint64_t flag_sets[] = {CU_GET_PROC_ADDRESS_DEFAULT,
                                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
     for (size_t f = 0; f < 2; f++)

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fake.h" /* the cuGraphAddNode parameters the fake reads */
 #include "probe.h"
 
 #define FN ((CUfunction)1)
@@ -284,6 +285,78 @@ static int memory_case(const char *cmd, unsigned long long x, unsigned long long
     return 1;
 }
 
+/* cuGraphAddMemAllocNode of BYTES on DEVICE, freed in the graph by a free node after it. */
+static CUresult graph_alloc(CUgraph g, int d, size_t bytes)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = 1;
+    p.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, d};
+    p.bytesize = bytes;
+    CUgraphNode alloc, freed;
+    CUresult r = cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &p);
+    return r ? r : cuGraphAddMemFreeNode(&freed, g, &alloc, 1, p.dptr);
+}
+
+static int graph_case(const char *cmd, unsigned long long x, unsigned long long y,
+                      unsigned long long z)
+{
+    uint64_t v = 0;
+    CUresult r;
+    if (strcmp(cmd, "graph_create") == 0) { /* graph_create -> an empty graph */
+        CUgraph g = NULL;
+        r = cuGraphCreate(&g, 0);
+        reply(r, "ok %llu\n", r ? 0 : keep('G', (uint64_t)(uintptr_t)g, 0));
+    } else if (strcmp(cmd, "graph_alloc") == 0) { /* graph_alloc GRAPH DEVICE BYTES */
+        r = handle_of(x, 'G', &v) ? graph_alloc((CUgraph)(uintptr_t)v, (int)y, z)
+                                  : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok\n", 0);
+    } else if (strcmp(cmd, "graph_child") == 0) { /* graph_child PARENT CHILD */
+        CUgraphNode n;
+        uint64_t c = 0;
+        r = handle_of(x, 'G', &v) && handle_of(y, 'G', &c)
+                ? cuGraphAddChildGraphNode(&n, (CUgraph)(uintptr_t)v, NULL, 0, (CUgraph)(uintptr_t)c)
+                : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok\n", 0);
+    } else if (strcmp(cmd, "graph_child_move") == 0) { /* graph_child_move PARENT CHILD */
+        CUgraphNode n;
+        uint64_t c = 0;
+        fake_node_params params;
+        memset(&params, 0, sizeof params);
+        params.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        params.u.graph.ownership = FAKE_CHILD_GRAPH_OWNERSHIP_MOVE;
+        r = handle_of(x, 'G', &v) && handle_of(y, 'G', &c)
+                ? (params.u.graph.graph = (CUgraph)(uintptr_t)c,
+                   cuGraphAddNode(&n, (CUgraph)(uintptr_t)v, NULL, 0, &params))
+                : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok\n", 0);
+    } else if (strcmp(cmd, "instantiate_v2") == 0) { /* instantiate_v2 GRAPH -> executable */
+        CUgraphExec e = NULL;
+        r = handle_of(x, 'G', &v) ? cuGraphInstantiate_v2(&e, (CUgraph)(uintptr_t)v, NULL, NULL, 0)
+                                  : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok %llu\n", r ? 0 : keep('E', (uint64_t)(uintptr_t)e, 0));
+    } else if (strcmp(cmd, "instantiate_upload") == 0) { /* instantiate_upload GRAPH STREAM */
+        CUgraphExec e = NULL;
+        CUDA_GRAPH_INSTANTIATE_PARAMS p = {.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+                                           .hUploadStream = stream_arg(y)};
+        r = handle_of(x, 'G', &v) ? cuGraphInstantiateWithParams(&e, (CUgraph)(uintptr_t)v, &p)
+                                  : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok %llu\n", r ? 0 : keep('E', (uint64_t)(uintptr_t)e, 0));
+    } else if (strcmp(cmd, "graph_mem") == 0) { /* graph_mem DEVICE -> used reserved (driver's) */
+        cuuint64_t used = 0, reserved = 0;
+        r = cuDeviceGetGraphMemAttribute((CUdevice)x, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used);
+        if (!r)
+            r = cuDeviceGetGraphMemAttribute((CUdevice)x, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                                             &reserved);
+        if (!r) printf("ok %llu %llu\n", (unsigned long long)used, (unsigned long long)reserved);
+        else reply(r, "", 0);
+        fflush(stdout);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static int capture_case(const char *cmd, unsigned long long x, unsigned long long y)
 {
     uint64_t v = 0;
@@ -394,5 +467,6 @@ int probe_case(const char *cmd, const char *args)
     if (strcmp(cmd, "submit") == 0) return submit(args);
     unsigned long long x = 0, y = 0, z = 0;
     sscanf(args, "%llu %llu %llu", &x, &y, &z);
-    return memory_case(cmd, x, y, z) || capture_case(cmd, x, y) || context_case(cmd, x, y);
+    return memory_case(cmd, x, y, z) || capture_case(cmd, x, y) || graph_case(cmd, x, y, z) ||
+           context_case(cmd, x, y);
 }

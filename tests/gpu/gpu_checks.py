@@ -738,6 +738,94 @@ def held_memory() -> None:
     )
 
 
+def worker_report(kind: str, seconds: str, env: dict[str, str]) -> dict[str, Any]:
+    """A torch_worker run's JSON line; a run that dies is reported, not raised."""
+    try:
+        out = run([sys.executable, str(WORKER), kind, seconds], env=env)
+        return dict(json.loads(out.splitlines()[-1]))
+    except (RuntimeError, ValueError, IndexError) as exc:
+        return {"failures": -1, "died": str(exc)[-500:]}
+
+
+def graph_memory() -> None:
+    """Graph memory inside the limit before the driver reserves it (issue 26), limit 1Gi: a 2 GiB
+    captured cudaMallocAsync refused at instantiate/upload with nothing reserved (natively it
+    runs), a 512 MiB one admitted and charged once over four launches, and PyTorch's CUDA graphs
+    (torch.cuda.graph, torch.compile reduce-overhead; also with the cudaMallocAsync backend,
+    whose graphs carry memory nodes) unaffected below the limit."""
+    d = Daemon("defaults: {memoryLimit: 1Gi}")
+    try:
+        over = program(["graph_admit", str(2 * GiB)], d.env())
+        within = program(["graph_admit", str(512 * MiB)], d.env())
+        torch_runs = {
+            f"{kind}{suffix}": worker_report(kind, "5", d.env(**extra))
+            for kind in ("graphs", "compiled")
+            for suffix, extra in (
+                ("", {}),
+                ("_async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+            )
+        }
+    finally:
+        d.stop()
+    native = program(["graph_admit", str(2 * GiB)], {**os.environ, "LD_PRELOAD": ""})
+    async_env = {
+        **os.environ,
+        "LD_PRELOAD": "",
+        "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
+    }
+    native_torch = {  # whether PyTorch itself manages these, without the hook
+        kind: worker_report(kind, "5", async_env) for kind in ("graphs", "compiled")
+    }
+    RESULTS["graph_memory"] = {
+        "over": over,
+        "within": within,
+        "native_over": native,
+        **torch_runs,
+        "native_async": native_torch,
+    }
+    check(
+        "graph memory: a 2 GiB graph allocation under 1 GiB is refused before it is reserved",
+        over["graph_instantiate_upload"] == "oom"
+        and over["graph_instantiate"] == "oom"
+        and over["graph_launches_ok"] == "0"
+        and over["graph_reserved"] == "0"
+        and int(over["graph_nvml_used"]) < GiB
+        and native["graph_instantiate"] == "ok"
+        and native["graph_launches_ok"] == "4",
+        f"hooked: {json.dumps(over)}; native: instantiate {native.get('graph_instantiate')}, "
+        f"{native.get('graph_launches_ok')} launches, reserved {native.get('graph_reserved')}",
+    )
+    check(
+        "graph memory: a 512 MiB graph allocation is admitted and charged once over 4 launches",
+        within["graph_instantiate_upload"] == "ok"
+        and within["graph_instantiate"] == "ok"
+        and within["graph_upload"] == "ok"
+        and within["graph_launches_ok"] == "4"
+        and int(within["graph_reserved"]) >= 512 * MiB
+        and int(within["graph_free"]) <= GiB - 512 * MiB
+        and int(within["graph_free"]) >= GiB - 2 * 512 * MiB
+        and within["graph_reserved_after_trim"] == "0",
+        json.dumps(within),
+    )
+    for key, unit in (
+        ("graphs", "captures"),
+        ("graphs_async", "captures"),
+        ("compiled", "calls"),
+        ("compiled_async", "calls"),
+    ):
+        r = torch_runs[key]
+        natively = (
+            native_torch.get(key.removesuffix("_async"), {}) if key.endswith("_async") else {}
+        )
+        check(
+            f"graph memory: PyTorch {key} below the limit: no failure the hook causes",
+            r.get(unit, 0) > 0
+            and (r.get("failures") == 0 or 0 < r.get("failures", 0) <= natively.get("failures", 0)),
+            json.dumps(r)[:500]
+            + (f"; without the hook: {json.dumps(natively)[:300]}" if natively else ""),
+        )
+
+
 def two_gpu() -> None:
     """Memory and the lock follow the stream's GPU, not the current context's."""
     import pynvml
@@ -1165,6 +1253,7 @@ def main() -> int:
         "captures",
         "twogpu",
         "view",
+        "graphmem",
     ]
     table: dict[str, Callable[[], None]] = {
         "gated": gated_torch,
@@ -1185,6 +1274,7 @@ def main() -> int:
         "captures": captures_under_drops,
         "twogpu": two_gpu,
         "view": gpu_view,
+        "graphmem": graph_memory,
     }
     for name in only:
         t0 = time.monotonic()

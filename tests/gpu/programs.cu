@@ -9,6 +9,11 @@
 //   programs pool BYTES          a pool with release threshold max (RMM, TensorRT): BYTES
 //                                allocated and freed async, then cudaMalloc of BYTES; then trimmed
 //   programs graph_mem BYTES     a graph capturing a BYTES cudaMallocAsync: charged at launch
+//   programs graph_admit BYTES   a captured cudaMallocAsync of BYTES: instantiated with the
+//                                upload flag, then plainly, uploaded and launched four times;
+//                                prints each verdict and the driver's graph pool (used,
+//                                reserved), then, after a trim, a graph of two BYTES/2
+//                                allocations one after the other (does the driver share them?)
 //   programs capture_loop S      S seconds of graph captures (global mode, with kernels and
 //                                stream-ordered allocations), each instantiated and launched
 //   programs two_gpu BYTES       device 0 current, work and stream-ordered allocations of BYTES on
@@ -287,6 +292,88 @@ static void graph_mem_check(size_t bytes) {
     printf("graph_trimmed_then_malloc %s\n", verdict(e));
 }
 
+static unsigned long long graph_pool_attr(cudaGraphMemAttributeType attr) {
+    unsigned long long v = 0;  // the driver's own figure (the hook does not interpose it)
+    CHECK(cudaDeviceGetGraphMemAttribute(0, attr, &v));
+    return v;
+}
+
+// A graph capturing cudaMallocAsync(half) + kernel + cudaFreeAsync, `times` times in a row.
+static cudaGraph_t captured_allocations(cudaStream_t s, size_t bytes, int times) {
+    cudaGraph_t graph;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < times; i++) {
+        void *p = NULL;
+        CHECK(cudaMallocAsync(&p, bytes, s));
+        touch_kernel<<<256, 256, 0, s>>>((char *)p, bytes);
+        CHECK(cudaFreeAsync(p, s));
+    }
+    CHECK(cudaStreamEndCapture(s, &graph));
+    return graph;
+}
+
+// Graph memory checked before the driver reserves it: over the limit every call that could
+// reserve it fails with out-of-memory and the graph pool stays empty; within it, charged once.
+static void graph_admit(size_t bytes) {
+    CHECK(cudaFree(0));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph = captured_allocations(s, bytes, 1);
+    cudaGraphInstantiateParams ip;
+    memset(&ip, 0, sizeof ip);
+    ip.flags = cudaGraphInstantiateFlagUpload;
+    ip.uploadStream = s;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaGraphInstantiateWithParams(&exec, graph, &ip);
+    cudaGetLastError();
+    printf("graph_instantiate_upload %s\n", verdict(e));
+    if (e == cudaSuccess) {
+        CHECK(cudaStreamSynchronize(s));
+        printf("graph_reserved_after_instantiate_upload %llu\n",
+               graph_pool_attr(cudaGraphMemAttrReservedMemCurrent));
+        CHECK(cudaGraphExecDestroy(exec));  // one executable per graph with memory nodes
+    }
+    exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGetLastError();
+    printf("graph_instantiate %s\n", verdict(e));
+    int launches = 0;
+    if (e == cudaSuccess) {
+        e = cudaGraphUpload(exec, s);
+        cudaGetLastError();
+        printf("graph_upload %s\n", verdict(e));
+        for (int i = 0; i < 4; i++) {
+            e = cudaGraphLaunch(exec, s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+            cudaGetLastError();
+            launches += e == cudaSuccess;
+            if (e != cudaSuccess) printf("graph_launch_error %s\n", verdict(e));
+        }
+    }
+    printf("graph_launches_ok %d\n", launches);
+    size_t free_b, total_b;
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    printf("graph_free %zu\n", free_b);
+    printf("graph_used %llu\n", graph_pool_attr(cudaGraphMemAttrUsedMemCurrent));
+    printf("graph_reserved %llu\n", graph_pool_attr(cudaGraphMemAttrReservedMemCurrent));
+    printf("graph_nvml_used %llu\n", nvml_self());
+    if (exec != NULL) CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaDeviceGraphMemTrim(0));
+    printf("graph_reserved_after_trim %llu\n", graph_pool_attr(cudaGraphMemAttrReservedMemCurrent));
+    // informational: does the driver let two allocations that are never live at once share?
+    graph = captured_allocations(s, bytes / 2, 2);
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaGetLastError();
+    printf("graph_chain %s\n", verdict(e));
+    printf("graph_chain_reserved %llu\n", graph_pool_attr(cudaGraphMemAttrReservedMemCurrent));
+    if (e == cudaSuccess) CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaDeviceGraphMemTrim(0));
+}
+
 // Captures as vLLM makes them at start-up, for `seconds`: any failure is counted, none expected.
 static void capture_loop(double seconds) {
     CHECK(cudaFree(0));
@@ -431,6 +518,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "vmm")) vmm_check((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "pool")) pool_check((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "graph_mem")) graph_mem_check((size_t)strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "graph_admit")) graph_admit((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "capture_loop")) capture_loop(atof(argv[2]));
     else if (!strcmp(argv[1], "two_gpu")) two_gpu((size_t)strtoull(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "quota") && argc > 3) quota_work(argv[2], atof(argv[3]));

@@ -24,6 +24,8 @@ def test_dlsym_answers_with_the_hook_for_interposed_names_only(variant: Variant)
         "cuGraphLaunch",
         "cuMemGetInfo_v2",
         "cuGetProcAddress_v2",
+        "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithParams_ptsz",
     ]
     assert {n: owners[n] for n in hooked} == dict.fromkeys(hooked, "libnvshare.so")
     passed = ["cuCtxGetDevice", "cuDeviceGetCount", "cuStreamCreate", "cuMemHostAlloc"]
@@ -53,6 +55,8 @@ def test_cu_get_proc_address_v2_honours_per_thread_flags(variant: Variant) -> No
     assert got[("cuMemGetInfo", 0)] == (hook, "cuMemGetInfo_v2")
     assert got[("cuGetProcAddress", 0)] == (hook, "cuGetProcAddress_v2")
     assert got[("cuInit", 0)] == (hook, "cuInit")
+    # from CUDA 12.0 the name means cuGraphInstantiateWithFlags, another signature
+    assert got[("cuGraphInstantiate", 0)] == (hook, "cuGraphInstantiateWithFlags")
     for name in ("cuCtxGetDevice", "cuStreamCreate"):
         assert got[(name, 0)] == got[(name, 2)] == ("libcuda.so.1", name)
 
