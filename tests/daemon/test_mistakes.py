@@ -110,6 +110,25 @@ def refusal(r: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
+def test_a_socket_directory_whose_parent_is_missing_is_refused_not_made(tmp_path: Path) -> None:
+    """A mistyped --socket-dir used to become a whole new tree (as root) where no hook looks."""
+    wanted = tmp_path / "nonexistent" / "a" / "b" / "c"
+    r = start_briefly(tmp_path, "--socket-dir", str(wanted))
+    line = refusal(r)
+    assert f"cannot create {wanted}: its parent {wanted.parent} does not exist" in line
+    assert "NVSHARE_SOCKET_DIR (--socket-dir)" in line
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_a_socket_directory_in_an_existing_parent_is_made(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path)  # tmp_path/run: only the last component is new
+    try:
+        assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755
+        assert (tmp_path / "run-control" / "control.sock").exists()
+    finally:
+        d.stop()
+
+
 def test_a_pod_watch_without_a_kubeconfig_is_refused_before_listening(tmp_path: Path) -> None:
     r = start_briefly(tmp_path, "--node-name", "n1", KUBECONFIG=str(tmp_path / "none"))
     line = refusal(r)
