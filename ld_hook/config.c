@@ -116,6 +116,7 @@ static void load_core_limit(void)
     nvs_cfg.env_core_limit = 0;
     if (v == NULL || *v == '\0') return;
     if (parse_whole(v, 1, 100, &core) == 0) {
+        nvs_cfg.env_core_limit = (uint32_t)core;
         return;
     }
     nvs_cfg.refuse_cuda = 1;

@@ -365,8 +365,11 @@ def policy() -> None:
 @policy.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 def policy_validate(paths: tuple[Path, ...]) -> None:
-    """Check policy files, directories or ConfigMap manifests offline; - reads standard input
-    (e.g. kubectl kustomize deploy/ | nvsharectl policy validate -)."""
+    """Check policy files, directories or ConfigMaps offline.
+
+    PATH may be a policy directory or file, a ConfigMap manifest or a directory of them, or -
+    for standard input (kubectl kustomize deploy/ | nvsharectl policy validate -).
+    """
     from appliance.policy.load import STDIN, check_paths
 
     given = [str(x) for x in paths]

@@ -109,6 +109,25 @@ def test_a_mistyped_limit_of_the_programs_own_refuses_cuda(
     assert sched.count(MsgType.REGISTER) == 0  # nothing ran, not even ungated
 
 
+def test_limits_of_the_programs_own_that_parse_reach_the_scheduler(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    with fs.FakeScheduler(sock_dir) as sched:
+        env = plain.env(
+            NVSHARE_SOCKET_DIR=sock_dir,
+            NVSHARE_GPU_CORE_LIMIT="30",
+            NVSHARE_GPU_MEMORY_LIMIT="1.5Gi",
+        )
+        p = start_probe(plain, env)
+        p.ok("init")
+        p.ok("launch 1")
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        assert "NVSHARE_GPU" not in err
+    [(_pid, memory, core)] = [f for _, t, f in sched.events if t == MsgType.REGISTER]
+    assert (memory, core) == (3 << 29, 30)
+
+
 def test_a_socket_path_that_does_not_fit_is_an_error_not_a_truncation(
     plain: Variant, start_probe, tmp_path: Path
 ) -> None:
