@@ -257,7 +257,11 @@ class Daemon:
             policy,
             inventory=inventory,
             watching_pods=config.node_name is not None,
-            authority=Authority(admin_group=config.admin_group, own_pod_uid=_own_pod(config)),
+            authority=Authority(
+                admin_group=config.admin_group,
+                own_pod_uid=_own_pod(config),
+                daemon_uid=os.geteuid(),
+            ),
             remembered=limits_file.read_previous(),
         )
         self.engine = Engine(self.core, loop=loop)

@@ -107,12 +107,22 @@ def _listen(path: Path) -> BoundSocket:
 
 def ensure_private_directory(directory: Path) -> None:
     """Create `directory` (0755), or accept it only if it is ours and no one else can change
-    it or what leads to it; else `SocketUnavailable` saying what is wrong."""
+    it or what leads to it; else `SocketUnavailable` saying what is wrong.
+
+    Only the last component is made: a mistyped path (`/var/rnu/nvshare`) would otherwise
+    become a tree that no hook looks in, and the daemon would serve there unheard."""
     try:
-        directory.mkdir(mode=0o755, parents=True)
+        directory.mkdir(mode=0o755)
         directory.chmod(0o755)  # whatever the umask: other users' hooks must reach the socket
     except FileExistsError:
         pass
+    except FileNotFoundError:
+        raise SocketUnavailable(
+            f"cannot create {directory}: its parent {directory.parent} does not exist (only the "
+            "last component is made, so a mistyped path is not served where no program looks); "
+            "create the parent, or point NVSHARE_SOCKET_DIR (--socket-dir) and the programs' "
+            "NVSHARE_SOCKET_DIR at an existing place"
+        ) from None
     except OSError as e:
         raise SocketUnavailable(_os_problem(f"cannot create {directory}", e)) from None
     real = Path(os.path.realpath(directory))
@@ -204,8 +214,20 @@ def _os_problem(what: str, e: OSError) -> str:
     hint = ""
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = (
-            "; run as root, or point NVSHARE_SOCKET_DIR (--socket-dir) at a directory you can write"
+            "; run as root, or point NVSHARE_SOCKET_DIR (--socket-dir) at a directory of your "
+            f"own (for example {_own_directory_example()}), and give your programs and "
+            "nvsharectl the same NVSHARE_SOCKET_DIR"
         )
     elif e.errno == errno.ENOTDIR:
         hint = "; point NVSHARE_SOCKET_DIR (--socket-dir) at a directory for scheduler.sock"
     return f"{what}: {e.strerror or e}{hint}"
+
+
+def _own_directory_example() -> str:
+    """A socket directory a user can make without root: the login session's runtime directory
+    where there is one (not `$XDG_RUNTIME_DIR`, which su, sudo, cron and containers leave
+    empty), else one in the home directory."""
+    runtime = Path(f"/run/user/{os.geteuid()}")
+    if runtime.is_dir() and os.access(runtime, os.W_OK):
+        return str(runtime / "nvshare")
+    return os.path.join(os.path.expanduser("~"), ".nvshare")

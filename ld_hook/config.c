@@ -83,22 +83,44 @@ static void load_socket_path(void)
     }
 }
 
+#define REFUSED "; CUDA is not started (cuInit fails with CUDA_ERROR_INVALID_VALUE): fix or unset it"
+
+/* A limit the process asked for and mistyped must not leave it with none: CUDA is refused. */
 static void load_memory_limit(void)
 {
     const char *v = getenv("NVSHARE_GPU_MEMORY_LIMIT");
     nvs_cfg.env_mem_limit = 0;
     if (v == NULL || *v == '\0') return;
     uint64_t bytes = 0;
-    if (nvs_parse_bytes(v, &bytes) != 0)
-        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is not a byte quantity (like 4Gi or 512Mi); "
-                "ignored, the scheduler's limit applies",
-                v);
-    else if (bytes == 0)
-        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is zero bytes; ignored, the scheduler's limit "
-                "applies (unset the variable for no limit of your own)",
-                v);
-    else
+    int r = nvs_parse_bytes(v, &bytes);
+    if (r == NVS_SIZE_OK && bytes > 0) {
         nvs_cfg.env_mem_limit = bytes;
+        return;
+    }
+    nvs_cfg.refuse_cuda = 1;
+    if (r == NVS_SIZE_TOO_LARGE)
+        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is more than 1Ei" REFUSED, v);
+    else if (r == NVS_SIZE_OK)
+        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is zero bytes (unset it for no limit of your "
+                "own)" REFUSED, v);
+    else
+        nvs_log("NVSHARE_GPU_MEMORY_LIMIT=%s is not a byte quantity: a number with Ki, Mi, Gi, "
+                "Ti, Pi, Ei or k, M, G, T, P, E (4Gi, 512Mi, 1.5G; a bare number is MiB)" REFUSED,
+                v);
+}
+
+static void load_core_limit(void)
+{
+    const char *v = getenv("NVSHARE_GPU_CORE_LIMIT");
+    uint64_t core = 0;
+    nvs_cfg.env_core_limit = 0;
+    if (v == NULL || *v == '\0') return;
+    if (parse_whole(v, 1, 100, &core) == 0) {
+        nvs_cfg.env_core_limit = (uint32_t)core;
+        return;
+    }
+    nvs_cfg.refuse_cuda = 1;
+    nvs_log("NVSHARE_GPU_CORE_LIMIT=%s is not a whole percentage from 1 to 100" REFUSED, v);
 }
 
 /* The job this process belongs to: NVSHARE_GANG, else torch.distributed's rendezvous, which
@@ -166,17 +188,16 @@ void nvs_config_load(void)
     if (!atomic_load_explicit(&loaded, memory_order_relaxed)) {
         load_debug();
         load_socket_path();
+        nvs_cfg.refuse_cuda = 0;
         load_memory_limit();
-        uint64_t core = 0, idle = 0, timeout = NVS_DEFAULT_DAEMON_TIMEOUT_MS, oversub = 0;
-        whole_env("NVSHARE_GPU_CORE_LIMIT", 1, 100, &core, "a whole percentage",
-                  "the scheduler's core limit applies");
+        load_core_limit();
+        uint64_t idle = 0, timeout = NVS_DEFAULT_DAEMON_TIMEOUT_MS, oversub = 0;
         whole_env("NVSHARE_IDLE_RELEASE_MS", 1, 86400000, &idle, "a whole number of milliseconds",
                   "the policy's idle release applies");
         whole_env("NVSHARE_DAEMON_TIMEOUT_MS", 100, 600000, &timeout,
                   "a whole number of milliseconds", "5000 applies");
         whole_env("NVSHARE_ENABLE_SINGLE_OVERSUB", 0, 1, &oversub, "0 or 1",
                   "no process goes past the GPU's size unless the policy says so");
-        nvs_cfg.env_core_limit = (uint32_t)core;
         nvs_cfg.single_oversub = oversub == 1;
         nvs_cfg.idle_release_ms = (uint32_t)idle;
         nvs_cfg.daemon_timeout_ms = (uint32_t)timeout;

@@ -2,7 +2,9 @@
  * The hook's configuration, read once from the environment on the first cuInit or
  * cuGetProcAddress. Every value is parsed strictly (digits only, in range, no trailing junk,
  * no overflow); a bad one is reported in one line that says what was wrong and what applies
- * instead, and is then ignored.
+ * instead, and is then ignored. Except a limit the process sets on itself
+ * (NVSHARE_GPU_MEMORY_LIMIT, NVSHARE_GPU_CORE_LIMIT): a mistyped one would let the program run
+ * with no limit of its own, so it is reported and CUDA is refused instead (cuInit fails).
  */
 #ifndef NVSHARE_CONFIG_H
 #define NVSHARE_CONFIG_H
@@ -26,6 +28,7 @@ struct nvs_config {
     char gang[NVS_GANG_LEN];   /* the job outside pods (appliance/core/gang.py); "" = none */
     int has_priority;          /* NVSHARE_GPU_PRIORITY was given (and valid) */
     int32_t priority;          /* ... as a number: low -100, normal 0, high 100 */
+    int refuse_cuda;           /* a self-set limit did not parse: cuInit fails (said once) */
 };
 
 extern struct nvs_config nvs_cfg;

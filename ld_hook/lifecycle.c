@@ -45,6 +45,7 @@ static void after_fork_child(void)
 NVS_EXPORT CUresult cuInit(unsigned flags)
 {
     nvs_config_load();
+    if (nvs_cfg.refuse_cuda) return CUDA_ERROR_INVALID_VALUE; /* config.c said why, once */
     if (!atomic_exchange(&atfork_registered, 1)) pthread_atfork(NULL, NULL, after_fork_child);
     CUresult r = NVS_CALL(cuInit, (flags));
     if (r == CUDA_SUCCESS) nvs_start();

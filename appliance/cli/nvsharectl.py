@@ -353,16 +353,24 @@ def policy() -> None:
 @policy.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 def policy_validate(paths: tuple[Path, ...]) -> None:
-    """Check policy files, directories or ConfigMaps offline."""
-    from appliance.policy.load import validate_paths
+    """Check policy files, directories or ConfigMaps offline.
 
-    errors = validate_paths(list(paths))
-    for err in errors:
+    PATH may be a policy directory or file, a ConfigMap manifest or a directory of them, or -
+    for standard input (kubectl kustomize deploy/ | nvsharectl policy validate -).
+    """
+    from appliance.policy.load import STDIN, check_paths
+
+    given = [str(x) for x in paths]
+    stdin = sys.stdin.buffer.read() if STDIN in given else b""
+    found = check_paths(given, stdin=stdin)
+    for line in found.skipped:
+        click.echo(line, err=True)
+    for err in found.errors:
         click.echo(str(err), err=True)
-    if errors:
-        click.echo(f"{len(errors)} error(s)", err=True)
+    if found.errors:
+        click.echo(f"{len(found.errors)} error(s)", err=True)
         sys.exit(1)
-    click.echo(f"ok: {', '.join(str(x) for x in paths)}")
+    click.echo(f"ok: {', '.join('standard input' if x == STDIN else x for x in given)}")
 
 
 def _query(ctx: click.Context, name: str, **args: Any) -> Any:

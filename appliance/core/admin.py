@@ -235,6 +235,14 @@ class Admin:
                 "is kept only while that process is connected)"
             )
             return [reply(Outcome.NOT_FOUND, message)]
+        clearing = e.clear_memory or e.clear_core
+        if e.target.kind == "pod" and not matched and not clearing and not self._s.pods_nameable():
+            message = (
+                f"no process can be of pod {e.target.name}: this daemon watches no pods (no "
+                "--node-name) and its policy trusts no uid's pod claims (trust.podClaimUids); "
+                "nothing changed"
+            )
+            return [reply(Outcome.NOT_FOUND, message)]
         stored = self._s.overrides.limits
         current = stored.get(e.target, Limits())
         memory = None if e.clear_memory else (e.limits.memory_bytes or current.memory_bytes)
@@ -260,7 +268,8 @@ class Admin:
         change = _describe_change(current, after)
         log.info("%s changed the limits of %s: %s", e.by, e.target, change)
         pushed = self._refresh(now)  # first: the note below reads the limits now in force
-        message = f"{e.target}: {change}; {_reach(matched)}{_env_note(matched)}"
+        reach = _reach(matched, watching_pods=self._s.watching_pods)
+        message = f"{e.target}: {change}; {reach}{_env_note(matched)}"
         return [reply(Outcome.DONE, message), *pushed]
 
     def client_gone(self, pid: int) -> None:
@@ -301,10 +310,16 @@ def _describe_change(before: Limits, after: Limits) -> str:
     return ", ".join(parts)
 
 
-def _reach(matched: list[Client]) -> str:
+def _reach(matched: list[Client], *, watching_pods: bool) -> str:
     if matched:
         pids = sorted({c.ident.pid for c in matched})
         return f"applies to {len(matched)} connected client(s), pid {', '.join(map(str, pids))}"
+    if not watching_pods:
+        return (
+            "no process claims that pod yet; the override waits for one (without a pod watch, "
+            "a process of a uid in trust.podClaimUids that names the pod through "
+            "NVSHARE_POD_NAMESPACE/NVSHARE_POD_NAME is of it, and shares its ledger)"
+        )
     return "no client of that pod is connected yet; the override waits for it"
 
 

@@ -1,4 +1,5 @@
-"""Who may change the node's state: host processes run by root or the admin group, nobody else.
+"""Who may change the node's state: host processes run by root, the admin group or the
+daemon's own user, nobody else.
 
 Authority comes from the node, never from a pod: a process whose cgroup names a pod is a
 tenant whatever its uid (most CUDA images run as root), so it may read status but never set a
@@ -6,6 +7,9 @@ quantum, a mode or anyone's limits. The one pod that counts as the host is the d
 (an operator's `kubectl exec` into it already has the node). A process whose cgroup could not
 be read is not known to be on the host, so it is refused too. The control socket is never
 mounted into pods, so this is the second wall, not the only one.
+
+A daemon a user started for themselves (a workstation without root) answers to that user: the
+same uid could kill it and start another with any settings, so refusing them guards nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ STATE_CHANGES: dict[type, str] = {
 class Authority:
     admin_group: str | None = None  # --admin-group: its members may change state like root
     own_pod_uid: str | None = None  # the daemon's own pod, from its own cgroup
+    daemon_uid: int = 0  # the user the daemon runs as: its host processes may steer it
 
     def refusal(self, ident: ClientIdentity | None, what: str) -> str | None:
         """Why `ident` may not do `what`, or None when it may."""
@@ -42,7 +47,14 @@ class Authority:
                 f"pid {ident.pid} runs in pod {ident.pod_uid}: a process in a pod is a tenant "
                 f"whatever its uid and may not {what}; nothing changed"
             )
-        if ident.uid == 0 or (self.admin_group and self.admin_group in ident.groups):
+        if ident.uid in (0, self.daemon_uid):
             return None
-        who = "root" + (f" or members of group {self.admin_group!r}" if self.admin_group else "")
+        if self.admin_group and self.admin_group in ident.groups:
+            return None
+        allowed = ["root"]
+        if self.daemon_uid != 0:
+            allowed.append(f"the daemon's own user (uid {self.daemon_uid})")
+        if self.admin_group:
+            allowed.append(f"members of group {self.admin_group!r}")
+        who = allowed[-1] if len(allowed) == 1 else ", ".join(allowed[:-1]) + " or " + allowed[-1]
         return f"only {who} may {what}; nothing changed"

@@ -217,14 +217,6 @@ class NodeCore:
             return
         if ident.pod_uid:
             key, why = "in-pod", f"its cgroup names pod {ident.pod_uid}, and the kernel's word wins"
-        elif not self.state.watching_pods:
-            key, why = (
-                "no-watch",
-                (
-                    "this daemon watches no pods, so the name is ignored; start it with "
-                    "--node-name to follow pod annotations"
-                ),
-            )
         elif ident.uid not in self.state.policy.trust.pod_claim_uids:
             key, why = (
                 "untrusted",
@@ -233,6 +225,8 @@ class NodeCore:
                     "ignored"
                 ),
             )
+        elif not ident.claimed_namespace:
+            key, why = "no-namespace", "it names no namespace, so the name is ignored"
         else:
             return
         self._note_once(

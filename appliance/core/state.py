@@ -9,6 +9,8 @@ changes only what its job owns: `lock` the queues and phases, `ledger` the reser
 from __future__ import annotations
 
 import enum
+import functools
+import uuid
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -224,7 +226,7 @@ class Overrides:
 class NodeState:
     policy: Policy
     inventory: dict[str, GpuFacts] = field(default_factory=dict)
-    watching_pods: bool = False  # without a pod watch, claimed pod names mean nothing
+    watching_pods: bool = False  # without one, a trusted claim makes a pod of its own name
     clients: dict[int, Client] = field(default_factory=dict)
     gpus: dict[str, Gpu] = field(default_factory=dict)
     pods: PodTable = field(default_factory=PodTable)
@@ -262,13 +264,24 @@ class NodeState:
 
     def pod_of(self, ident: ClientIdentity) -> tuple[PodInfo | None, str]:
         """A client's pod: the one its cgroup names; or, where the cgroup shows no pod at all,
-        the one it names, if the policy trusts that uid's claims (`trust.podClaimUids`)."""
+        the one it names, if the policy trusts that uid's claims (`trust.podClaimUids`).
+
+        Without a pod watch (a workstation) there is no list of pods to find the name in: a
+        trusted claim then names a pod of its own, and the processes that claim it share its
+        ledger, its rules (namespace, podName) and its nvsharectl overrides."""
         claims = (
             ident.pod_uid is None
             and ident.cgroup_known
             and ident.uid in self.policy.trust.pod_claim_uids
         )
+        if claims and not self.watching_pods and ident.claimed_pod and ident.claimed_namespace:
+            return claimed_pod(ident.claimed_namespace, ident.claimed_pod), "claimed"
         return self.pods.pod_of(ident, claims=claims)
+
+    def pods_nameable(self) -> bool:
+        """Whether a pod that no cgroup names can have processes at all: a watch lists pods,
+        or, without one, trusted uids claim them."""
+        return self.watching_pods or bool(self.policy.trust.pod_claim_uids)
 
     def pod_label(self, c: Client) -> str:
         pod, source = self.pod_of(c.ident)
@@ -383,3 +396,19 @@ class NodeState:
             backing=memory.backing,
             single_process_oversubscription=memory.single_process_oversubscription,
         )
+
+
+# Pods named only by claims (no pod watch) get a UID derived from the name, so their ledger,
+# their retained lock time and the published view keep one key for as long as the name is
+# claimed.
+_CLAIMED_PODS = uuid.UUID("6f1c1b8e-3a57-4d0e-9c56-6e7673686172")
+
+
+@functools.lru_cache(maxsize=4096)
+def claimed_pod(namespace: str, name: str) -> PodInfo:
+    return PodInfo(
+        uid=str(uuid.uuid5(_CLAIMED_PODS, f"{namespace}/{name}")),
+        namespace=namespace,
+        name=name,
+        node="",
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from appliance.policy.errors import PolicyError
-from appliance.policy.parse import parse_yaml_documents
+from appliance.policy.parse import ParsedDocument, parse_yaml_documents
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -128,10 +129,33 @@ def read_policy_dir(path: Path, *, label_prefix: str = "") -> PolicySnapshot:
     )
 
 
-def configmap_files(
-    path: Path, text: str
-) -> tuple[list[list[PolicyFile]], list[PolicyError]] | None:
-    """The policy files of each ConfigMap in a manifest; None if the file is not a manifest."""
+@dataclass(frozen=True, slots=True)
+class ManifestContents:
+    """What a stream of Kubernetes manifests holds for policy: the policy files of each policy
+    ConfigMap (one group per ConfigMap, as kubelet would mount it), the errors in reading them,
+    and what was skipped as no policy at all, one line each."""
+
+    groups: list[list[PolicyFile]]
+    errors: list[PolicyError]
+    skipped: list[str]
+
+
+# A ConfigMap so labelled is one of nvshare's, but not its policy (the scheduler extender's
+# KubeSchedulerConfiguration): `kubectl kustomize deploy/` renders both.
+_COMPONENT_LABEL = "app.kubernetes.io/component"
+# A data value that is itself a Kubernetes-style object (a KubeSchedulerConfiguration, a
+# kubeconfig) is some program's configuration, not a policy file. Judged from its text: a
+# ConfigMap's value is not parsed twice for a question this small.
+_OBJECT_KEYS = (
+    re.compile(r'^(apiVersion|"apiVersion")\s*:', re.M),
+    re.compile(r'^(kind|"kind")\s*:', re.M),
+)
+
+
+def configmap_files(path: str, text: str) -> ManifestContents | None:
+    """The policy files of each ConfigMap in a manifest (a multi-document stream too); None if
+    the text is not Kubernetes manifests. Errors name `PATH: data[KEY]:LINE` (with the
+    ConfigMap's name before `data` where the stream holds several)."""
     try:
         docs = parse_yaml_documents(text)
     except yaml.YAMLError:
@@ -143,38 +167,69 @@ def configmap_files(
     ]
     if not manifests:
         return None
-    groups: list[list[PolicyFile]] = []
-    errors: list[PolicyError] = []
+    found = ManifestContents([], [], [])
     loader_nodes = _data_nodes(text)
+    configmaps = sum(1 for d in manifests if d.value.get("kind") == "ConfigMap")
+    others: list[str] = []
     for number, doc in enumerate(manifests):
+        name = str((doc.value.get("metadata") or {}).get("name", f"document {number + 1}"))
         if doc.value.get("kind") != "ConfigMap":
+            others.append(f"{doc.value.get('kind')} {name}")
             continue
-        data = doc.value.get("data") or {}
-        if not isinstance(data, dict):
-            errors.append(
-                PolicyError(str(path), doc.line_of("/data"), "/data", "expected a mapping")
+        where = f"{path}: " if configmaps == 1 else f"{path}: {name} "
+        _read_configmap(doc, path=path, name=name, where=where, nodes=loader_nodes, into=found)
+    if others:
+        found.skipped.append(f"{path}: skipped what is not a ConfigMap: {', '.join(others)}")
+    return found
+
+
+def _read_configmap(
+    doc: ParsedDocument,
+    *,
+    path: str,
+    name: str,
+    where: str,
+    nodes: dict[tuple[int, str], int | None],
+    into: ManifestContents,
+) -> None:
+    """One ConfigMap's policy files as a group in `into`, or why it holds none."""
+    component = ((doc.value.get("metadata") or {}).get("labels") or {}).get(_COMPONENT_LABEL)
+    if component not in (None, "policy"):
+        into.skipped.append(
+            f"{path}: skipped ConfigMap {name}: labelled {_COMPONENT_LABEL}={component}, not policy"
+        )
+        return
+    data = doc.value.get("data") or {}
+    if not isinstance(data, dict):
+        into.errors.append(PolicyError(path, doc.line_of("/data"), "/data", "expected a mapping"))
+        return
+    group, not_policy = [], []
+    for key in sorted(data):
+        if not str(key).endswith(POLICY_SUFFIXES) or str(key).startswith("."):
+            continue
+        value = data[key]
+        label = f"{where}data[{key}]"
+        if not isinstance(value, str):
+            line = doc.line_of(f"/data/{key}")
+            into.errors.append(
+                PolicyError(label, line, "", "a ConfigMap data value must be a string")
             )
-            continue
-        name = (doc.value.get("metadata") or {}).get("name", f"document {number + 1}")
-        group = []
-        for key in sorted(data):
-            if not str(key).endswith(POLICY_SUFFIXES) or str(key).startswith("."):
-                continue
-            value = data[key]
-            if not isinstance(value, str):
-                errors.append(
-                    PolicyError(
-                        str(path),
-                        doc.line_of(f"/data/{key}"),
-                        f"/data/{key}",
-                        "a ConfigMap data value must be a string",
-                    )
-                )
-                continue
-            offset = loader_nodes.get((doc.lines[""], str(key)))
-            group.append(PolicyFile(str(key), value.encode(), f"{path}[{name}/{key}]", offset))
-        groups.append(group)
-    return groups, errors
+        elif all(pattern.search(value) for pattern in _OBJECT_KEYS):
+            not_policy.append(str(key))
+        else:
+            offset = nodes.get((doc.lines[""], str(key)))
+            group.append(PolicyFile(str(key), value.encode(), label, offset))
+    if not_policy:
+        into.skipped.append(
+            f"{path}: skipped {', '.join(not_policy)} of ConfigMap {name}: a Kubernetes object "
+            "(apiVersion, kind), not a policy file"
+        )
+    if group:
+        into.groups.append(group)
+    elif not not_policy:
+        into.skipped.append(
+            f"{path}: skipped ConfigMap {name}: no .yaml, .yml or .json key in its data"
+        )
 
 
 def _data_nodes(text: str) -> dict[tuple[int, str], int | None]:

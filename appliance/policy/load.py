@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.policy import model, schema
@@ -23,6 +24,7 @@ from appliance.policy.checks import merged_problems, value_problems
 from appliance.policy.env import env_overrides
 from appliance.policy.errors import PolicyError, PolicyLoadError
 from appliance.policy.files import (
+    ManifestContents,
     PolicyFile,
     PolicySnapshot,
     configmap_files,
@@ -33,7 +35,15 @@ from appliance.policy.merge import Merge
 from appliance.policy.messages import schema_problems
 from appliance.policy.parse import ParsedDocument, parse_policy_text
 
-__all__ = ["PolicyError", "PolicyLoadError", "build_policy", "load_policy_dir", "validate_paths"]
+__all__ = [
+    "PolicyError",
+    "PolicyLoadError",
+    "Validation",
+    "build_policy",
+    "check_paths",
+    "load_policy_dir",
+    "validate_paths",
+]
 
 MAX_RULES = 10_000  # every client's limits are resolved against every rule
 MAX_GPU_ENTRIES = 1_024
@@ -133,49 +143,122 @@ def load_policy_dir(path: Path, *, environ: Mapping[str, str] | None = None) -> 
 # --- offline validation ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """What `nvsharectl policy validate` found: every error, and what it skipped as no policy
+    (one line each: the objects of a rendered `deploy/` that are not policy ConfigMaps)."""
+
+    errors: list[PolicyError]
+    skipped: list[str]
+
+
+STDIN = "-"  # the path that means standard input
+
+# What one path holds: the directories the daemon would read, the errors found reading it, and
+# what was skipped as no policy.
+Found = tuple[list[PolicySnapshot], list[PolicyError], list[str]]
+
+
 def validate_paths(
-    paths: Sequence[Path], *, environ: Mapping[str, str] | None = None
+    paths: Sequence[Path | str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    stdin: bytes = b"",
 ) -> list[PolicyError]:
-    """Every error in the given policy directories, policy files and ConfigMap manifests.
+    """Every error in the given policy directories, policy files and ConfigMap manifests."""
+    return check_paths(paths, environ=environ, stdin=stdin).errors
+
+
+def check_paths(
+    paths: Sequence[Path | str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    stdin: bytes = b"",
+) -> Validation:
+    """Check the given policy directories, policy files and manifests; `-` is `stdin`.
 
     Offline and side-effect free: `nvsharectl policy validate PATH...`. A directory is checked as
-    the daemon would load it; a single file as a directory holding only it; a manifest's
-    ConfigMaps each as the directory kubelet would mount. Environment overrides are not applied
-    unless `environ` is given.
+    the daemon would load it, or, when every policy-named file in it is a Kubernetes manifest
+    (`configmaps/examples/`), each file as a manifest; a single file as a directory holding
+    only it; a manifest's policy ConfigMaps each as the directory kubelet would mount, skipping
+    (and saying so) every other object. Environment overrides are not applied unless `environ`
+    is given.
     """
     environ = {} if environ is None else environ
     errors: list[PolicyError] = []
+    skipped: list[str] = []
     for raw in paths:
-        snapshots, read_errors = _snapshots(Path(raw))
+        if str(raw) == STDIN:
+            snapshots, read_errors, passed = _text_snapshots("<stdin>", stdin)
+        else:
+            snapshots, read_errors, passed = _snapshots(Path(raw))
         errors += read_errors
+        skipped += passed
         for snapshot in snapshots:
             try:
                 build_policy(snapshot, environ=environ)
             except PolicyLoadError as e:
                 errors += e.errors
-    return errors
+    return Validation(errors, skipped)
 
 
-def _snapshots(path: Path) -> tuple[list[PolicySnapshot], list[PolicyError]]:
-    """What one path given to `validate_paths` holds, as the directories the daemon would read,
-    and the errors found reading it."""
+def _snapshots(path: Path) -> Found:
     if path.is_dir():
-        return [read_policy_dir(path, label_prefix=f"{path}/")], []
+        manifests = _manifest_directory(path)
+        if manifests is None:
+            return [read_policy_dir(path, label_prefix=f"{path}/")], [], []
+        return (
+            [s for found in manifests for s in found[0]],
+            [e for found in manifests for e in found[1]],
+            [x for found in manifests for x in found[2]],
+        )
     try:
         content = path.read_bytes()
     except OSError as e:
-        return [], [PolicyError(str(path), None, "", f"cannot read: {e.strerror}")]
-    found = None
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            found = configmap_files(path, content.decode("utf-8"))
-        except UnicodeDecodeError:
-            found = None
-    if found is None:
+        return [], [PolicyError(str(path), None, "", f"cannot read: {e.strerror}")], []
+    if path.suffix not in (".yaml", ".yml"):
         f = PolicyFile(path.name, content, str(path))
-        return [PolicySnapshot(str(path), (f,), (), content_hash((f,)))], []
-    groups, errors = found
-    if not groups and not errors:
-        errors = [PolicyError(str(path), None, "", "holds Kubernetes manifests but no ConfigMap")]
-    snapshots = [PolicySnapshot(str(path), tuple(g), (), content_hash(g)) for g in groups]
-    return snapshots, errors
+        return [PolicySnapshot(str(path), (f,), (), content_hash((f,)))], [], []
+    return _text_snapshots(str(path), content, name=path.name)
+
+
+def _manifest_directory(path: Path) -> list[Found] | None:
+    """Each file of a directory of manifests, read as a manifest; None for a policy directory
+    (one whose files include a policy file, or that cannot be read whole)."""
+    snapshot = read_policy_dir(path, label_prefix=f"{path}/")
+    if not snapshot.files or snapshot.errors:
+        return None
+    found = []
+    for f in snapshot.files:
+        if not f.name.endswith((".yaml", ".yml")):
+            return None
+        try:
+            manifest = configmap_files(f.label, f.content.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        if manifest is None:
+            return None
+        found.append(_manifest_snapshots(f.label, manifest))
+    return found
+
+
+def _text_snapshots(label: str, content: bytes, *, name: str = "-") -> Found:
+    """A manifest stream's policy ConfigMaps, else the text as one policy file."""
+    try:
+        manifest = configmap_files(label, content.decode("utf-8"))
+    except UnicodeDecodeError:
+        manifest = None
+    if manifest is None:
+        f = PolicyFile(name, content, label)
+        return [PolicySnapshot(label, (f,), (), content_hash((f,)))], [], []
+    return _manifest_snapshots(label, manifest)
+
+
+def _manifest_snapshots(label: str, manifest: ManifestContents) -> Found:
+    errors = manifest.errors
+    if not manifest.groups and not errors:
+        errors = [
+            PolicyError(label, None, "", "holds Kubernetes manifests but no policy ConfigMap")
+        ]
+    snapshots = [PolicySnapshot(label, tuple(g), (), content_hash(g)) for g in manifest.groups]
+    return snapshots, errors, manifest.skipped

@@ -80,3 +80,22 @@ def test_every_state_change_is_guarded(h: Harness) -> None:
     ):
         [reply] = h.feed(event)
         assert isinstance(reply, act.Reply) and reply.outcome is act.Outcome.REFUSED
+
+
+def test_a_daemon_a_user_started_answers_to_that_user() -> None:
+    """A workstation user's own daemon (no root) used to refuse its owner's `nvsharectl -T`."""
+    h = Harness(NodeCore(Policy(), authority=Authority(daemon_uid=1000)))
+    assert ask(h, ClientIdentity(pid=5, uid=1000, gid=1000)).outcome is act.Outcome.DONE
+    assert h.state.overrides.time_quantum_s == 12
+    assert ask(h, ClientIdentity(pid=6, uid=0, gid=0)).outcome is act.Outcome.DONE
+    other = ask(h, ClientIdentity(pid=7, uid=1001, gid=1001))
+    assert other.message == (
+        "only root or the daemon's own user (uid 1000) may set the time quantum; nothing changed"
+    )
+
+
+def test_the_daemons_own_user_in_a_pod_is_still_a_tenant() -> None:
+    h = Harness(NodeCore(Policy(), authority=Authority(daemon_uid=1000)))
+    reply = ask(h, ClientIdentity(pid=9, uid=1000, gid=1000, pod_uid=POD))
+    assert reply.outcome is act.Outcome.REFUSED and "is a tenant whatever its uid" in reply.message
+    assert h.state.overrides.time_quantum_s is None

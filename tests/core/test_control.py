@@ -21,6 +21,7 @@ from appliance.policy.model import (
     Mode,
     Policy,
     SchedulerSettings,
+    TrustSettings,
 )
 
 from .conftest import ADMIN, GPU, GiB, Harness, of
@@ -275,7 +276,8 @@ def test_a_pid_override_ends_with_its_process(
     assert harness.enforced(reused).memory_bytes is None
 
 
-def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
+def test_a_pod_override_waits_for_its_pod_and_says_so() -> None:
+    harness = Harness(NodeCore(Policy(), watching_pods=True))
     out = harness.feed(
         ev.AdminLimitSet(
             LimitTarget.pod("ml", "trainer"), Limits(memory_bytes=2 * GiB), reply_to=ADMIN
@@ -288,3 +290,39 @@ def test_a_pod_override_waits_for_its_pod_and_says_so(harness: Harness) -> None:
     assert harness.core.overrides().limits == (
         OverrideRow(target="pod ml/trainer", memory_limit=2 * GiB, core_limit=None, clients=()),
     )
+
+
+def pod_limit(h: Harness, memory: int) -> act.Reply:
+    target = LimitTarget.pod("ml", "trainer")
+    return reply(h.feed(ev.AdminLimitSet(target, Limits(memory_bytes=memory), reply_to=ADMIN)))
+
+
+def test_without_a_pod_watch_a_trusted_claim_is_the_pod_an_override_waits_for() -> None:
+    """A workstation's way to group processes: one answer, and the override then holds."""
+    h = Harness(NodeCore(Policy(trust=TrustSettings(pod_claim_uids=frozenset({1000})))))
+    answer = pod_limit(h, 1 * GiB)
+    assert answer.outcome is act.Outcome.DONE
+    assert answer.message.endswith(
+        "no process claims that pod yet; the override waits for one (without a pod watch, a "
+        "process of a uid in trust.podClaimUids that names the pod through "
+        "NVSHARE_POD_NAMESPACE/NVSHARE_POD_NAME is of it, and shares its ledger)"
+    )
+    a = h.register(claimed_namespace="ml", claimed_pod="trainer")
+    b = h.register(claimed_namespace="ml", claimed_pod="trainer")
+    stranger = h.register(uid=1001, claimed_namespace="ml", claimed_pod="trainer")
+    assert h.enforced(a).memory_bytes == h.enforced(b).memory_bytes == 1 * GiB
+    assert h.enforced(stranger).memory_bytes is None  # an untrusted uid's claim counts for nothing
+    assert h.state.subject(h.state.clients[a]) == h.state.subject(h.state.clients[b])
+    assert h.state.pod_label(h.state.clients[a]) == "ml/trainer (claimed)"
+    assert pod_limit(h, 2 * GiB).message.endswith("applies to 2 connected client(s), pid 101, 102")
+
+
+def test_without_a_pod_watch_or_trusted_claims_a_pod_override_is_refused() -> None:
+    h = Harness(NodeCore(Policy()))
+    answer = pod_limit(h, 1 * GiB)
+    assert answer.outcome is act.Outcome.NOT_FOUND
+    assert answer.message == (
+        "no process can be of pod ml/trainer: this daemon watches no pods (no --node-name) and "
+        "its policy trusts no uid's pod claims (trust.podClaimUids); nothing changed"
+    )
+    assert h.core.overrides().limits == ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -47,6 +48,72 @@ def test_validate_lists_every_error_with_file_and_line(tmp_path: Path) -> None:
     shipped = [ROOT / "configmaps" / "default", *(ROOT / "configmaps" / "examples").iterdir()]
     r = ctl(None, "policy", "validate", *map(str, shipped))
     assert r.returncode == 0, r.stderr
+
+
+def validate(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "nvsharectl"), "policy", "validate", *args],
+        input=stdin, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_the_shipped_examples_validate_as_the_configmaps_they_are() -> None:
+    """`validate configmaps/examples` used to read each manifest as a policy file: 12 errors,
+    `unknown field 'apiVersion' (did you mean 'version'?)`."""
+    r = validate(str(ROOT / "configmaps" / "examples"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and r.stdout == f"ok: {ROOT / 'configmaps' / 'examples'}\n"
+
+
+def test_a_manifest_directory_names_the_file_key_and_line_of_each_error(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "configmaps" / "examples", examples)
+    manifest = examples / "team-quotas.yaml"
+    lines = manifest.read_text().splitlines(keepends=True)
+    [at] = [i for i, line in enumerate(lines) if "timeQuantum: 30s" in line]
+    lines[at] = lines[at].replace("30s", "30 parsecs")
+    manifest.write_text("".join(lines))
+    r = validate(str(examples))
+    assert r.returncode == 1
+    errors = r.stderr.splitlines()
+    assert errors[0].startswith(
+        f"{manifest}: data[10-scheduler.yaml]:{at + 1}: /scheduler/timeQuantum: "
+    ), errors
+    assert errors[1:] == ["1 error(s)"]
+    assert "apiVersion" not in r.stderr
+
+
+def test_standard_input_is_read_for_a_dash() -> None:
+    bad = "scheduler:\n  mode: sometimes\n"
+    r = validate("-", stdin=bad)
+    assert r.returncode == 1
+    assert "<stdin>:2: /scheduler/mode: 'sometimes' is not one of" in r.stderr
+    r = validate("-", stdin=(ROOT / "configmaps" / "examples" / "workstation.yaml").read_text())
+    assert (r.returncode, r.stdout) == (0, "ok: standard input\n"), r.stderr
+
+
+def test_a_rendered_deploy_validates_its_policy_and_says_what_it_skipped() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy")], capture_output=True, text=True, timeout=60
+    )
+    if rendered.returncode != 0:
+        pytest.skip(f"`kubectl kustomize` cannot render deploy/ here: {rendered.stderr.strip()}")
+    r = validate("-", stdin=rendered.stdout)
+    assert (r.returncode, r.stdout) == (0, "ok: standard input\n"), r.stderr
+    assert (
+        "<stdin>: skipped ConfigMap nvshare-scheduler-config: labelled "
+        "app.kubernetes.io/component=extender, not policy"
+    ) in r.stderr
+    assert "<stdin>: skipped what is not a ConfigMap: Namespace nvshare-system," in r.stderr
+    assert "DaemonSet nvshare-node" in r.stderr
+    broken = rendered.stdout.replace("perPod: 256", "perPod: lots")
+    r = validate("-", stdin=broken)
+    assert r.returncode == 1
+    assert "<stdin>: nvshare-policy data[policy.yaml]:" in r.stderr  # two ConfigMaps: named
+    assert "/connections/perPod" in r.stderr
 
 
 def test_hot_reload_reaches_connected_clients_and_bad_files_keep_the_last_good(

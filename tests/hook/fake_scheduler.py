@@ -227,7 +227,7 @@ class FakeScheduler:
                 )
                 c.uuid, c.pod = msg.gpu_uuid, (msg.pod_namespace, msg.pod_name)
                 self.clients.append(c)
-                self._record(c, type_, (msg.pid,))
+                self._record(c, type_, (msg.pid, msg.env_mem_limit, msg.env_core_limit))
                 c.send(p.Registered(c.client_id, self.limits), seq)
             elif isinstance(msg, p.LockRequest):
                 self._record(c, type_)

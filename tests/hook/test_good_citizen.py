@@ -61,13 +61,9 @@ def test_hook_threads_are_named_and_block_every_signal(
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("NVSHARE_GPU_CORE_LIMIT", "50x", "NVSHARE_GPU_CORE_LIMIT=50x is not a whole percentage"),
-        ("NVSHARE_GPU_CORE_LIMIT", "0", "NVSHARE_GPU_CORE_LIMIT=0 is not a whole percentage"),
-        ("NVSHARE_GPU_CORE_LIMIT", " 50", "NVSHARE_GPU_CORE_LIMIT= 50 is not a whole percentage"),
         ("NVSHARE_IDLE_RELEASE_MS", "99999999999999999999999", "is not a whole number of milli"),
         ("NVSHARE_IDLE_RELEASE_MS", "-5", "NVSHARE_IDLE_RELEASE_MS=-5 is not a whole number"),
         ("NVSHARE_DAEMON_TIMEOUT_MS", "5", "NVSHARE_DAEMON_TIMEOUT_MS=5 is not a whole number"),
-        ("NVSHARE_GPU_MEMORY_LIMIT", "0", "NVSHARE_GPU_MEMORY_LIMIT=0 is zero bytes; ignored"),
         ("NVSHARE_DEBUG", "yes", "NVSHARE_DEBUG=yes is neither 0 nor 1"),
         ("NVSHARE_POD_NAME", "p" * 80, "NVSHARE_POD_NAME is 80 bytes long"),
     ],
@@ -84,6 +80,52 @@ def test_bad_environment_values_are_reported_and_ignored(
         assert message in err
         assert err.count(name) == 1  # said once
     assert sched.count(MsgType.REGISTER) == 1  # and the program went on, registered as usual
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("NVSHARE_GPU_CORE_LIMIT", "50x", "NVSHARE_GPU_CORE_LIMIT=50x is not a whole percentage"),
+        ("NVSHARE_GPU_CORE_LIMIT", "0", "NVSHARE_GPU_CORE_LIMIT=0 is not a whole percentage"),
+        ("NVSHARE_GPU_CORE_LIMIT", " 50", "NVSHARE_GPU_CORE_LIMIT= 50 is not a whole percentage"),
+        ("NVSHARE_GPU_CORE_LIMIT", "101", "NVSHARE_GPU_CORE_LIMIT=101 is not a whole percentage"),
+        ("NVSHARE_GPU_MEMORY_LIMIT", "0", "NVSHARE_GPU_MEMORY_LIMIT=0 is zero bytes"),
+        ("NVSHARE_GPU_MEMORY_LIMIT", "1ki", "NVSHARE_GPU_MEMORY_LIMIT=1ki is not a byte quantity"),
+        ("NVSHARE_GPU_MEMORY_LIMIT", "2Ei", "NVSHARE_GPU_MEMORY_LIMIT=2Ei is more than 1Ei"),
+    ],
+)
+def test_a_mistyped_limit_of_the_programs_own_refuses_cuda(
+    plain: Variant, start_probe, sock_dir: str, name: str, value: str, message: str
+) -> None:
+    """A limit the user asked for and mistyped must not leave the program with no limit."""
+    with fs.FakeScheduler(sock_dir) as sched:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir, **{name: value}))
+        assert p.do("init") == "err 1"  # CUDA_ERROR_INVALID_VALUE
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        [line] = [x for x in err.splitlines() if name in x]  # one line
+        assert message in line and "CUDA is not started" in line, line
+        assert "fix or unset it" in line
+    assert sched.count(MsgType.REGISTER) == 0  # nothing ran, not even ungated
+
+
+def test_limits_of_the_programs_own_that_parse_reach_the_scheduler(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    with fs.FakeScheduler(sock_dir) as sched:
+        env = plain.env(
+            NVSHARE_SOCKET_DIR=sock_dir,
+            NVSHARE_GPU_CORE_LIMIT="30",
+            NVSHARE_GPU_MEMORY_LIMIT="1.5Gi",
+        )
+        p = start_probe(plain, env)
+        p.ok("init")
+        p.ok("launch 1")
+        rc, err = p.finish()
+        assert_clean(rc, err)
+        assert "NVSHARE_GPU" not in err
+    [(_pid, memory, core)] = [f for _, t, f in sched.events if t == MsgType.REGISTER]
+    assert (memory, core) == (3 << 29, 30)
 
 
 def test_a_socket_path_that_does_not_fit_is_an_error_not_a_truncation(

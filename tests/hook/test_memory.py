@@ -128,13 +128,17 @@ def test_boundary_under_sanitizers(variant: Variant, start_probe, sock_dir: str,
     assert_clean(*p.finish())
 
 
-def test_invalid_env_limit_is_reported_and_ignored(
+def test_a_mistyped_env_limit_refuses_cuda_instead_of_running_unlimited(
     plain: Variant, start_probe, sock_dir: str
 ) -> None:
+    """It used to be one stderr line and then no limit of the program's own at all."""
     env = plain.env(NVSHARE_GPU_MEMORY_LIMIT="lots", NVSHARE_SOCKET_DIR=sock_dir)
     p = start_probe(plain, env)
-    p.ok("init")
-    p.ok("alloc mem 67108864")
+    assert p.do("init") == "err 1"  # CUDA_ERROR_INVALID_VALUE
+    assert p.do("init") == "err 1"  # every time, said once
     rc, err = p.finish()
     assert_clean(rc, err)
-    assert "NVSHARE_GPU_MEMORY_LIMIT=lots is not a byte quantity" in err
+    [line] = [x for x in err.splitlines() if "NVSHARE_GPU_MEMORY_LIMIT" in x]
+    assert "NVSHARE_GPU_MEMORY_LIMIT=lots is not a byte quantity: a number with Ki, Mi" in line
+    assert "(4Gi, 512Mi, 1.5G; a bare number is MiB)" in line
+    assert "CUDA is not started (cuInit fails with CUDA_ERROR_INVALID_VALUE)" in line

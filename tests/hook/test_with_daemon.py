@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from daemon.conftest import RunningDaemon, start_daemon
+from daemon.conftest import BIN, RunningDaemon, start_daemon
 
 from appliance.client import ControlClient
 from appliance.protocol import StatusRequest
@@ -145,6 +146,43 @@ def shown_priorities(d: RunningDaemon, probes: dict[str, Probe]) -> dict[str, in
         rows = c.request(StatusRequest()).doc["clients"]
     by_pid = {row["pid"]: row["priority"] for row in rows}
     return {value: by_pid.get(p.proc.pid, "absent") for value, p in probes.items()}
+
+
+def test_without_a_pod_watch_a_trusted_claim_shares_its_pods_limit(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    """A workstation groups processes by the pod they claim: `limit set --pod` used to say the
+    override waits for the pod, and then a 2 GiB allocation under the pod's 1 GiB succeeded."""
+    d = start(
+        running,
+        daemon_dir,
+        f"scheduler: {{mode: 'off'}}\nmemory: {{chunk: 2Mi}}\n"
+        f"trust: {{podClaimUids: [{os.getuid()}]}}\n",
+    )
+    ctl = subprocess.run(
+        [str(BIN / "nvsharectl"), "limit", "set", "--pod", "ml/trainer", "1Gi"],
+        env=d.env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert ctl.returncode == 0, ctl.stderr
+    assert "no process claims that pod yet; the override waits for one" in ctl.stdout
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir),
+        NVSHARE_POD_NAMESPACE="ml",
+        NVSHARE_POD_NAME="trainer",
+    )
+    a = start_probe(plain, env)
+    a.ok("init")
+    until(a, "total", f"ok {1024 * MiB}")
+    assert a.do(f"alloc mem {2048 * MiB}") == "err 2"  # CUDA_ERROR_OUT_OF_MEMORY
+    a.ok(f"alloc mem {600 * MiB}")
+    b = start_probe(plain, env)
+    b.ok("init")
+    until(b, "total", f"ok {1024 * MiB}")
+    assert b.do(f"alloc mem {600 * MiB}") == "err 2"  # one ledger for the pod's processes
+    b.ok(f"alloc mem {300 * MiB}")
+    assert_clean(*a.finish())
+    assert_clean(*b.finish())
+    assert "ignored" not in d.output() and "Traceback" not in d.output()
 
 
 def test_a_process_lowers_its_own_priority_through_its_environment(

@@ -276,7 +276,7 @@ data:
     assert validate_paths([good]) == []
     assert [str(e) for e in validate_paths([good, single, manifest, tmp_path / "gone.yaml"])] == [
         f"{single}:1: /scheduler/mode: 'sometimes' is not one of: on, off, auto",
-        f"{manifest}[nvshare-policy/20-b.yaml]:17: /rules/0/memoryLimit: '4Gx' is not a size: "
+        f"{manifest}: data[20-b.yaml]:17: /rules/0/memoryLimit: '4Gx' is not a size: "
         "unknown unit 'Gx' (units: Ki Mi Gi Ti Pi Ei (1024s), k M G T P E (1000s); "
         "a bare number is MiB)",
         f"{tmp_path / 'gone.yaml'}: cannot read: No such file or directory",
