@@ -14,12 +14,14 @@ uses `failurePolicy: Ignore` for the case where the webhook is down altogether.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.kube.resources import pod_request
 from appliance.kube.resources import resource_count as _count
@@ -36,6 +38,18 @@ WARNING_MAX_CHARS = 250
 
 Chains = Sequence[Sequence[str]]
 Availability = Callable[[str, int], bool]  # (resource name, count) -> some node has it free
+
+
+class MigCapacity(Protocol):
+    """Where the webhook learns what is free and records what it admitted.
+
+    `reserve` must make the admitted pod count against what is free from then on, so that the
+    next review (of the same burst, before anything is bound) sees it taken.
+    """
+
+    def __call__(self, resource: str, count: int) -> bool: ...
+
+    def reserve(self, *, admission: str, pod: Mapping[str, Any], namespace: str = "") -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +117,21 @@ def choose_fallbacks(
     return fallbacks, warnings
 
 
+def apply_fallbacks(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> dict[str, Any]:
+    """The pod as `fallback_patch` leaves it (its resources; annotations are not needed)."""
+    result = copy.deepcopy(dict(pod))
+    spec = result.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            values = resources.get(section) or {}
+            for fallback in fallbacks:
+                if fallback.requested in values:
+                    amount = _count(values.pop(fallback.requested))
+                    values[fallback.granted] = str(amount + _count(values.get(fallback.granted, 0)))
+    return result
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -147,11 +176,17 @@ def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> lis
 
 
 class MigFallbackWebhook:
-    """AdmissionReview in, AdmissionReview out; no I/O except through `available`."""
+    """AdmissionReview in, AdmissionReview out; no I/O except through `capacity`.
 
-    def __init__(self, *, chains: Callable[[], Chains], available: Availability) -> None:
+    Reviews arrive on many connections at once (a burst of pods); the decision and the
+    reservation of what it admitted happen under one lock, so two reviews never both take the
+    last free device of a profile.
+    """
+
+    def __init__(self, *, chains: Callable[[], Chains], capacity: MigCapacity) -> None:
         self._chains = chains
-        self._available = available
+        self._capacity = capacity
+        self._deciding = threading.Lock()
 
     def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
         request = body.get("request") or {}
@@ -183,9 +218,15 @@ class MigFallbackWebhook:
             return
         if not requested_mig_resources(pod):
             return
-        fallbacks, warnings = choose_fallbacks(
-            pod, chains=self._chains(), available=self._available
-        )
+        chains = self._chains()
+        with self._deciding:
+            fallbacks, warnings = choose_fallbacks(pod, chains=chains, available=self._capacity)
+            if not request.get("dryRun"):  # a dry run creates nothing: nothing to hold
+                self._capacity.reserve(
+                    admission=str(request.get("uid", "")),
+                    pod=apply_fallbacks(pod, fallbacks),
+                    namespace=str(request.get("namespace") or ""),
+                )
         if warnings:
             response["warnings"] = [warning_text(w) for w in warnings]
             for warning in warnings:

@@ -180,7 +180,7 @@ def build_webhook_server(
     chains = PolicyChains(policy_dir)
     server = bind(
         lambda at: WebhookServer(
-            webhook=MigFallbackWebhook(chains=chains, available=inventory),
+            webhook=MigFallbackWebhook(chains=chains, capacity=inventory),
             cert_file=Path(cert_file),
             key_file=Path(key_file),
             host=at[0],
