@@ -91,11 +91,46 @@ class NodeStatusSettings:
 
 @dataclass(frozen=True, slots=True)
 class RealtimeCheck:
+    """The real-time memory check, with HAMi's meaning for its settings (`mode_for`).
+
+    `mode_set` / `enabled_set`: whether a policy file or the environment said so, rather than
+    the schema's default. Left unset, the check is off, and whatever turns it on (a pod's
+    annotation, the switch, `enabledByDefault: true`) turns it on in `strict`, HAMi's default.
+    """
+
     mode: RealtimeCheckMode = RealtimeCheckMode.DISABLED
     safety_margin_bytes: int = 100 << 20
     enabled_by_default: bool = True
     max_sample_age_s: float = 5.0
     node_status: NodeStatusSettings = NodeStatusSettings()
+    mode_set: bool = False
+    enabled_set: bool = False
+
+    def mode_for(self, *, pod_opt_in: bool | None, switch: bool | None = None) -> RealtimeCheckMode:
+        """The mode for one pod or client, as HAMi decides it.
+
+        A mode set to `disabled` (HAMI_REALTIME_CHECK_MODE=disabled) skips the check for
+        everyone. Otherwise the check applies where the pod's annotation
+        (`hami.io/enable-realtime-check`) says "true", or, without one, where the switch
+        (`--enable-realtime-check`, HAMI_ENABLE_REALTIME_CHECK) says on, or, without that,
+        where `enabledByDefault` set in a file says so, or else where a mode other than
+        disabled is set. It then runs in the set mode, or `strict` where none is set.
+        """
+        if self.mode is RealtimeCheckMode.DISABLED and self.mode_set:
+            return RealtimeCheckMode.DISABLED
+        if pod_opt_in is not None:
+            on = pod_opt_in
+        elif switch is not None:
+            on = switch
+        elif self.enabled_set:
+            on = self.enabled_by_default
+        else:
+            on = self.enabled_by_default and self.mode is not RealtimeCheckMode.DISABLED
+        if not on:
+            return RealtimeCheckMode.DISABLED
+        if self.mode is RealtimeCheckMode.DISABLED:
+            return RealtimeCheckMode.STRICT
+        return self.mode
 
 
 @dataclass(frozen=True, slots=True)
