@@ -109,7 +109,7 @@ class Daemon:
         if self.engine is not None:
             self.engine.submit(ev.PolicyChanged(policy))
         if self.node_status is not None:
-            self.node_status.set_settings(policy.realtime_check.node_status)
+            self.node_status.set_settings(policy.realtime_check.published())
 
     # ------------------------------------------------------------ sources and sinks
 
@@ -148,7 +148,7 @@ class Daemon:
             api_client=api,
             node_name=self.config.node_name,
             inventory=self.nvml.inventory(),
-            settings=policy.realtime_check.node_status,
+            settings=policy.realtime_check.published(),
             registry=self.registry,
             permissions=self.permissions,
         )

@@ -9,6 +9,7 @@ frozen values and never sees a raw YAML string such as "4Gi".
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,9 +85,9 @@ class NodeStatusSettings:
     """How the node daemon publishes its GPUs' real status for the scheduler extender."""
 
     publish: bool = True
-    min_interval_s: float = 5.0
+    min_interval_s: float = 0.5
     refresh_interval_s: float = 60.0
-    memory_change_bytes: int = 256 << 20
+    memory_change_bytes: int = 100 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,13 @@ class RealtimeCheck:
     node_status: NodeStatusSettings = NodeStatusSettings()
     mode_set: bool = False
     enabled_set: bool = False
+
+    def published(self) -> NodeStatusSettings:
+        """How the node publishes: a used-memory change as large as the safety margin is
+        meaningful whatever `memoryChange` says, since a view off by more than the margin
+        lets the extender pass a node that is short."""
+        change = min(self.node_status.memory_change_bytes, self.safety_margin_bytes)
+        return dataclasses.replace(self.node_status, memory_change_bytes=max(change, 1))
 
     def mode_for(self, *, pod_opt_in: bool | None, switch: bool | None = None) -> RealtimeCheckMode:
         """The mode for one pod or client, as HAMi decides it.
