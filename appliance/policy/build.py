@@ -57,6 +57,7 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
             per_uid=doc["connections"]["perUid"], per_pod=doc["connections"]["perPod"]
         ),
         sources=dict(merge.sources),
+        overridden={path: tuple(files) for path, files in merge.overridden.items()},
         document=copy.deepcopy(doc),
         files=tuple(f.name for f in snapshot.files),
         content_hash=snapshot.content_hash,

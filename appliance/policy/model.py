@@ -260,6 +260,8 @@ class Policy:
     # Provenance: JSON path of each value ("/scheduler/timeQuantum") -> where it came from
     # ("10-team.yaml", "env NVSHARE_COMPUTE_WINDOW_MS" or "default").
     sources: Mapping[str, str] = field(default_factory=dict)
+    # What each of those replaced: JSON path -> the earlier files that set it too, oldest first.
+    overridden: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # The merged document as the schema names it (camelCase, quantities as written), for
     # `nvsharectl policy show`; everything else reads the typed fields above.
     document: Mapping[str, Any] = field(default_factory=dict)

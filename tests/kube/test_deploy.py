@@ -80,8 +80,8 @@ def test_kustomize_builds_one_namespace_with_the_policy_configmap() -> None:
         }:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
     policy = one("ConfigMap", "nvshare-policy")  # no hash suffix: updates hot-reload in place
-    source = ROOT / "configmaps" / "default" / "policy.yaml"
-    assert policy["data"] == {"policy.yaml": source.read_text(encoding="utf-8")}
+    source = ROOT / "configmaps" / "default" / "00-default.yaml"
+    assert policy["data"] == {"00-default.yaml": source.read_text(encoding="utf-8")}
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
