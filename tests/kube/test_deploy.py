@@ -91,6 +91,30 @@ def test_every_object_validates_strictly_against_the_kubernetes_schema(version: 
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+CRITICAL_CLASSES = {"system-node-critical", "system-cluster-critical"}
+
+
+def test_every_critical_priority_class_used_has_a_quota_scoped_to_it_in_the_namespace() -> None:
+    """GKE (and any cluster limiting critical classes in its ResourceQuota admission config)
+    refuses a pod of a critical class in a namespace without such a quota: the DaemonSet would
+    create no pod at all."""
+    used = {
+        spec["priorityClassName"]
+        for _, spec in pod_specs()
+        if spec.get("priorityClassName") in CRITICAL_CLASSES
+    }
+    assert used == {"system-node-critical"}
+    covered: dict[str, int] = {}
+    for quota in objects("ResourceQuota"):
+        assert quota["metadata"].get("namespace", NAMESPACE) == NAMESPACE
+        for expression in quota["spec"]["scopeSelector"]["matchExpressions"]:
+            if expression["scopeName"] == "PriorityClass" and expression["operator"] == "In":
+                for name in expression["values"]:
+                    covered[name] = int(quota["spec"]["hard"]["pods"])
+    assert used <= covered.keys()
+    assert min(covered[name] for name in used) >= 5000  # one pod per node, 5,000 nodes
+
+
 def test_the_strict_validation_would_catch_a_misspelled_field() -> None:
     daemonset = yaml.safe_load(yaml.safe_dump(one("DaemonSet", "nvshare-node")))
     daemonset["spec"]["template"]["spec"]["hostPid"] = True
