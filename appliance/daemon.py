@@ -37,7 +37,7 @@ from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.probes import LoopProbes
+from appliance.probes import LoopProbes, serve_probes
 from appliance.queries import Answers
 from appliance.server import SchedulerServer
 from appliance.socket_claim import SocketUnavailable
@@ -67,6 +67,7 @@ class DaemonConfig:
     device_plugin_dir: Path = DEVICE_PLUGIN_DIR  # kubelet's; tests give a temp dir
     debug: bool = False
     metrics: bool = True  # tests turn the HTTP endpoint off
+    probe_address: str | None = None  # /healthz and /readyz here too, with or without metrics
     open_files: int = 65536  # the soft limit of open files the daemon raises itself to
     proc_root: Path = Path("/proc")  # tests give a tree whose cgroup files say "a pod"
 
@@ -319,6 +320,8 @@ class Daemon:
         assert self.loop is not None and self._stopping is not None and self.server is not None
         if self.config.metrics and policy.metrics.enabled:
             self._start_metrics(policy)
+        if self.config.probe_address:
+            self._start_probes(self.config.probe_address)
         try:
             if self.config.node_name:
                 self._start_kube(policy)
@@ -363,6 +366,20 @@ class Daemon:
                 "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
                 "address or metrics.enabled to false",
                 policy.metrics.address,
+                exc.strerror or exc,
+            )
+
+    def _start_probes(self, address: str) -> None:
+        assert self.engine is not None
+        probes = LoopProbes(self.engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
+        try:
+            serve_probes(address=address, health=probes.health, readiness=probes.readiness)
+            log.info("probes on http://%s/healthz and /readyz", address)
+        except OSError as exc:
+            log.error(
+                "probes not served: cannot listen on %s (%s); kubelet will find this pod "
+                "unhealthy. Give --probe-address a free address",
+                address,
                 exc.strerror or exc,
             )
 

@@ -192,7 +192,7 @@ def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> Non
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert daemon["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert {p["containerPort"] for p in daemon["ports"]} == {9402}
+    assert {p["containerPort"] for p in daemon["ports"]} == {9402, 9403}  # metrics, probes
     assert "--policy-dir" in daemon["command"] and "--device-plugin" in daemon["command"]
     # The device plugin writes ld.so.preload beside the hook and hands kubelet that path, so
     # the daemon must see the hook's host directory at the same path.
@@ -303,13 +303,17 @@ def test_every_server_is_probed_where_it_answers_with_time_to_answer() -> None:
         assert max(grace, liveness.get("initialDelaySeconds", 0)) >= 10, name
 
 
-def test_the_daemons_probes_reach_the_port_its_policy_serves_them_on() -> None:
+def test_the_daemons_probes_reach_their_own_port_whether_or_not_metrics_are_on() -> None:
     spec = one("DaemonSet", "nvshare-node")["spec"]["template"]["spec"]
     (daemon,) = spec["containers"]
-    (port,) = daemon["ports"]
-    policy = load_policy_dir(ROOT / "configmaps" / "default")
-    assert policy.metrics.enabled  # the probes are served with the metrics
-    host, metrics_port = split_address(policy.metrics.address)
-    assert metrics_port == port["containerPort"] and port["name"] == "metrics"
+    ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
+    env = {e["name"]: e.get("value") for e in daemon["env"]}
+    host, probe_port = split_address(env["NVSHARE_PROBE_ADDRESS"])
+    assert ports["probes"] == probe_port != ports["metrics"]
     assert host in ("", "::"), "every address of both families: kubelet probes the pod IP"
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert daemon[kind]["httpGet"]["port"] == "probes", kind
     assert daemon["startupProbe"]["httpGet"] == daemon["livenessProbe"]["httpGet"]
+    policy = load_policy_dir(ROOT / "configmaps" / "default")
+    host, metrics_port = split_address(policy.metrics.address)
+    assert metrics_port == ports["metrics"] and host in ("", "::")
