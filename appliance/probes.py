@@ -66,7 +66,7 @@ class _ProbeHandler(BaseHTTPRequestHandler):
     server: ProbeServer
     timeout = 10  # an idle connection does not hold its thread for longer
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         probe = self.server.probes.get(self.path.split("?", 1)[0])
         code, body = (404, b"not found\n") if probe is None else http_answer(probe())
         self.send_response(code)
