@@ -32,6 +32,7 @@ from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import cgroup_identity
 from appliance.host.process import ProcessIdentities
+from appliance.limit_log import LimitChangeLog, LimitContext
 from appliance.limits_file import LimitsFile
 from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
@@ -276,7 +277,16 @@ class Daemon:
             open_files=open_files,
             proc_root=config.proc_root,
         )
-        engine.connect(self.server.send, *SchedulerServer.ACTIONS)
+        narrated = LimitChangeLog(
+            self.server.send,
+            context=lambda client_id: limit_context(core, client_id),
+            live=lambda: len(core.state.clients),
+        )
+        engine.connect(narrated, *LimitChangeLog.ACTIONS)
+        engine.connect(
+            self.server.send,
+            *(a for a in SchedulerServer.ACTIONS if a not in LimitChangeLog.ACTIONS),
+        )
         engine.connect(lambda a: limits_file.write(a.limits), act.LimitsPublished)
 
     def _preflight(self) -> str | None:
@@ -435,3 +445,21 @@ def run_daemon(config: DaemonConfig) -> int:
         stream=sys.stderr,
     )
     return asyncio.run(Daemon(config).run())
+
+
+def limit_context(core: NodeCore, client_id: int) -> LimitContext | None:
+    """Who a client is and what set its limits, for the log line of a limit change."""
+    c = core.state.clients.get(client_id)
+    if c is None:
+        return None
+    pod, source = core.state.pod_of(c.ident)
+    who = f"client {c.id} (pid {c.ident.pid})"
+    if pod is not None:
+        claimed = ", claimed" if source == "claimed" else ""
+        who = f"pod {pod.namespace}/{pod.name} (client {c.id}, pid {c.ident.pid}{claimed})"
+    sources = c.limits.sources
+    return LimitContext(
+        who=who,
+        memory_source=sources.get("memory", "default"),
+        core_source=sources.get("core", "default"),
+    )

@@ -135,6 +135,11 @@ def test_limit_set_and_clear_from_the_cli(daemon: RunningDaemon) -> None:
     assert r.returncode == 0
     _, update = c.receive()
     assert update.limits.mem_limit == 0
+    # One log line per change pushed to the hook: who, old -> new, and what set it.
+    changes = [line for line in daemon.output().splitlines() if "limits of client" in line]
+    assert len(changes) == 2, changes
+    assert f"(pid {os.getpid()}): memory unlimited -> 512Mi (from nvsharectl" in changes[0]
+    assert "memory 512Mi -> unlimited (from " in changes[1]
     r = ctl(daemon, "limit", "set", "--pid", "5", "--core", "0")
     assert r.returncode == 2  # click refuses 0 before anything is sent
 
