@@ -3,7 +3,8 @@
 A pod that asks for a MIG profile no node can give (say `nvidia.com/mig-3g.40gb`) pends until
 one frees up. When the policy lists that profile in a `migFallback.chains` chain, this webhook
 rewrites the pod at CREATE to the next profile in the chain that some node has free, and
-annotates the pod with what it did (`nvshare.com/mig-fallback: "3g.40gb->2g.20gb"`), so the
+annotates the pod with what it did (`nvshare.com/mig-fallback: "3g.40gb->2g.20gb"`; the key is
+the policy's `migFallback.annotation`, say seed 004's `gpu-webhook.k8s.io/fallback`), so the
 user can see why their pod got a smaller slice.
 
 It must never be the reason a pod is refused: every error of ours (API server unreachable,
@@ -136,7 +137,9 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> list[dict[str, Any]]:
+def fallback_patch(
+    pod: Mapping[str, Any], fallbacks: Sequence[Fallback], *, annotation: str = FALLBACK_ANNOTATION
+) -> list[dict[str, Any]]:
     """RFC 6902 operations that move every request/limit and add the annotation."""
     ops: list[dict[str, Any]] = []
     spec = pod.get("spec") or {}
@@ -161,14 +164,12 @@ def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> lis
                     )
     summary = ",".join(f.summary for f in fallbacks)
     if (pod.get("metadata") or {}).get("annotations") is None:
-        ops.append(
-            {"op": "add", "path": "/metadata/annotations", "value": {FALLBACK_ANNOTATION: summary}}
-        )
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {annotation: summary}})
     else:
         ops.append(
             {
                 "op": "add",
-                "path": f"/metadata/annotations/{_escape(FALLBACK_ANNOTATION)}",
+                "path": f"/metadata/annotations/{_escape(annotation)}",
                 "value": summary,
             }
         )
@@ -183,9 +184,16 @@ class MigFallbackWebhook:
     last free device of a profile.
     """
 
-    def __init__(self, *, chains: Callable[[], Chains], capacity: MigCapacity) -> None:
+    def __init__(
+        self,
+        *,
+        chains: Callable[[], Chains],
+        capacity: MigCapacity,
+        annotation: Callable[[], str] = lambda: FALLBACK_ANNOTATION,
+    ) -> None:
         self._chains = chains
         self._capacity = capacity
+        self._annotation = annotation
         self._deciding = threading.Lock()
 
     def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,7 +240,7 @@ class MigFallbackWebhook:
             for warning in warnings:
                 log.warning("pod %s: %s", _pod_name(request), warning)
         if fallbacks:
-            patch = fallback_patch(pod, fallbacks)
+            patch = fallback_patch(pod, fallbacks, annotation=self._annotation())
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
             log.info(

@@ -44,7 +44,8 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
             resource_name=doc["devicePlugin"]["resourceName"],
         ),
         mig_fallback=model.MigFallback(
-            chains=tuple(tuple(chain) for chain in doc["migFallback"]["chains"])
+            chains=tuple(tuple(chain) for chain in doc["migFallback"]["chains"]),
+            annotation=doc["migFallback"]["annotation"],
         ),
         metrics=model.MetricsSettings(
             enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]

@@ -217,6 +217,7 @@ class DevicePluginSettings:
 @dataclass(frozen=True, slots=True)
 class MigFallback:
     chains: tuple[tuple[str, ...], ...] = ()
+    annotation: str = "nvshare.com/mig-fallback"  # what the webhook writes on a rewritten pod
 
 
 @dataclass(frozen=True, slots=True)

@@ -460,6 +460,18 @@ def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_t
         patched = applied(pod, webhook.review(pod))
         assert patched["metadata"]["annotations"]["nvshare.com/mig-fallback"] == "3g.40gb->1g.10gb"
         assert webhook.get("/healthz") == 200
+        # Seed 004's key, set in the policy, is picked up on the next review (hot reload).
+        (tmp_path / "60-seed.yaml").write_text(
+            "migFallback: {annotation: gpu-webhook.k8s.io/fallback}\n", encoding="utf-8"
+        )
+
+        def seed_key(w: Webhook = webhook) -> bool:
+            done = applied(pod, w.review(pod))
+            return done["metadata"]["annotations"] == {
+                "gpu-webhook.k8s.io/fallback": "3g.40gb->1g.10gb"
+            }
+
+        eventually(seed_key, "the annotation key from the policy")
 
 
 def webhook_configuration(ca_file: Path) -> dict[str, Any]:
