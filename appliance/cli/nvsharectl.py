@@ -428,8 +428,11 @@ def _explain_layers(view: PolicyView) -> None:
 @click.option("--pod", help="NAMESPACE/NAME")
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
-    """The effective limits of a client and what set each of them; without --pid or --pod,
-    which file won each field the policy files set, and which files it overrode."""
+    """What set each limit of a client, or without one, each policy value.
+
+    With --pid or --pod: the client's effective limits and what set each of them. Without:
+    which file won each field the policy files set, and which files it overrode.
+    """
     if pid is None and pod is None:
         _explain_layers(from_json(PolicyView, _query(ctx, "policy")))
         return

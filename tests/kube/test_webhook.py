@@ -465,7 +465,7 @@ def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_t
             "migFallback: {annotation: gpu-webhook.k8s.io/fallback}\n", encoding="utf-8"
         )
 
-        def seed_key(w: Webhook = webhook) -> bool:
+        def seed_key(w: Webhook = webhook, pod: dict[str, Any] = pod) -> bool:
             done = applied(pod, w.review(pod))
             return done["metadata"]["annotations"] == {
                 "gpu-webhook.k8s.io/fallback": "3g.40gb->1g.10gb"
