@@ -428,7 +428,7 @@ def _explain_layers(view: PolicyView) -> None:
 @click.option("--pod", help="NAMESPACE/NAME")
 @click.pass_context
 def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None:
-    """What set each limit of a client, or without one, each policy value.
+    """What set each policy value, or each limit of a client.
 
     With --pid or --pod: the client's effective limits and what set each of them. Without:
     which file won each field the policy files set, and which files it overrode.
