@@ -897,6 +897,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of clients connecting at once, as controllers do
     fake: FakeApiServer
 
 
@@ -1276,6 +1277,7 @@ class FakeApiServer:
     def _create(self, h: _Handler, plural: str, namespace: str, body: Obj) -> Obj:
         """Defaulting, mutating admission, then the write, as kube-apiserver orders them."""
         obj = copy.deepcopy(body)
+        _quantities_as_written(obj)
         if plural == "pods":
             _default_pod(obj)
         meta = obj.setdefault("metadata", {})
@@ -1484,6 +1486,25 @@ class FakeApiServer:
                     next_bookmark = now + self.bookmark_interval_s
                     batch.append({"type": "BOOKMARK", "rv": str(cursor)})
             yield batch
+
+
+def _quantities_as_written(obj: Any) -> None:
+    """Resource quantities as the API server stores and returns them: strings (`1` -> "1"),
+    in a pod's containers and in the pod templates of workloads alike."""
+    if isinstance(obj, dict):
+        resources = obj.get("resources")
+        if isinstance(resources, dict):
+            for section in ("limits", "requests"):
+                values = resources.get(section)
+                if isinstance(values, dict):
+                    for name, value in values.items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            values[name] = str(value)
+        for value in obj.values():
+            _quantities_as_written(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            _quantities_as_written(value)
 
 
 def _default_pod(pod: Obj) -> None:
