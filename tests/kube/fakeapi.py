@@ -20,6 +20,9 @@ server where it matters to them, including where it says no:
 * merge, strategic-merge and JSON patches; optimistic concurrency on PUT and PATCH; the
   discovery endpoints kubectl reads.
 
+Defaulting is what the tests need of it: resource quantities are stored as strings, and a new
+pod's requests default to its limits and its phase to Pending.
+
 What it does not do (and says so here rather than pretending): no validation of object
 schemas, no validating admission, strategic-merge patches replace lists instead of merging
 them by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
