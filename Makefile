@@ -17,7 +17,7 @@ SOCKET_DIR ?= $(if $(NVSHARE_SOCKET_DIR),$(NVSHARE_SOCKET_DIR),/var/run/nvshare)
 # command -> Debian package that provides it
 APT_NEEDS := gcc:gcc make:make kubectl:kubernetes-client systemd-analyze:systemd
 
-.PHONY: run demo test deps venv hook lint clean install uninstall lock
+.PHONY: run demo sim test deps venv hook lint clean install uninstall lock
 
 # exec: the daemon takes the recipe shell's place, so the signal that stops `make run` (make
 # passes SIGTERM on to its recipe) stops the daemon, and no daemon is left behind.
@@ -27,6 +27,11 @@ run: deps venv hook
 # Two programs under the hook share one fake GPU through a scheduler: no GPU, no root needed.
 demo: deps venv hook
 	$(BIN)/python scripts/demo.py
+
+# Seed 004's two-node MIG cluster simulated on the fake API server, the real webhook over HTTPS
+# and real kubectl running the seed's Pod, Deployment and Job tests (it says what is simulated).
+sim: deps venv
+	$(BIN)/python tests/kube/sim_seed_004.py
 
 test: deps venv hook lint
 	$(BIN)/pytest -q

@@ -33,12 +33,13 @@ from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import cgroup_identity
 from appliance.host.process import ProcessIdentities
+from appliance.limit_log import LimitChangeLog, LimitContext
 from appliance.limits_file import LimitsFile
 from appliance.metrics import ApplianceCollector, serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.probes import LoopProbes
+from appliance.probes import LoopProbes, serve_probes
 from appliance.queries import Answers
 from appliance.server import SchedulerServer
 from appliance.socket_claim import SocketUnavailable
@@ -68,6 +69,7 @@ class DaemonConfig:
     device_plugin_dir: Path = DEVICE_PLUGIN_DIR  # kubelet's; tests give a temp dir
     debug: bool = False
     metrics: bool = True  # tests turn the HTTP endpoint off
+    probe_address: str | None = None  # /healthz and /readyz here too, with or without metrics
     open_files: int = 65536  # the soft limit of open files the daemon raises itself to
     proc_root: Path = Path("/proc")  # tests give a tree whose cgroup files say "a pod"
     cgroup_root: Path = Path("/sys/fs/cgroup")  # where the kernel backstop finds cgroups
@@ -115,7 +117,7 @@ class Daemon:
         if self.engine is not None:
             self.engine.submit(ev.PolicyChanged(policy))
         if self.node_status is not None:
-            self.node_status.set_settings(policy.realtime_check.node_status)
+            self.node_status.set_settings(policy.realtime_check.published())
 
     # ------------------------------------------------------------ sources and sinks
 
@@ -154,7 +156,7 @@ class Daemon:
             api_client=api,
             node_name=self.config.node_name,
             inventory=self.nvml.inventory(),
-            settings=policy.realtime_check.node_status,
+            settings=policy.realtime_check.published(),
             registry=self.registry,
             permissions=self.permissions,
         )
@@ -287,7 +289,16 @@ class Daemon:
             open_files=open_files,
             proc_root=config.proc_root,
         )
-        engine.connect(self.server.send, *SchedulerServer.ACTIONS)
+        narrated = LimitChangeLog(
+            self.server.send,
+            context=lambda client_id: limit_context(core, client_id),
+            live=lambda: len(core.state.clients),
+        )
+        engine.connect(narrated, *LimitChangeLog.ACTIONS)
+        engine.connect(
+            self.server.send,
+            *(a for a in SchedulerServer.ACTIONS if a not in LimitChangeLog.ACTIONS),
+        )
         engine.connect(self._limits_published(limits_file), act.LimitsPublished)
 
     def _limits_published(self, limits_file: LimitsFile) -> Any:
@@ -364,6 +375,8 @@ class Daemon:
         assert self.loop is not None and self._stopping is not None and self.server is not None
         if self.config.metrics and policy.metrics.enabled:
             self._start_metrics(policy)
+        if self.config.probe_address:
+            self._start_probes(self.config.probe_address)
         try:
             if self.config.node_name:
                 self._start_kube(policy)
@@ -409,6 +422,20 @@ class Daemon:
                 "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
                 "address or metrics.enabled to false",
                 policy.metrics.address,
+                exc.strerror or exc,
+            )
+
+    def _start_probes(self, address: str) -> None:
+        assert self.engine is not None
+        probes = LoopProbes(self.engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
+        try:
+            serve_probes(address=address, health=probes.health, readiness=probes.readiness)
+            log.info("probes on http://%s/healthz and /readyz", address)
+        except OSError as exc:
+            log.error(
+                "probes not served: cannot listen on %s (%s); kubelet will find this pod "
+                "unhealthy. Give --probe-address a free address",
+                address,
                 exc.strerror or exc,
             )
 
@@ -464,3 +491,21 @@ def run_daemon(config: DaemonConfig) -> int:
         stream=sys.stderr,
     )
     return asyncio.run(Daemon(config).run())
+
+
+def limit_context(core: NodeCore, client_id: int) -> LimitContext | None:
+    """Who a client is and what set its limits, for the log line of a limit change."""
+    c = core.state.clients.get(client_id)
+    if c is None:
+        return None
+    pod, source = core.state.pod_of(c.ident)
+    who = f"client {c.id} (pid {c.ident.pid})"
+    if pod is not None:
+        claimed = ", claimed" if source == "claimed" else ""
+        who = f"pod {pod.namespace}/{pod.name} (client {c.id}, pid {c.ident.pid}{claimed})"
+    sources = c.limits.sources
+    return LimitContext(
+        who=who,
+        memory_source=sources.get("memory", "default"),
+        core_source=sources.get("core", "default"),
+    )

@@ -6,12 +6,23 @@ and a curl show why. Each program gives its reasons; the node daemon's are asked
 loop itself (`LoopProbes`): a loop wedged by a blocking call does not answer within
 `LOOP_ANSWER_S`, /healthz fails, and kubelet restarts the daemon. A probe answered from a thread
 of its own would say "ok" while no hook is served.
+
+The probes are served with the metrics, and on a listener of their own (`serve_probes`,
+`--probe-address`) that does not depend on them: seed 003's deployments run with
+`NVSHARE_METRICS_ENABLE=0`, and a pod whose probes go with the metrics would never be ready.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from appliance.listen import DualStack, bind, split_address
+
+log = logging.getLogger("nvshare.probes")
 
 Reasons = Callable[[], list[str]]  # why not, one line each; empty when all is well
 
@@ -49,3 +60,63 @@ class LoopProbes:
             return list(self._read(reasons, timeout_s=LOOP_ANSWER_S))
         except Exception:  # a timeout, or a loop that is gone
             return [f"the event loop did not answer within {LOOP_ANSWER_S:g}s"]
+
+
+class _ProbeHandler(BaseHTTPRequestHandler):
+    server: ProbeServer
+    timeout = 10  # an idle connection does not hold its thread for longer
+
+    def do_GET(self) -> None:
+        probe = self.server.probes.get(self.path.split("?", 1)[0])
+        code, body = (404, b"not found\n") if probe is None else http_answer(probe())
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # kubelet asks every few seconds; the answers are what matters
+
+
+class ProbeServer(DualStack, ThreadingHTTPServer):
+    """/healthz and /readyz alone; a few connections at a time (kubelet opens one per probe),
+    so a flood of connections cannot take a thread each."""
+
+    daemon_threads = True
+    MAX_CONNECTIONS = 16
+
+    def __init__(self, address: tuple[str, int], *, health: Reasons, readiness: Reasons) -> None:
+        self.probes = {"/healthz": health, "/readyz": readiness}
+        self._slots = threading.BoundedSemaphore(self.MAX_CONNECTIONS)
+        super().__init__(address, _ProbeHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def serve_probes(*, address: str, health: Reasons, readiness: Reasons) -> ProbeServer:
+    """Serve /healthz and /readyz on `address` ("HOST:PORT"; "[::]:PORT" or ":PORT" for every
+    address of both families) in a daemon thread."""
+    host, port = split_address(address)
+    server = bind(
+        lambda at: ProbeServer(at, health=health, readiness=readiness),
+        host,
+        port,
+        what="probes",
+    )
+    threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
+    return server

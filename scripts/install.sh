@@ -147,7 +147,7 @@ install_files() {
      || compgen -G "$ROOT$POLICY_DIR/*.json" >/dev/null; then
     say "$POLICY_DIR already holds a policy; not adding the default one"
   else
-    act install -m 0644 "$REPO/configmaps/default/policy.yaml" "$ROOT$DEFAULT_POLICY"
+    act install -m 0644 "$REPO/configmaps/default/00-default.yaml" "$ROOT$DEFAULT_POLICY"
     if [ "$DRY_RUN" = 0 ]; then
       record conffile "$DEFAULT_POLICY" "$(sha256sum "$ROOT$DEFAULT_POLICY" | cut -d' ' -f1)"
     fi

@@ -71,6 +71,14 @@ from appliance.cli.common import (
     "place processes in pods) [env NVSHARE_PROC_ROOT].",
 )
 @click.option(
+    "--probe-address",
+    envvar="NVSHARE_PROBE_ADDRESS",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also serve /healthz and /readyz here, whether or not metrics are enabled "
+    "([::]:9403 in deploy/) [env NVSHARE_PROBE_ADDRESS]; without it, only with the metrics.",
+)
+@click.option(
     "--debug", is_flag=True, envvar="NVSHARE_DEBUG", help="Debug logging [env NVSHARE_DEBUG]."
 )
 @click.pass_context
@@ -86,6 +94,7 @@ def scheduler_main(
     hook_host_path: str,
     open_files: int,
     proc_root: Path,
+    probe_address: str | None,
     debug: bool,
 ) -> None:
     """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
@@ -104,6 +113,7 @@ def scheduler_main(
         hook_host_path=hook_host_path,
         open_files=open_files,
         proc_root=proc_root,
+        probe_address=probe_address,
         debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
     )
     sys.exit(run_daemon(config))

@@ -186,7 +186,8 @@ class Ledger:
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
         rt = self._s.policy.realtime_check
-        if rt.mode is RealtimeCheckMode.DISABLED or not self._realtime_enabled(c):
+        mode = rt.mode_for(pod_opt_in=self._realtime_opt_in(c))
+        if mode is RealtimeCheckMode.DISABLED:
             return False
         sample = self._free.get(c.gpu)
         if sample is None or now - sample.time > rt.max_sample_age_s:
@@ -203,7 +204,7 @@ class Ledger:
         if need <= available:
             return False
         free, margin = format_bytes(max(available, 0)), format_bytes(rt.safety_margin_bytes)
-        if rt.mode is RealtimeCheckMode.WARNING:
+        if mode is RealtimeCheckMode.WARNING:
             self._s.counters["realtime_warnings"] += 1
             log.warning(
                 "real-time check (warning): client %d wants %s, gpu %s has %s free beyond the "
@@ -228,13 +229,11 @@ class Ledger:
         )
         return True
 
-    def _realtime_enabled(self, c: Client) -> bool:
-        """The policy's default, unless the client's pod says otherwise by annotation."""
+    def _realtime_opt_in(self, c: Client) -> bool | None:
+        """What the client's pod says by annotation (None: nothing, the policy decides)."""
         pod, _ = self._s.pod_of(c.ident)
         override = self._s.pods.overrides_of(pod)
-        if override is not None and override.realtime_check is not None:
-            return override.realtime_check
-        return self._s.policy.realtime_check.enabled_by_default
+        return None if override is None else override.realtime_check
 
     def _observed(self, processes: Mapping[str, Mapping[int, int]]) -> list[act.Action]:
         """Tell each hook what NVML shows its process holding, so that memory which never

@@ -363,6 +363,7 @@ class PolicyView:
     files: tuple[str, ...]
     document: Mapping[str, Any]
     values: Mapping[str, tuple[Any, str]]  # JSON path -> (value, what set it)
+    overridden: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def policy_view(policy: Policy, directory: str) -> PolicyView:
@@ -375,6 +376,7 @@ def policy_view(policy: Policy, directory: str) -> PolicyView:
             path: (_lookup(policy.document, path), source)
             for path, source in sorted(policy.sources.items())
         },
+        overridden=dict(policy.overridden),
     )
 
 

@@ -16,9 +16,12 @@ NVIDIA_VISIBLE_DEVICES from unprivileged containers; the variable stays as the f
 runtimes without CDI.
 
 NVIDIA's own device plugin advertises the same GPUs as `nvidia.com/gpu`, whole. Both on one
-node would book a GPU twice, so while its socket (`nvidia-gpu.sock`) is in kubelet's
-directory this plugin reports all its devices unhealthy (kubelet then places no new pod on
-them) and says why.
+node would book a GPU twice, so while one of its sockets is in kubelet's directory this plugin
+reports all its devices unhealthy (kubelet then places no new pod on them) and says why. It
+names a socket after its resource, `nvidia-<resource>.sock`: `nvidia-gpu.sock`, but also
+`nvidia-gpu.shared.sock` (time-slicing with renamed resources) or `nvidia-a100.sock` (a
+resource renamed by its config). Its MIG sockets (`nvidia-mig-1g.10gb.sock`) serve GPUs in MIG
+mode, which this plugin never advertises, so they do not count.
 
 Kubelet deletes every socket in its device-plugins directory when it restarts and then
 recreates `kubelet.sock`; an inotify watch on the directory notices and the plugin serves
@@ -28,7 +31,9 @@ background; a change is streamed to kubelet through ListAndWatch.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
@@ -56,8 +61,10 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-# Sockets of device plugins that hand out the same GPUs whole: NVIDIA's k8s-device-plugin.
-FOREIGN_PLUGIN_SOCKETS = ("nvidia-gpu.sock",)
+# Sockets of device plugins that hand out the same GPUs whole: NVIDIA's k8s-device-plugin
+# (`nvidia-<resource>.sock`), except its MIG resources' sockets (GPUs we do not advertise).
+FOREIGN_PLUGIN_SOCKETS = ("nvidia-*.sock",)
+NOT_FOREIGN_SOCKETS = ("nvidia-mig-*.sock",)
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
@@ -164,9 +171,18 @@ class DevicePlugin:
         with self._changed:
             return self._devices
 
+    def _is_foreign(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self._foreign_sockets) and not any(
+            fnmatch.fnmatchcase(name, p) for p in NOT_FOREIGN_SOCKETS
+        )
+
     def _foreign_plugin(self) -> str | None:
         """The socket of a plugin that hands out these GPUs whole, when one is registered."""
-        present = next((s for s in self._foreign_sockets if (self.kubelet_dir / s).exists()), None)
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.kubelet_dir))
+        except OSError:  # kubelet's directory briefly gone while it restarts
+            names = []
+        present = next((name for name in names if self._is_foreign(name)), None)
         if present != self._foreign_seen:
             if present:
                 log.warning(
@@ -348,7 +364,7 @@ class DevicePlugin:
             pending = not self.register()
         timeout_ms = int(self._register_retry_s * 1000) if pending else 200
         for event in inotify.read(timeout=timeout_ms):
-            if event.name in self._foreign_sockets:
+            if self._is_foreign(event.name):
                 self._refresh_devices()
             elif event.name == KUBELET_SOCKET and event.mask & (flags.CREATE | flags.MOVED_TO):
                 # A new kubelet: it has wiped the directory, so serve again if our socket is

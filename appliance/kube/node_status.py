@@ -2,7 +2,8 @@
 
 The daemon samples NVML every second and offers each sample here; a thread of its own decides
 (`placement.status.publish_reason`: the first sample, a meaningful change, or a refresh when
-the last write gets old, never closer together than `minInterval`) and writes with one JSON
+the last write gets old, never closer together than `minInterval`; a change the rate bound
+held back is written as soon as `minInterval` has passed) and writes with one JSON
 merge patch of that single annotation, so a slow or failing API server never delays the
 scheduler and the Node's other fields are never touched. RBAC: `patch` on nodes, nothing more.
 
@@ -14,6 +15,7 @@ fall back for every pod, and a daemon that never comes back goes stale by itself
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,10 +29,12 @@ from appliance.gpu.nvml import GpuSample
 from appliance.kube.access import Permission, Permissions, is_forbidden
 from appliance.placement.status import (
     ANNOTATION,
+    FAILED_RETRY_S,
     GpuStatus,
     NodeGpuStatus,
     PublishState,
     encode,
+    held_until,
     publish_reason,
 )
 from appliance.policy.model import NodeStatusSettings
@@ -149,26 +153,35 @@ class NodeStatusPublisher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        held: Sequence[GpuSample] | None = None  # what the rate bound held back
+        due: float | None = None  # and when it may be written
         while True:
             with self._cond:
                 while self._pending is None and not self._stopping:
-                    self._cond.wait()
+                    wait = None if due is None else due - self._clock()
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
                 if self._stopping:
                     return
-                samples, self._pending = self._pending, None
+                samples, self._pending = self._pending or held, None
                 settings = self._settings
             assert samples is not None
-            self.consider(samples, settings)
+            due = self.consider(samples, settings)
+            held = samples if due is not None else None
 
-    def consider(self, samples: Sequence[GpuSample], settings: NodeStatusSettings) -> None:
-        """Decide on one sample and write it if it is time; on the caller's thread."""
+    def consider(self, samples: Sequence[GpuSample], settings: NodeStatusSettings) -> float | None:
+        """Decide on one sample and write it if it is time; on the caller's thread.
+
+        Returns when to look at this sample again: the time at which a write that the rate
+        bound held back is due (None: written, or nothing worth writing)."""
         if not settings.publish:
-            return
+            return None
         status = node_gpu_status(self.node_name, samples, self._inventory, settings)
         now = self._clock()
         reason = publish_reason(self.state, status, now=now, settings=settings)
         if reason is None:
-            return
+            return held_until(self.state, status, settings=settings)
         self.state = PublishState(self.state.written, self.state.written_at, attempted_at=now)
         body = {"metadata": {"annotations": {ANNOTATION: encode(status)}}}
         try:
@@ -184,15 +197,16 @@ class NodeStatusPublisher:
                 assert isinstance(exc, client.ApiException)
                 self._permissions.refused(PATCH_NODES, exc, who="GPU status on the Node")
             said = _describe(exc)
+            self.state = dataclasses.replace(self.state, failing=True)
             if said != self._failing:
                 log.warning(
                     "cannot publish GPU status on node %s: %s; retrying every %gs at most",
                     self.node_name,
                     said,
-                    settings.min_interval_s,
+                    max(settings.min_interval_s, FAILED_RETRY_S),
                 )
                 self._failing = said
-            return
+            return None
         if self._permissions is not None:
             self._permissions.granted(PATCH_NODES)
         if self._failing is not None:
@@ -202,3 +216,4 @@ class NodeStatusPublisher:
         self._publishes.labels(reason=reason.kind.value).inc()
         self._last.set(status.sampled_at)
         log.debug("published GPU status of %s (%s)", self.node_name, reason.detail)
+        return None

@@ -3,7 +3,8 @@
 A pod that asks for a MIG profile no node can give (say `nvidia.com/mig-3g.40gb`) pends until
 one frees up. When the policy lists that profile in a `migFallback.chains` chain, this webhook
 rewrites the pod at CREATE to the next profile in the chain that some node has free, and
-annotates the pod with what it did (`nvshare.com/mig-fallback: "3g.40gb->2g.20gb"`), so the
+annotates the pod with what it did (`nvshare.com/mig-fallback: "3g.40gb->2g.20gb"`; the key is
+the policy's `migFallback.annotation`, say seed 004's `gpu-webhook.k8s.io/fallback`), so the
 user can see why their pod got a smaller slice.
 
 It must never be the reason a pod is refused: every error of ours (API server unreachable,
@@ -14,12 +15,14 @@ uses `failurePolicy: Ignore` for the case where the webhook is down altogether.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.kube.resources import pod_request
 from appliance.kube.resources import resource_count as _count
@@ -36,6 +39,18 @@ WARNING_MAX_CHARS = 250
 
 Chains = Sequence[Sequence[str]]
 Availability = Callable[[str, int], bool]  # (resource name, count) -> some node has it free
+
+
+class MigCapacity(Protocol):
+    """Where the webhook learns what is free and records what it admitted.
+
+    `reserve` must make the admitted pod count against what is free from then on, so that the
+    next review (of the same burst, before anything is bound) sees it taken.
+    """
+
+    def __call__(self, resource: str, count: int) -> bool: ...
+
+    def reserve(self, *, admission: str, pod: Mapping[str, Any], namespace: str = "") -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +118,28 @@ def choose_fallbacks(
     return fallbacks, warnings
 
 
+def apply_fallbacks(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> dict[str, Any]:
+    """The pod as `fallback_patch` leaves it (its resources; annotations are not needed)."""
+    result = copy.deepcopy(dict(pod))
+    spec = result.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            values = resources.get(section) or {}
+            for fallback in fallbacks:
+                if fallback.requested in values:
+                    amount = _count(values.pop(fallback.requested))
+                    values[fallback.granted] = str(amount + _count(values.get(fallback.granted, 0)))
+    return result
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> list[dict[str, Any]]:
+def fallback_patch(
+    pod: Mapping[str, Any], fallbacks: Sequence[Fallback], *, annotation: str = FALLBACK_ANNOTATION
+) -> list[dict[str, Any]]:
     """RFC 6902 operations that move every request/limit and add the annotation."""
     ops: list[dict[str, Any]] = []
     spec = pod.get("spec") or {}
@@ -132,14 +164,12 @@ def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> lis
                     )
     summary = ",".join(f.summary for f in fallbacks)
     if (pod.get("metadata") or {}).get("annotations") is None:
-        ops.append(
-            {"op": "add", "path": "/metadata/annotations", "value": {FALLBACK_ANNOTATION: summary}}
-        )
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {annotation: summary}})
     else:
         ops.append(
             {
                 "op": "add",
-                "path": f"/metadata/annotations/{_escape(FALLBACK_ANNOTATION)}",
+                "path": f"/metadata/annotations/{_escape(annotation)}",
                 "value": summary,
             }
         )
@@ -147,11 +177,24 @@ def fallback_patch(pod: Mapping[str, Any], fallbacks: Sequence[Fallback]) -> lis
 
 
 class MigFallbackWebhook:
-    """AdmissionReview in, AdmissionReview out; no I/O except through `available`."""
+    """AdmissionReview in, AdmissionReview out; no I/O except through `capacity`.
 
-    def __init__(self, *, chains: Callable[[], Chains], available: Availability) -> None:
+    Reviews arrive on many connections at once (a burst of pods); the decision and the
+    reservation of what it admitted happen under one lock, so two reviews never both take the
+    last free device of a profile.
+    """
+
+    def __init__(
+        self,
+        *,
+        chains: Callable[[], Chains],
+        capacity: MigCapacity,
+        annotation: Callable[[], str] = lambda: FALLBACK_ANNOTATION,
+    ) -> None:
         self._chains = chains
-        self._available = available
+        self._capacity = capacity
+        self._annotation = annotation
+        self._deciding = threading.Lock()
 
     def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
         request = body.get("request") or {}
@@ -183,15 +226,21 @@ class MigFallbackWebhook:
             return
         if not requested_mig_resources(pod):
             return
-        fallbacks, warnings = choose_fallbacks(
-            pod, chains=self._chains(), available=self._available
-        )
+        chains = self._chains()
+        with self._deciding:
+            fallbacks, warnings = choose_fallbacks(pod, chains=chains, available=self._capacity)
+            if not request.get("dryRun"):  # a dry run creates nothing: nothing to hold
+                self._capacity.reserve(
+                    admission=str(request.get("uid", "")),
+                    pod=apply_fallbacks(pod, fallbacks),
+                    namespace=str(request.get("namespace") or ""),
+                )
         if warnings:
             response["warnings"] = [warning_text(w) for w in warnings]
             for warning in warnings:
                 log.warning("pod %s: %s", _pod_name(request), warning)
         if fallbacks:
-            patch = fallback_patch(pod, fallbacks)
+            patch = fallback_patch(pod, fallbacks, annotation=self._annotation())
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
             log.info(

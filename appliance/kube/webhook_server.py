@@ -14,7 +14,7 @@ from typing import Any
 
 from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.serving import CacheBackedServer, ProbedHandler
-from appliance.kube.webhook import Chains, MigFallbackWebhook
+from appliance.kube.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
 from appliance.listen import EVERY_ADDRESS, bind
 from appliance.policy.watch import PolicyWatcher
 
@@ -156,6 +156,10 @@ class PolicyChains:
         good = self.watcher.last_good
         return good.mig_fallback.chains if good is not None else ()
 
+    def annotation(self) -> str:
+        good = self.watcher.last_good
+        return good.mig_fallback.annotation if good is not None else FALLBACK_ANNOTATION
+
     def not_ready(self) -> list[str]:
         if self.watcher.last_good is None:
             return [f"no valid policy in {self.watcher.directory} yet (see the log)"]
@@ -180,7 +184,9 @@ def build_webhook_server(
     chains = PolicyChains(policy_dir)
     server = bind(
         lambda at: WebhookServer(
-            webhook=MigFallbackWebhook(chains=chains, available=inventory),
+            webhook=MigFallbackWebhook(
+                chains=chains, capacity=inventory, annotation=chains.annotation
+            ),
             cert_file=Path(cert_file),
             key_file=Path(key_file),
             host=at[0],

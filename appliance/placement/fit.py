@@ -71,20 +71,10 @@ class NodeVerdict:
 def check_mode(
     policy: Policy, *, switch: bool | None, pod_opt_in: bool | None
 ) -> RealtimeCheckMode:
-    """The mode for one pod: the policy's mode, the extender's on/off switch, the pod's opt-in.
-
-    `switch` False turns the check off; True turns it on (as `strict` where the policy says
-    `disabled`). A pod's annotation only opts out of (or, with `enabledByDefault: false`, into)
-    a check that is on.
-    """
-    rt = policy.realtime_check
-    mode = rt.mode
-    if switch is False:
-        return RealtimeCheckMode.DISABLED
-    if switch is True and mode is RealtimeCheckMode.DISABLED:
-        mode = RealtimeCheckMode.STRICT
-    enabled = rt.enabled_by_default if pod_opt_in is None else pod_opt_in
-    return mode if enabled else RealtimeCheckMode.DISABLED
+    """The mode for one pod: the policy's mode, the extender's on/off switch, the pod's opt-in,
+    with HAMi's meaning (`RealtimeCheck.mode_for`): a pod's "true" opts in while the check is
+    off by default, and a mode set to disabled stays disabled whatever the switch says."""
+    return policy.realtime_check.mode_for(pod_opt_in=pod_opt_in, switch=switch)
 
 
 def _mib(n: int) -> str:

@@ -204,6 +204,7 @@ class PublishState:
     written: NodeGpuStatus | None = None
     written_at: float | None = None
     attempted_at: float | None = None
+    failing: bool = False  # the last attempt failed: the next waits FAILED_RETRY_S at least
 
 
 def _change(before: NodeGpuStatus, now: NodeGpuStatus, memory_change: int) -> str | None:
@@ -226,16 +227,25 @@ def _change(before: NodeGpuStatus, now: NodeGpuStatus, memory_change: int) -> st
     return None
 
 
+FAILED_RETRY_S = 5.0  # a failing API server is not asked again sooner, whatever minInterval
+
+
+def _pause(state: PublishState, settings: NodeStatusSettings) -> float:
+    if state.failing:
+        return max(settings.min_interval_s, FAILED_RETRY_S)
+    return settings.min_interval_s
+
+
 def publish_reason(
     state: PublishState, current: NodeGpuStatus, *, now: float, settings: NodeStatusSettings
 ) -> PublishReason | None:
     """Why `current` should be written now, or None to leave the Node alone.
 
-    Never twice within `min_interval_s` of the last attempt (a failing API server is not
-    hammered either); otherwise on the first write, on a meaningful change against what the
-    Node says now, or when the last successful write is `refresh_interval_s` old.
+    Never twice within `min_interval_s` of the last attempt (nor within `FAILED_RETRY_S` of a
+    failed one); otherwise on the first write, on a meaningful change against what the Node
+    says now, or when the last successful write is `refresh_interval_s` old.
     """
-    if state.attempted_at is not None and now - state.attempted_at < settings.min_interval_s:
+    if state.attempted_at is not None and now - state.attempted_at < _pause(state, settings):
         return None
     if state.written is None or state.written_at is None:
         return PublishReason(PublishKind.FIRST, "nothing published yet")
@@ -245,3 +255,14 @@ def publish_reason(
     if now - state.written_at >= settings.refresh_interval_s:
         return PublishReason(PublishKind.REFRESH, f"last write {now - state.written_at:.0f}s ago")
     return None
+
+
+def held_until(
+    state: PublishState, current: NodeGpuStatus, *, settings: NodeStatusSettings
+) -> float | None:
+    """When `current`, held back by the rate bound, is due to be written; None when it would
+    not be written then either (nothing meaningful changed)."""
+    if state.attempted_at is None:
+        return None
+    due = state.attempted_at + _pause(state, settings)
+    return due if publish_reason(state, current, now=due, settings=settings) else None

@@ -7,6 +7,7 @@ reads the frozen model and never sees a string such as "4Gi".
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from appliance.policy import model
@@ -28,7 +29,7 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
         version=doc["version"],
         scheduler=_scheduler(doc["scheduler"]),
         memory=_memory(doc["memory"]),
-        realtime_check=_realtime_check(doc["realtimeCheck"]),
+        realtime_check=_realtime_check(doc["realtimeCheck"], merge.sources),
         unhooked_processes=model.UnhookedProcesses(
             grace_s=parse_seconds(doc["unhookedProcesses"]["grace"])
         ),
@@ -43,7 +44,8 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
             resource_name=doc["devicePlugin"]["resourceName"],
         ),
         mig_fallback=model.MigFallback(
-            chains=tuple(tuple(chain) for chain in doc["migFallback"]["chains"])
+            chains=tuple(tuple(chain) for chain in doc["migFallback"]["chains"]),
+            annotation=doc["migFallback"]["annotation"],
         ),
         metrics=model.MetricsSettings(
             enabled=doc["metrics"]["enabled"], address=doc["metrics"]["address"]
@@ -56,6 +58,7 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
             per_uid=doc["connections"]["perUid"], per_pod=doc["connections"]["perPod"]
         ),
         sources=dict(merge.sources),
+        overridden={path: tuple(files) for path, files in merge.overridden.items()},
         document=copy.deepcopy(doc),
         files=tuple(f.name for f in snapshot.files),
         content_hash=snapshot.content_hash,
@@ -90,8 +93,10 @@ def _memory(mem: dict[str, Any]) -> model.MemorySettings:
     )
 
 
-def _realtime_check(rt: dict[str, Any]) -> model.RealtimeCheck:
+def _realtime_check(rt: dict[str, Any], sources: Mapping[str, str]) -> model.RealtimeCheck:
     status = rt["nodeStatus"]
+    mode_from = sources.get("/realtimeCheck/mode", "default")
+    enabled_from = sources.get("/realtimeCheck/enabledByDefault", "default")
     return model.RealtimeCheck(
         mode=model.RealtimeCheckMode(rt["mode"]),
         safety_margin_bytes=parse_size(rt["safetyMargin"]),
@@ -103,6 +108,8 @@ def _realtime_check(rt: dict[str, Any]) -> model.RealtimeCheck:
             refresh_interval_s=parse_seconds(status["refreshInterval"]),
             memory_change_bytes=parse_size(status["memoryChange"]),
         ),
+        mode_set=mode_from != "default",
+        enabled_set=enabled_from != "default",
     )
 
 

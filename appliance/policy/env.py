@@ -59,6 +59,10 @@ ENV_OVERRIDES: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("NVSHARE_METRICS_ENABLE", "/metrics/enabled", _flag),
     ("NVSHARE_REALTIME_CHECK_MODE", "/realtimeCheck/mode", _realtime_mode),
     ("HAMI_REALTIME_CHECK_MODE", "/realtimeCheck/mode", _realtime_mode),
+    # HAMi's global switch: on for every pod whose annotation does not say otherwise (in
+    # strict unless a mode is set), off for every pod that does not opt in.
+    ("NVSHARE_ENABLE_REALTIME_CHECK", "/realtimeCheck/enabledByDefault", _flag),
+    ("HAMI_ENABLE_REALTIME_CHECK", "/realtimeCheck/enabledByDefault", _flag),
 )
 
 

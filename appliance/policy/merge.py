@@ -34,11 +34,18 @@ class Merge:
         self.value: dict[str, Any] = schema.default_document()
         self.sources: dict[str, str] = {}
         self.items: dict[str, tuple[str, str]] = {}  # "/rules/3" -> ("20-b.yaml", "/rules/1")
+        # "/scheduler/timeQuantum" -> ["00-default.yaml"]: earlier files whose value for that
+        # path a later file (or the environment) replaced, oldest first; `policy explain`.
+        self.overridden: dict[str, list[str]] = {}
         _record(self.value, "", "default", self.sources)
 
-    def _forget(self, path: str) -> None:
+    def _forget(self, path: str, *, by: str = "") -> None:
         for key in [k for k in self.sources if k == path or k.startswith(path + "/")]:
-            del self.sources[key]
+            earlier = self.sources.pop(key)
+            inherited = self.overridden.pop(key, [])
+            if by and earlier not in ("default", by):
+                losers = self.overridden.setdefault(path, [])
+                losers.extend(f for f in [*inherited, earlier] if f not in losers)
 
     def apply(
         self,
@@ -62,7 +69,7 @@ class Merge:
             elif isinstance(value, dict) and isinstance(target.get(key), dict):
                 self.apply(value, source, target=target[key], path=child)
             else:
-                self._forget(child)
+                self._forget(child, by=source)
                 target[key] = copy.deepcopy(value)
                 _record(value, child, source, self.sources)
 
@@ -72,7 +79,7 @@ class Merge:
         for part in parents:
             node = node[part]
         node[last] = value
-        self._forget(json_path)
+        self._forget(json_path, by=source)
         self.sources[json_path] = source
 
     def locate(self, json_path: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ frozen values and never sees a raw YAML string such as "4Gi".
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -86,18 +87,60 @@ class NodeStatusSettings:
     """How the node daemon publishes its GPUs' real status for the scheduler extender."""
 
     publish: bool = True
-    min_interval_s: float = 5.0
+    min_interval_s: float = 0.5
     refresh_interval_s: float = 60.0
-    memory_change_bytes: int = 256 << 20
+    memory_change_bytes: int = 100 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class RealtimeCheck:
+    """The real-time memory check, with HAMi's meaning for its settings (`mode_for`).
+
+    `mode_set` / `enabled_set`: whether a policy file or the environment said so, rather than
+    the schema's default. Left unset, the check is off, and whatever turns it on (a pod's
+    annotation, the switch, `enabledByDefault: true`) turns it on in `strict`, HAMi's default.
+    """
+
     mode: RealtimeCheckMode = RealtimeCheckMode.DISABLED
     safety_margin_bytes: int = 100 << 20
     enabled_by_default: bool = True
     max_sample_age_s: float = 5.0
     node_status: NodeStatusSettings = NodeStatusSettings()
+    mode_set: bool = False
+    enabled_set: bool = False
+
+    def published(self) -> NodeStatusSettings:
+        """How the node publishes: a used-memory change as large as the safety margin is
+        meaningful whatever `memoryChange` says, since a view off by more than the margin
+        lets the extender pass a node that is short."""
+        change = min(self.node_status.memory_change_bytes, self.safety_margin_bytes)
+        return dataclasses.replace(self.node_status, memory_change_bytes=max(change, 1))
+
+    def mode_for(self, *, pod_opt_in: bool | None, switch: bool | None = None) -> RealtimeCheckMode:
+        """The mode for one pod or client, as HAMi decides it.
+
+        A mode set to `disabled` (HAMI_REALTIME_CHECK_MODE=disabled) skips the check for
+        everyone. Otherwise the check applies where the pod's annotation
+        (`hami.io/enable-realtime-check`) says "true", or, without one, where the switch
+        (`--enable-realtime-check`, HAMI_ENABLE_REALTIME_CHECK) says on, or, without that,
+        where `enabledByDefault` set in a file says so, or else where a mode other than
+        disabled is set. It then runs in the set mode, or `strict` where none is set.
+        """
+        if self.mode is RealtimeCheckMode.DISABLED and self.mode_set:
+            return RealtimeCheckMode.DISABLED
+        if pod_opt_in is not None:
+            on = pod_opt_in
+        elif switch is not None:
+            on = switch
+        elif self.enabled_set:
+            on = self.enabled_by_default
+        else:
+            on = self.enabled_by_default and self.mode is not RealtimeCheckMode.DISABLED
+        if not on:
+            return RealtimeCheckMode.DISABLED
+        if self.mode is RealtimeCheckMode.DISABLED:
+            return RealtimeCheckMode.STRICT
+        return self.mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +219,7 @@ class DevicePluginSettings:
 @dataclass(frozen=True, slots=True)
 class MigFallback:
     chains: tuple[tuple[str, ...], ...] = ()
+    annotation: str = "nvshare.com/mig-fallback"  # what the webhook writes on a rewritten pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +263,8 @@ class Policy:
     # Provenance: JSON path of each value ("/scheduler/timeQuantum") -> where it came from
     # ("10-team.yaml", "env NVSHARE_COMPUTE_WINDOW_MS" or "default").
     sources: Mapping[str, str] = field(default_factory=dict)
+    # What each of those replaced: JSON path -> the earlier files that set it too, oldest first.
+    overridden: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # The merged document as the schema names it (camelCase, quantities as written), for
     # `nvsharectl policy show`; everything else reads the typed fields above.
     document: Mapping[str, Any] = field(default_factory=dict)

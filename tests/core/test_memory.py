@@ -5,7 +5,7 @@ from __future__ import annotations
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
-from appliance.core.annotations import MEMORY_LIMIT, REALTIME_CHECK, PodInfo
+from appliance.core.annotations import HAMI_REALTIME_CHECK, MEMORY_LIMIT, REALTIME_CHECK, PodInfo
 from appliance.core.events import LimitTarget
 from appliance.core.ledger import CONTEXT_ALLOWANCE_BYTES
 from appliance.core.node import NodeCore
@@ -126,6 +126,18 @@ def test_realtime_check_skips_stale_samples_and_honours_pod_opt_out() -> None:
     h.now += 10  # the sample is now too old to trust: granted, and counted
     assert grant(h, b, 200 * MiB) == 200 * MiB
     assert h.state.counters["realtime_skipped"] == 1
+
+
+def test_a_pod_opts_in_with_hamis_annotation_while_the_check_is_off() -> None:
+    h = harness(realtime_check=RealtimeCheck())  # nothing set: the check is off
+    h.feed(ev.PodSeen(PodInfo("a", "ns", "p", "n", annotations={HAMI_REALTIME_CHECK: "true"})))
+    a, b = h.register(pod_uid="a"), h.register()
+    h.feed(ev.GpuFreeMemory({GPU: 10 * MiB}))
+    assert grant(h, a, 200 * MiB) == 0  # opted in: strict, HAMi's default mode
+    assert grant(h, b, 200 * MiB) == 200 * MiB
+    disabled = RealtimeCheck(mode=RealtimeCheckMode.DISABLED, mode_set=True)
+    h.feed(ev.PolicyChanged(Policy(realtime_check=disabled)))
+    assert grant(h, a, 200 * MiB) == 200 * MiB  # a mode set to disabled skips the check
 
 
 def test_reported_usage_counts_even_where_no_reservation_covers_it() -> None:

@@ -160,6 +160,38 @@ def test_show_and_explain_say_where_each_value_came_from(tmp_path: Path) -> None
         d.stop()
 
 
+def test_explain_without_a_client_says_which_file_won_each_field(tmp_path: Path) -> None:
+    policy_dir = tmp_path / "policy"
+    policy_dir.mkdir()
+    (policy_dir / "00-default.yaml").write_text(
+        (ROOT / "configmaps/default/00-default.yaml").read_text()
+    )
+    (policy_dir / "10-site.yaml").write_text("realtimeCheck: {mode: warning}\n")
+    (policy_dir / "30-realtime.yaml").write_text(
+        "realtimeCheck: {mode: strict, safetyMargin: 200Mi}\n"
+    )
+    d = start_daemon(tmp_path)
+    try:
+        explain = ctl(d, "policy", "explain")
+        assert explain.returncode == 0, explain.stderr
+        lines = explain.stdout.splitlines()
+        assert lines[0] == (
+            "# files in merge order (a later one wins): 00-default.yaml, 10-site.yaml, "
+            "30-realtime.yaml, zz-test-metrics.yaml"
+        )
+        assert (
+            '/realtimeCheck/mode = "strict"    # 30-realtime.yaml (overrides 10-site.yaml)' in lines
+        )
+        assert '/realtimeCheck/safetyMargin = "200Mi"    # 30-realtime.yaml' in lines
+        assert not [line for line in lines if "/scheduler/" in line]  # defaults: not listed
+        show = ctl(d, "policy", "show").stdout
+        assert (
+            '/realtimeCheck/mode = "strict"    # 30-realtime.yaml (overrides 10-site.yaml)' in show
+        )
+    finally:
+        d.stop()
+
+
 def test_limit_set_and_clear_from_the_cli(daemon: RunningDaemon) -> None:
     c = registered(daemon)
     r = ctl(daemon, "limit", "set", "--pid", str(os.getpid()), "512")  # bare number: MiB
@@ -170,6 +202,11 @@ def test_limit_set_and_clear_from_the_cli(daemon: RunningDaemon) -> None:
     assert r.returncode == 0
     _, update = c.receive()
     assert update.limits.mem_limit == 0
+    # One log line per change pushed to the hook: who, old -> new, and what set it.
+    changes = [line for line in daemon.output().splitlines() if "limits of client" in line]
+    assert len(changes) == 2, changes
+    assert f"(pid {os.getpid()}): memory unlimited -> 512Mi (from nvsharectl" in changes[0]
+    assert "memory 512Mi -> unlimited (from " in changes[1]
     r = ctl(daemon, "limit", "set", "--pid", "5", "--core", "0")
     assert r.returncode == 2  # click refuses 0 before anything is sent
 

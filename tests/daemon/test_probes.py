@@ -57,6 +57,23 @@ def test_a_wedged_event_loop_fails_healthz_and_a_running_one_passes_on_both_fami
     assert run_with(daemon, body) == 0
 
 
+def test_probes_answer_on_their_own_address_with_metrics_disabled(tmp_path: Path) -> None:
+    """Seed 003's deployments set NVSHARE_METRICS_ENABLE=0; kubelet must still get answers."""
+    metrics, probes = free_port(), free_port()
+    policy = f"metrics: {{enabled: false, address: '[::]:{metrics}'}}\n"
+    daemon = Daemon(
+        daemon_config(tmp_path, policy, probe_address=f"[::]:{probes}"), nvml=without_nvml()
+    )
+
+    def body(d: Daemon) -> None:
+        eventually(lambda: probe(probes, "/healthz")[0] == 200, "the daemon serving probes")
+        assert probe(probes, "/readyz") == (200, "ok\n")
+        assert probe(probes, "/metrics")[0] == 404  # only the probes here
+        assert probe(metrics, "/healthz")[0] == 0  # metrics off: nothing listens there
+
+    assert run_with(daemon, body) == 0
+
+
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeApiServer:
     fake = FakeApiServer().start()

@@ -103,6 +103,9 @@ def test_annotations_reach_running_pods(cluster: tuple[FakeApiServer, RunningDae
     assert explain.returncode == 0, explain.stderr
     assert "pod team/pod-a (claimed)" in explain.stdout
     assert "memory: 4Gi (from annotation)" in explain.stdout
+    # Seed 000's log line: one per change, old -> new, and what set it.
+    said = [line for line in d.output().splitlines() if "limits of pod team/pod-a" in line]
+    assert any("memory 1Gi -> 4Gi (from annotation)" in line for line in said), said
 
     for i in range(20):
         value = "1Gi" if i % 2 == 0 else "4Gi"

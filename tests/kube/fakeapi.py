@@ -20,11 +20,15 @@ server where it matters to them, including where it says no:
 * merge, strategic-merge and JSON patches; optimistic concurrency on PUT and PATCH; the
   discovery endpoints kubectl reads.
 
+Defaulting is what the tests need of it: resource quantities are stored as strings, and a new
+pod's requests default to its limits and its phase to Pending.
+
 What it does not do (and says so here rather than pretending): no validation of object
 schemas, no validating admission, strategic-merge patches replace lists instead of merging
 them by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
 contents. Resources: pods (with pods/status), nodes (with nodes/status), events, configmaps,
-namespaces; all core/v1.
+namespaces (core/v1); deployments and replicasets (apps/v1) and jobs (batch/v1), stored and
+watched like the others, with no controller inside: `mig_cluster.Controllers` is one.
 
 Use it in-process (`FakeApiServer().start()`, or the `fake_api` fixture in conftest.py), or
 standalone: `python tests/kube/fakeapi.py --port 8080 [--seed-node n1 --seed-pods 100]`.
@@ -61,8 +65,29 @@ RESOURCES: dict[str, tuple[str, bool, list[str]]] = {
     "events": ("Event", True, ["ev"]),
     "configmaps": ("ConfigMap", True, ["cm"]),
     "namespaces": ("Namespace", False, ["ns"]),
+    "deployments": ("Deployment", True, ["deploy"]),
+    "replicasets": ("ReplicaSet", True, ["rs"]),
+    "jobs": ("Job", True, []),
 }
-SUBRESOURCES = {("pods", "status"), ("nodes", "status")}
+# The API group and version each resource is served under ("v1": the core group).
+GROUP_VERSIONS: dict[str, str] = {
+    "deployments": "apps/v1",
+    "replicasets": "apps/v1",
+    "jobs": "batch/v1",
+}
+
+
+def api_version(plural: str) -> str:
+    return GROUP_VERSIONS.get(plural, "v1")
+
+
+SUBRESOURCES = {
+    ("pods", "status"),
+    ("nodes", "status"),
+    ("deployments", "status"),
+    ("replicasets", "status"),
+    ("jobs", "status"),
+}
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 ADMIN = "kubernetes-admin"  # who a request without credentials is
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
@@ -258,6 +283,9 @@ FIELD_LABELS: dict[str, dict[str, str]] = {
     },
     "namespaces": {"status.phase": "status.phase"},
     "configmaps": {},
+    "deployments": {},
+    "replicasets": {"status.replicas": "status.replicas"},
+    "jobs": {"status.successful": "status.succeeded"},
 }
 
 
@@ -719,7 +747,7 @@ class Store:
             if key in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
             self.rv += 1
-            obj["kind"], obj["apiVersion"] = kind, "v1"
+            obj["kind"], obj["apiVersion"] = kind, api_version(plural)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
             meta["resourceVersion"] = str(self.rv)
@@ -749,7 +777,7 @@ class Store:
             for immutable in ("uid", "creationTimestamp", "name", "namespace"):
                 if immutable in old["metadata"]:
                     meta[immutable] = old["metadata"][immutable]
-            obj["kind"], obj["apiVersion"] = old["kind"], "v1"
+            obj["kind"], obj["apiVersion"] = old["kind"], old["apiVersion"]
             meta["resourceVersion"] = old["metadata"]["resourceVersion"]
             if obj == old:  # a no-op write neither bumps the version nor wakes watchers
                 return copy.deepcopy(old)
@@ -872,20 +900,25 @@ class _Handler(BaseHTTPRequestHandler):
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of clients connecting at once, as controllers do
     fake: FakeApiServer
 
 
 def _route(path: str) -> tuple[str, str, str, str]:
-    """/api/v1[/namespaces/NS]/PLURAL[/NAME[/SUB]] -> (plural, namespace, name, subresource)."""
+    """/api/v1[/namespaces/NS]/PLURAL[/NAME[/SUB]] (or /apis/GROUP/VERSION/... for the
+    resources of GROUP_VERSIONS) -> (plural, namespace, name, subresource)."""
     parts = [p for p in path.split("/") if p]
-    if parts[:2] != ["api", "v1"] or len(parts) < 3:
+    if parts[:2] == ["api", "v1"] and len(parts) >= 3:
+        served, rest = "v1", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        served, rest = "/".join(parts[1:3]), parts[3:]
+    else:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
-    rest = parts[2:]
     namespace = ""
     if rest[0] == "namespaces" and len(rest) >= 3:
         namespace, rest = rest[1], rest[2:]
     plural = rest[0]
-    if plural not in RESOURCES:
+    if plural not in RESOURCES or api_version(plural) != served:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
     name = rest[1] if len(rest) > 1 else ""
     sub = rest[2] if len(rest) > 2 else ""
@@ -932,7 +965,12 @@ class FakeApiServer:
         self.discovery: dict[str, Callable[[], Obj]] = {
             "/api": self._api_versions,
             "/api/v1": self._api_v1,
-            "/apis": lambda: {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+            "/apis": self._api_groups,
+            **{
+                f"/apis/{gv}": lambda gv=gv: self._api_resources(gv)
+                for gv in {"apps/v1", "batch/v1"}
+            },
+            **{f"/apis/{g}": lambda g=g: self._api_group(g) for g in ("apps", "batch")},
             "/version": lambda: {
                 "major": "1",
                 "minor": "32",
@@ -1125,9 +1163,28 @@ class FakeApiServer:
             ],
         }
 
+    def _api_group(self, group: str) -> Obj:
+        version = {"groupVersion": f"{group}/v1", "version": "v1"}
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": [version],
+            "preferredVersion": version,
+        }
+
+    def _api_groups(self) -> Obj:
+        groups = [self._api_group(g) for g in ("apps", "batch")]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
     def _api_v1(self) -> Obj:
+        return self._api_resources("v1")
+
+    def _api_resources(self, group_version: str) -> Obj:
         resources: list[Obj] = []
         for plural, (kind, namespaced, short) in RESOURCES.items():
+            if api_version(plural) != group_version:
+                continue
             resources.append(
                 {
                     "name": plural,
@@ -1148,7 +1205,7 @@ class FakeApiServer:
                         "verbs": ["get", "patch", "update"],
                     }
                 )
-        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+        return {"kind": "APIResourceList", "groupVersion": group_version, "resources": resources}
 
     # ---- REST
 
@@ -1221,8 +1278,11 @@ class FakeApiServer:
             raise _forbidden(user, verb, resource, namespace)
 
     def _create(self, h: _Handler, plural: str, namespace: str, body: Obj) -> Obj:
-        """Mutating admission, then the write, as kube-apiserver orders them."""
+        """Defaulting, mutating admission, then the write, as kube-apiserver orders them."""
         obj = copy.deepcopy(body)
+        _quantities_as_written(obj)
+        if plural == "pods":
+            _default_pod(obj)
         meta = obj.setdefault("metadata", {})
         if RESOURCES[plural][1]:
             meta["namespace"] = namespace
@@ -1296,7 +1356,12 @@ class FakeApiServer:
             o.pop("kind", None)
             o.pop("apiVersion", None)
         kind = RESOURCES[plural][0]
-        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata, "items": items}
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": api_version(plural),
+            "metadata": metadata,
+            "items": items,
+        }
 
     def _watch(self, h: _Handler, plural: str, namespace: str, query: dict[str, str]) -> None:
         fmatch = field_matcher(query.get("fieldSelector"), plural)
@@ -1361,7 +1426,11 @@ class FakeApiServer:
                             out.append(
                                 {
                                     "type": "BOOKMARK",
-                                    "object": {"kind": kind, "apiVersion": "v1", "metadata": meta},
+                                    "object": {
+                                        "kind": kind,
+                                        "apiVersion": api_version(plural),
+                                        "metadata": meta,
+                                    },
                                 }
                             )
                         continue
@@ -1420,6 +1489,41 @@ class FakeApiServer:
                     next_bookmark = now + self.bookmark_interval_s
                     batch.append({"type": "BOOKMARK", "rv": str(cursor)})
             yield batch
+
+
+def _quantities_as_written(obj: Any) -> None:
+    """Resource quantities as the API server stores and returns them: strings (`1` -> "1"),
+    in a pod's containers and in the pod templates of workloads alike."""
+    if isinstance(obj, dict):
+        resources = obj.get("resources")
+        if isinstance(resources, dict):
+            for section in ("limits", "requests"):
+                values = resources.get(section)
+                if isinstance(values, dict):
+                    for name, value in values.items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            values[name] = str(value)
+        for value in obj.values():
+            _quantities_as_written(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            _quantities_as_written(value)
+
+
+def _default_pod(pod: Obj) -> None:
+    """What the API server's defaulting does to a new pod that matters here: a container's
+    requests default to its limits (for extended resources a pod may give only limits), and a
+    pod starts Pending."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        if limits:
+            requests = resources.setdefault("requests", {})
+            for name, value in limits.items():
+                requests.setdefault(name, value)
+    status = pod.setdefault("status", {})
+    status.setdefault("phase", "Pending")
 
 
 def _apply_patch(cur: Obj, content_type: str, body: Any) -> Obj:

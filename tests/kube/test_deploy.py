@@ -80,8 +80,8 @@ def test_kustomize_builds_one_namespace_with_the_policy_configmap() -> None:
         }:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
     policy = one("ConfigMap", "nvshare-policy")  # no hash suffix: updates hot-reload in place
-    source = ROOT / "configmaps" / "default" / "policy.yaml"
-    assert policy["data"] == {"policy.yaml": source.read_text(encoding="utf-8")}
+    source = ROOT / "configmaps" / "default" / "00-default.yaml"
+    assert policy["data"] == {"00-default.yaml": source.read_text(encoding="utf-8")}
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -89,6 +89,30 @@ def test_every_object_validates_strictly_against_the_kubernetes_schema(version: 
     assert objects(), "nothing rendered"
     for obj in objects():
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+CRITICAL_CLASSES = {"system-node-critical", "system-cluster-critical"}
+
+
+def test_every_critical_priority_class_used_has_a_quota_scoped_to_it_in_the_namespace() -> None:
+    """GKE (and any cluster limiting critical classes in its ResourceQuota admission config)
+    refuses a pod of a critical class in a namespace without such a quota: the DaemonSet would
+    create no pod at all."""
+    used = {
+        spec["priorityClassName"]
+        for _, spec in pod_specs()
+        if spec.get("priorityClassName") in CRITICAL_CLASSES
+    }
+    assert used == {"system-node-critical"}
+    covered: dict[str, int] = {}
+    for quota in objects("ResourceQuota"):
+        assert quota["metadata"].get("namespace", NAMESPACE) == NAMESPACE
+        for expression in quota["spec"]["scopeSelector"]["matchExpressions"]:
+            if expression["scopeName"] == "PriorityClass" and expression["operator"] == "In":
+                for name in expression["values"]:
+                    covered[name] = int(quota["spec"]["hard"]["pods"])
+    assert used <= covered.keys()
+    assert min(covered[name] for name in used) >= 5000  # one pod per node, 5,000 nodes
 
 
 def test_the_strict_validation_would_catch_a_misspelled_field() -> None:
@@ -168,7 +192,7 @@ def test_the_node_daemon_sees_host_pids_and_shares_the_socket_directory() -> Non
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert daemon["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert daemon["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert {p["containerPort"] for p in daemon["ports"]} == {9402}
+    assert {p["containerPort"] for p in daemon["ports"]} == {9402, 9403}  # metrics, probes
     assert "--policy-dir" in daemon["command"] and "--device-plugin" in daemon["command"]
     # The device plugin writes ld.so.preload beside the hook and hands kubelet that path, so
     # the daemon must see the hook's host directory at the same path.
@@ -279,13 +303,17 @@ def test_every_server_is_probed_where_it_answers_with_time_to_answer() -> None:
         assert max(grace, liveness.get("initialDelaySeconds", 0)) >= 10, name
 
 
-def test_the_daemons_probes_reach_the_port_its_policy_serves_them_on() -> None:
+def test_the_daemons_probes_reach_their_own_port_whether_or_not_metrics_are_on() -> None:
     spec = one("DaemonSet", "nvshare-node")["spec"]["template"]["spec"]
     (daemon,) = spec["containers"]
-    (port,) = daemon["ports"]
-    policy = load_policy_dir(ROOT / "configmaps" / "default")
-    assert policy.metrics.enabled  # the probes are served with the metrics
-    host, metrics_port = split_address(policy.metrics.address)
-    assert metrics_port == port["containerPort"] and port["name"] == "metrics"
+    ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
+    env = {e["name"]: e.get("value") for e in daemon["env"]}
+    host, probe_port = split_address(env["NVSHARE_PROBE_ADDRESS"])
+    assert ports["probes"] == probe_port != ports["metrics"]
     assert host in ("", "::"), "every address of both families: kubelet probes the pod IP"
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert daemon[kind]["httpGet"]["port"] == "probes", kind
     assert daemon["startupProbe"]["httpGet"] == daemon["livenessProbe"]["httpGet"]
+    policy = load_policy_dir(ROOT / "configmaps" / "default")
+    host, metrics_port = split_address(policy.metrics.address)
+    assert metrics_port == ports["metrics"] and host in ("", "::")

@@ -225,17 +225,39 @@ def test_allocate_names_cdi_devices_where_the_node_has_nvidia_cdi_specs(
     assert not partial.cdi_devices
 
 
+@pytest.mark.parametrize(
+    "socket_name",
+    [
+        "nvidia-gpu.sock",  # NVIDIA's plugin, nvidia.com/gpu
+        "nvidia-gpu.shared.sock",  # time-slicing with renameByDefault
+        "nvidia-a100.sock",  # a resource its config renamed
+    ],
+)
 def test_nvidia_device_plugin_on_the_node_withdraws_every_device(
-    tmp_path: Path, plugin: DevicePlugin, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, plugin: DevicePlugin, caplog: pytest.LogCaptureFixture, socket_name: str
 ) -> None:
     plugin.start()
     for client in stub(plugin):
         stream = client.ListAndWatch(pb.Empty(), timeout=WAIT)
         assert {d.health for d in next(stream).devices} == {"Healthy"}
-        (tmp_path / "nvidia-gpu.sock").touch()  # NVIDIA's plugin registers here
+        (tmp_path / socket_name).touch()  # NVIDIA's plugin registers here
         assert {d.health for d in next(stream).devices} == {"Unhealthy"}
         assert "nvidia.com/gpu.deploy.device-plugin=false" in caplog.text
-        (tmp_path / "nvidia-gpu.sock").unlink()
+        assert socket_name in caplog.text
+        (tmp_path / socket_name).unlink()
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        stream.cancel()
+
+
+def test_nvidia_mig_sockets_do_not_withdraw_the_devices(
+    tmp_path: Path, plugin: DevicePlugin
+) -> None:
+    """NVIDIA's plugin serves MIG devices on nvidia-mig-<profile>.sock; those GPUs are in MIG
+    mode, which this plugin never advertises, so nothing is booked twice."""
+    (tmp_path / "nvidia-mig-1g.10gb.sock").touch()
+    plugin.start()
+    for client in stub(plugin):
+        stream = client.ListAndWatch(pb.Empty(), timeout=WAIT)
         assert {d.health for d in next(stream).devices} == {"Healthy"}
         stream.cancel()
 

@@ -153,10 +153,29 @@ def test_disabled_skips_the_check(cluster: Cluster, caplog: pytest.LogCaptureFix
 
 def test_the_switch_turns_the_check_on_or_off(cluster: Cluster) -> None:
     body = args(gpu_pod(annotations=NEED_4GI), ["full", "roomy"])
-    on = cluster.extender("realtimeCheck: {mode: disabled}\n", switch=True)
+    on = cluster.extender("realtimeCheck: {}\n", switch=True)  # no mode set: HAMi's strict
     assert on.filter(body)["NodeNames"] == ["roomy"]
     off = cluster.extender("realtimeCheck: {mode: strict}\n", switch=False)
     assert off.filter(body)["NodeNames"] == ["full", "roomy"]
+
+
+def test_hami_variables_mean_what_hami_says(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HAMI_ENABLE_REALTIME_CHECK=true with HAMI_REALTIME_CHECK_MODE=disabled skips the check;
+    with the check off, a pod annotated hami.io/enable-realtime-check: "true" is checked."""
+    body = args(gpu_pod(annotations=NEED_4GI), ["full", "roomy"])
+    monkeypatch.setenv("HAMI_ENABLE_REALTIME_CHECK", "true")
+    monkeypatch.setenv("HAMI_REALTIME_CHECK_MODE", "disabled")
+    disabled = cluster.extender("", switch=True)
+    assert disabled.filter(body)["NodeNames"] == ["full", "roomy"]
+    opted_in = gpu_pod(annotations={**NEED_4GI, "hami.io/enable-realtime-check": "true"})
+    assert disabled.filter(args(opted_in, ["full", "roomy"]))["NodeNames"] == ["full", "roomy"]
+    monkeypatch.setenv("HAMI_ENABLE_REALTIME_CHECK", "false")
+    monkeypatch.delenv("HAMI_REALTIME_CHECK_MODE")
+    off = cluster.extender("", switch=False)
+    assert off.filter(body)["NodeNames"] == ["full", "roomy"]
+    assert off.filter(args(opted_in, ["full", "roomy"]))["NodeNames"] == ["roomy"]
 
 
 @pytest.mark.parametrize("key", ["nvshare.com/realtime-check", "hami.io/enable-realtime-check"])

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fakeapi import FakeApiServer
@@ -24,7 +25,10 @@ from appliance.core.gpus import GpuFacts
 from appliance.gpu.nvml import GpuSample
 from appliance.kube.node_status import NodeStatusPublisher
 from appliance.placement.status import ANNOTATION, decode
+from appliance.policy.load import load_policy_dir
 from appliance.policy.model import NodeStatusSettings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -213,3 +217,77 @@ def test_publishing_can_be_switched_off_by_policy(
     pub, _ = publisher(service_account_client)
     pub.consider(sample(GiB), NodeStatusSettings(publish=False))
     assert patches(node) == 0
+
+
+def published_used(node: FakeApiServer) -> int | None:
+    annotations = node.get("nodes", "gpu-1")["metadata"].get("annotations") or {}
+    if ANNOTATION not in annotations:
+        return None
+    return decode(annotations[ANNOTATION]).gpus[0].memory_used
+
+
+@pytest.mark.parametrize("sample_every", [1.0, 0.2])
+def test_the_extenders_view_is_fresh_within_a_second_of_a_change_beyond_the_margin(
+    node: FakeApiServer,
+    service_account_client: Callable[[str], client.ApiClient],
+    sample_every: float,
+) -> None:
+    """A fake NVML whose used memory moves by 30 MiB at every sample and now and then jumps by
+    more than the 100 MB safety margin, sampled every `sample_every` seconds on a fake clock
+    and offered as the daemon's sampler offers samples, under the shipped policy. Measured:
+    how long the Node's status stays off by more than the margin (from the jump to the write
+    that shows it), and the most writes within one second."""
+    policy = load_policy_dir(ROOT / "configmaps" / "default", environ={}).realtime_check
+    settings, margin = policy.published(), policy.safety_margin_bytes
+    clock = Clock()
+    pub, _ = publisher(service_account_client, clock=clock)
+    start, end = clock.now, clock.now + 30.0
+    jumps = {start + at: moved * MiB for at, moved in [(3.3, 150), (7.05, -120), (7.4, 110)]}
+    jumps.update({start + at: moved * MiB for at, moved in [(12.9, 101), (13.1, -300)]})
+    ticks = sorted({*jumps, *(start + k * sample_every for k in range(1, int(30 / sample_every)))})
+    truth, jitter = 40 * GiB, 0
+    held: tuple[float, list[GpuSample]] | None = None  # what the publisher's thread waits on
+    off_since: float | None = None
+    off_for: list[float] = []
+    writes: list[float] = []
+
+    def offer(samples: list[GpuSample]) -> None:
+        nonlocal held
+        before = patches(node)
+        due = pub.consider(samples, settings)
+        held = (due, samples) if due is not None else None
+        if patches(node) > before:
+            writes.append(clock.now)
+
+    def look() -> None:
+        nonlocal off_since
+        shown = published_used(node)
+        off = shown is not None and abs(shown - (truth + jitter)) > margin
+        if off and off_since is None:
+            off_since = clock.now
+        elif not off and off_since is not None:
+            off_for.append(clock.now - off_since)
+            off_since = None
+
+    for tick in ticks:
+        while held is not None and held[0] < tick:  # the thread wakes for a held-back write
+            clock.now = held[0]
+            offer(held[1])
+            look()
+        clock.now = tick
+        if tick in jumps:
+            truth += jumps[tick]
+        else:
+            jitter = 30 * MiB - jitter
+            offer(sample(truth + jitter, at=tick))
+        look()
+    assert off_since is None and len(off_for) >= 2  # the jumps were seen, and all were shown
+    worst = max(off_for)
+    assert worst <= 1.0, f"the Node was off by more than the margin for {worst:.2f}s"
+    per_second = max(sum(1 for w in writes if t <= w < t + 1.0) for t in writes)
+    assert per_second <= 2, f"{per_second} writes within one second"
+    assert clock.now <= end
+    print(
+        f"sampled every {sample_every}s: off by more than the margin for at most {worst:.2f}s;"
+        f" {len(writes)} writes, at most {per_second} within a second"
+    )

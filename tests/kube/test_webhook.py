@@ -88,6 +88,16 @@ class Webhook:
         return dict(answer["response"])
 
 
+class EverythingFree:
+    """A capacity that has every profile free and forgets what it admitted."""
+
+    def __call__(self, resource: str, count: int) -> bool:
+        return True
+
+    def reserve(self, *, admission: str, pod: dict[str, Any], namespace: str = "") -> None:
+        pass
+
+
 def admission_review(pod: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
     return {
         "apiVersion": "admission.k8s.io/v1",
@@ -149,7 +159,7 @@ def start_inventory(api: client.ApiClient, **options: Any) -> MigInventory:
 def server_over(inventory: MigInventory, certificate: tuple[Path, Path]) -> WebhookServer:
     """The webhook with CHAINS, answering from `inventory`, ready when it has synced."""
     return WebhookServer(
-        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=inventory),
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, capacity=inventory),
         cert_file=certificate[0],
         key_file=certificate[1],
         host="127.0.0.1",
@@ -203,7 +213,7 @@ def test_keeps_existing_annotations_and_skips_profiles_that_are_too_few(webhook:
 def test_the_caches_follow_pods_and_nodes_as_they_change(
     fake_api: FakeApiServer, webhook: Webhook
 ) -> None:
-    inventory = webhook.server.webhook._available
+    inventory = webhook.server.webhook._capacity
     assert isinstance(inventory, MigInventory)
 
     def finish(pod: dict[str, Any]) -> dict[str, Any]:
@@ -263,12 +273,16 @@ def test_before_the_caches_sync_it_is_not_ready_and_admits_unchanged(
 def test_its_own_failure_admits_unchanged_with_a_printable_warning(
     certificate: tuple[Path, Path],
 ) -> None:
-    def broken(resource: str, count: int) -> bool:
-        raise RuntimeError("line one\n\x1b[31mred\x1b[0m\tand\x00more" + "x" * 500)
+    class Broken:
+        def __call__(self, resource: str, count: int) -> bool:
+            raise RuntimeError("line one\n\x1b[31mred\x1b[0m\tand\x00more" + "x" * 500)
+
+        def reserve(self, *, admission: str, pod: dict[str, Any], namespace: str = "") -> None:
+            raise AssertionError("nothing was decided, so nothing is reserved")
 
     cert_file, key_file = certificate
     server = WebhookServer(
-        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=broken),
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, capacity=Broken()),
         cert_file=cert_file,
         key_file=key_file,
         host="127.0.0.1",
@@ -365,7 +379,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(
     mounted.mkdir()
     swap_secret(mounted, old, 1)
     server = WebhookServer(
-        webhook=MigFallbackWebhook(chains=lambda: CHAINS, available=lambda r, n: True),
+        webhook=MigFallbackWebhook(chains=lambda: CHAINS, capacity=EverythingFree()),
         cert_file=mounted / "tls.crt",
         key_file=mounted / "tls.key",
         host="127.0.0.1",
@@ -446,6 +460,18 @@ def test_the_production_server_reads_chains_from_the_policy_dir_and_nodes_from_t
         patched = applied(pod, webhook.review(pod))
         assert patched["metadata"]["annotations"]["nvshare.com/mig-fallback"] == "3g.40gb->1g.10gb"
         assert webhook.get("/healthz") == 200
+        # Seed 004's key, set in the policy, is picked up on the next review (hot reload).
+        (tmp_path / "60-seed.yaml").write_text(
+            "migFallback: {annotation: gpu-webhook.k8s.io/fallback}\n", encoding="utf-8"
+        )
+
+        def seed_key(w: Webhook = webhook, pod: dict[str, Any] = pod) -> bool:
+            done = applied(pod, w.review(pod))
+            return done["metadata"]["annotations"] == {
+                "gpu-webhook.k8s.io/fallback": "3g.40gb->1g.10gb"
+            }
+
+        eventually(seed_key, "the annotation key from the policy")
 
 
 def webhook_configuration(ca_file: Path) -> dict[str, Any]:
@@ -534,12 +560,12 @@ def test_the_caches_list_in_pages_keep_only_mig_pods_and_recover_from_410(
         fake_api.add_pod(f"cpu-{i}", node="n1")
     for i in range(5):
         fake_api.add_pod(f"mig-{i}", node="n1", spec=mig_pod("1g.10gb")["spec"])
-    fake_api.add_pod("pending", spec=mig_pod("1g.10gb")["spec"])  # not bound: holds nothing
+    fake_api.add_pod("pending", spec=mig_pod("1g.10gb")["spec"])  # not bound: will hold one
     inventory = start_inventory(service_account_client("nvshare-webhook"), page_size=50)
     try:
         eventually(lambda: inventory.synced, "the caches synced")
-        assert inventory.free_per_node() == {"n1": {MIG + "1g.10gb": 2}}
-        assert len(inventory.pods.items()) == 5
+        assert inventory.free_per_node() == {"n1": {MIG + "1g.10gb": 1}}
+        assert len(inventory.pods.items()) == 6
         lists = [q for m, p, q in fake_api.requests if p == "/api/v1/pods" and "watch" not in q]
         assert [q["limit"] for q in lists] == ["50", "50", "50"]
         assert "continue" not in lists[0] and "continue" in lists[1]
@@ -550,6 +576,6 @@ def test_the_caches_list_in_pages_keep_only_mig_pods_and_recover_from_410(
         fake_api.compact()
         fake_api.start()
         eventually(lambda: inventory.pods.relists == 2, "a relist after the 410")
-        eventually(lambda: inventory.free_per_node()["n1"][MIG + "1g.10gb"] == 3, "mig-0 freed")
+        eventually(lambda: inventory.free_per_node()["n1"][MIG + "1g.10gb"] == 2, "mig-0 freed")
     finally:
         inventory.stop()

@@ -162,24 +162,29 @@ def test_scores_follow_the_real_room_for_the_pod() -> None:
         (STRICT, None, None, STRICT),
         (WARNING, None, None, WARNING),
         (STRICT, False, None, DISABLED),  # --enable-realtime-check=false
-        (DISABLED, True, None, STRICT),  # --enable-realtime-check=true, policy silent
+        (None, True, None, STRICT),  # --enable-realtime-check=true, no mode set: HAMi's strict
         (WARNING, True, None, WARNING),
+        (DISABLED, True, None, DISABLED),  # HAMI_REALTIME_CHECK_MODE=disabled: disabled
         (STRICT, None, False, DISABLED),  # the pod opts out
-        (DISABLED, None, True, DISABLED),  # a pod cannot switch on what is off
+        (STRICT, False, True, STRICT),  # the pod opts in while the switch is off
+        (None, None, True, STRICT),  # ... or while nothing turned the check on
+        (DISABLED, None, True, DISABLED),  # but not into a mode set to disabled
     ],
 )
-def test_the_mode_comes_from_policy_switch_and_pod(
-    mode: RealtimeCheckMode,
+def test_the_mode_comes_from_policy_switch_and_pod_with_hamis_meaning(
+    mode: RealtimeCheckMode | None,
     switch: bool | None,
     pod: bool | None,
     expected: RealtimeCheckMode,
 ) -> None:
-    policy = Policy(realtime_check=RealtimeCheck(mode=mode))
+    check = RealtimeCheck() if mode is None else RealtimeCheck(mode=mode, mode_set=True)
+    policy = Policy(realtime_check=check)
     assert check_mode(policy, switch=switch, pod_opt_in=pod) is expected
 
 
 def test_a_pod_opts_in_where_the_policy_does_not_check_by_default() -> None:
-    policy = Policy(realtime_check=RealtimeCheck(mode=STRICT, enabled_by_default=False))
+    check = RealtimeCheck(mode=STRICT, mode_set=True, enabled_by_default=False, enabled_set=True)
+    policy = Policy(realtime_check=check)
     assert check_mode(policy, switch=None, pod_opt_in=None) is DISABLED
     assert check_mode(policy, switch=None, pod_opt_in=True) is STRICT
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 from appliance.policy import schema
 from appliance.policy.env import ENV_OVERRIDES
 from appliance.policy.load import load_policy_dir, validate_paths
+from appliance.policy.model import RealtimeCheckMode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,15 +70,44 @@ def test_every_schema_object_is_closed_and_every_field_documented() -> None:
         assert "default" in sub, f"{path} has no default"
 
 
-def test_the_bundled_default_policy_spells_out_the_builtin_defaults(tmp_path: Path) -> None:
+def test_the_bundled_default_policy_sets_nothing_beyond_the_builtin_defaults(
+    tmp_path: Path,
+) -> None:
     bundled = load_policy_dir(ROOT / "configmaps" / "default", environ={})
     empty = load_policy_dir(tmp_path, environ={})
-    assert (bundled.scheduler, bundled.memory, bundled.realtime_check) == (
-        empty.scheduler,
-        empty.memory,
-        empty.realtime_check,
+    assert bundled.document == empty.document
+    assert {path for path, source in bundled.sources.items() if source != "default"} == {"/version"}
+    assert bundled.files == ("00-default.yaml",)
+
+
+# Drop-in names the README and docs use as examples: each must win over the shipped default.
+EXAMPLE_NAME = re.compile(r"\b(\d\d-[a-z][a-z-]*\.yaml)\b")
+
+
+def test_the_drop_in_names_the_docs_suggest_override_the_shipped_default(
+    tmp_path: Path,
+) -> None:
+    """An operator's 30-realtime.yaml next to the shipped file: every value it sets is in force
+    (before, the shipped policy.yaml sorted after it and set every scalar back)."""
+    texts = (ROOT / "README.md").read_text() + (ROOT / "docs" / "policy.md").read_text()
+    texts += (ROOT / "docs" / "kubernetes.md").read_text()
+    names = sorted(set(EXAMPLE_NAME.findall(texts)) - {"00-default.yaml"})
+    assert "30-realtime.yaml" in names and "10-site.yaml" in names
+    drop_in = (
+        "scheduler: {mode: auto, timeQuantum: 45s}\n"
+        "realtimeCheck: {mode: strict, safetyMargin: 200Mi, nodeStatus: {minInterval: 2s}}\n"
     )
-    assert bundled.files == ("policy.yaml",)
+    for name in names:
+        directory = tmp_path / name
+        shutil.copytree(ROOT / "configmaps" / "default", directory)
+        (directory / name).write_text(drop_in)
+        policy = load_policy_dir(directory, environ={})
+        assert policy.files[0] == "00-default.yaml", name
+        assert policy.realtime_check.mode is RealtimeCheckMode.STRICT, name
+        assert policy.realtime_check.safety_margin_bytes == 200 << 20, name
+        assert policy.realtime_check.node_status.min_interval_s == 2.0, name
+        assert (policy.scheduler.mode.value, policy.scheduler.time_quantum_s) == ("auto", 45.0)
+        assert policy.sources["/realtimeCheck/mode"] == name
 
 
 SHIPPED = sorted((ROOT / "configmaps" / "default").glob("*.yaml")) + sorted(

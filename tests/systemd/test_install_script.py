@@ -72,7 +72,7 @@ def test_install_then_uninstall_leaves_only_what_was_there(staging: Path, hook: 
     )
     policy_dir = staging / "etc/nvshare/policy.d"
     assert (policy_dir / "00-default.yaml").read_text() == (
-        ROOT / "configmaps/default/policy.yaml"
+        ROOT / "configmaps/default/00-default.yaml"
     ).read_text()
     assert load_policy_dir(policy_dir, environ={}).files == ("00-default.yaml",)
     preload = (staging / "etc/ld.so.preload").read_text().splitlines()

@@ -1,0 +1,209 @@
+"""Seed 004's cluster: 16 pods asking for mig-2g.20gb where only 12 exist, created the ways a
+cluster creates them (a controller's slow-start batches, `kubectl create` of a list, all at
+once). The webhook must reserve what it admits: every pod past the twelfth falls back to
+1g.10gb, and none is left pending on 2g.20gb while 1g.10gb devices are free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from certs import issue
+from fakeapi import FakeApiServer
+from kubernetes import client
+from mig_cluster import Binder, add_seed_004_nodes, gpu_pod, mig_requests, pods_by_state, slow_start
+from test_webhook import Webhook, eventually, running, start_inventory, webhook_configuration
+
+from appliance.kube.mig_inventory import MigInventory
+from appliance.kube.webhook import MigFallbackWebhook
+from appliance.kube.webhook_server import WebhookServer
+
+MIG = "nvidia.com/mig-"
+SEED_CHAINS = [["2g.20gb", "1g.10gb"]]
+REPLICAS = 16
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return issue(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def seed_cluster(
+    fake_api: FakeApiServer,
+    certificate: tuple[Path, Path],
+    service_account_client: Callable[[str], client.ApiClient],
+) -> Iterator[Webhook]:
+    """Seed 004's nodes, and the webhook registered with the fake API server as deployed."""
+    add_seed_004_nodes(fake_api)
+    inventory = start_inventory(service_account_client("nvshare-webhook"))
+    server = WebhookServer(
+        webhook=MigFallbackWebhook(chains=lambda: SEED_CHAINS, capacity=inventory),
+        cert_file=certificate[0],
+        key_file=certificate[1],
+        host="127.0.0.1",
+        port=0,
+    )
+    eventually(lambda: inventory.synced, "the caches synced")
+    for webhook in running(server, certificate[0]):
+        fake_api.admission.register(
+            webhook_configuration(certificate[0]), address=("127.0.0.1", server.port)
+        )
+        try:
+            yield webhook
+        finally:
+            fake_api.admission.close()
+            inventory.stop()
+
+
+def settle(fake_api: FakeApiServer) -> dict[str, list[dict[str, Any]]]:
+    binder = Binder(fake_api)
+    while binder.bind_pending():
+        pass
+    return pods_by_state(fake_api)
+
+
+def profiles(pods: list[dict[str, Any]]) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for pod in pods:
+        for resource in mig_requests(pod):
+            count[resource] = count.get(resource, 0) + 1
+    return count
+
+
+def assert_nothing_pends_beside_a_free_fallback(fake_api: FakeApiServer) -> None:
+    state = settle(fake_api)
+    assert state["pending"] == [], profiles(state["pending"])
+    assert profiles(state["bound"]) == {MIG + "2g.20gb": 12, MIG + "1g.10gb": 4}
+    fell_back = [
+        p
+        for p in state["bound"]
+        if (p["metadata"].get("annotations") or {}).get("nvshare.com/mig-fallback")
+    ]
+    assert len(fell_back) == 4
+    assert {p["metadata"]["annotations"]["nvshare.com/mig-fallback"] for p in fell_back} == {
+        "2g.20gb->1g.10gb"
+    }
+
+
+def test_slow_start_batches_with_a_binder_running_leave_nothing_pending(
+    fake_api: FakeApiServer, seed_cluster: Webhook, api_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(api_client)
+    binder = Binder(fake_api).start()
+    try:
+        batches = slow_start(REPLICAS, lambda: core.create_namespaced_pod("default", gpu_pod()))
+    finally:
+        binder.stop()
+    assert batches == [1, 2, 4, 8, 1]
+    assert_nothing_pends_beside_a_free_fallback(fake_api)
+
+
+def test_a_burst_of_concurrent_creates_before_any_binding_leaves_nothing_pending(
+    fake_api: FakeApiServer, seed_cluster: Webhook
+) -> None:
+    cfg = client.Configuration(host=fake_api.url)
+    cfg.connection_pool_maxsize = REPLICAS
+    core = client.CoreV1Api(client.ApiClient(cfg))
+    start = threading.Barrier(REPLICAS)
+
+    def create() -> object:
+        start.wait()
+        return core.create_namespaced_pod("default", gpu_pod())
+
+    with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
+        for future in [pool.submit(create) for _ in range(REPLICAS)]:
+            future.result()
+    core.api_client.close()
+    assert len(pods_by_state(fake_api)["pending"]) == REPLICAS  # nothing bound yet
+    assert_nothing_pends_beside_a_free_fallback(fake_api)
+
+
+def test_kubectl_create_of_sixteen_pods_leaves_nothing_pending(
+    fake_api: FakeApiServer, seed_cluster: Webhook, tmp_path: Path
+) -> None:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.skip("kubectl is not on PATH (Debian: apt-get install kubernetes-client)")
+    manifest = tmp_path / "pods.json"
+    items = [gpu_pod(generate_name=f"gpu-test-{i}-") for i in range(REPLICAS)]
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [exe, f"--server={fake_api.url}", "create", "--validate=false", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("created") == REPLICAS
+    assert_nothing_pends_beside_a_free_fallback(fake_api)
+
+
+@pytest.fixture
+def inventory(
+    fake_api: FakeApiServer, service_account_client: Callable[[str], client.ApiClient]
+) -> Iterator[tuple[MigInventory, list[float]]]:
+    """An inventory over seed 004's nodes, with a clock the test moves."""
+    add_seed_004_nodes(fake_api)
+    now = [1000.0]
+    inventory = start_inventory(
+        service_account_client("nvshare-webhook"), clock=lambda: now[0], admission_ttl_s=30.0
+    )
+    eventually(lambda: inventory.synced, "the caches synced")
+    try:
+        yield inventory, now
+    finally:
+        inventory.stop()
+
+
+def free_2g(inventory: MigInventory) -> int:
+    return sum(f.get(MIG + "2g.20gb", 0) for f in inventory.free_per_node().values())
+
+
+def test_an_admission_whose_pod_never_appears_is_released_after_its_ttl(
+    inventory: tuple[MigInventory, list[float]],
+) -> None:
+    mig, now = inventory
+    mig.reserve(admission="a1", pod=gpu_pod(), namespace="default")
+    assert free_2g(mig) == 11
+    now[0] += 29.0
+    assert free_2g(mig) == 11
+    now[0] += 1.0
+    assert free_2g(mig) == 12 and mig.admissions_pending() == 0
+
+
+def test_the_informer_takes_an_admission_over_and_a_deleted_pod_frees_it(
+    fake_api: FakeApiServer, inventory: tuple[MigInventory, list[float]]
+) -> None:
+    mig, now = inventory
+    pod = gpu_pod()
+    mig.reserve(admission="a1", pod=pod, namespace="default")
+    created = fake_api.store.create("pods", "default", {**pod, "status": {"phase": "Pending"}})
+    name = created["metadata"]["name"]
+    eventually(lambda: mig.admissions_pending() == 0, "the pod took its admission over")
+    assert free_2g(mig) == 11
+    now[0] += 3600.0  # the pod, not the admission, holds the device now: no expiry
+    assert free_2g(mig) == 11
+    # Bound elsewhere than the model placed it: the claim moves to that node.
+    fake_api.update(
+        "pods",
+        name,
+        lambda o: {**o, "spec": {**o["spec"], "nodeName": "gpu-sim-medium"}},
+        namespace="default",
+    )
+    eventually(
+        lambda: mig.free_per_node()["gpu-sim-medium"][MIG + "2g.20gb"] == 11, "bound on medium"
+    )
+    fake_api.delete("pods", name, namespace="default")
+    eventually(lambda: free_2g(mig) == 12, "the deleted pod's device freed")
