@@ -14,7 +14,7 @@ steps over that time (identical loops: the split of the GPU), each loop's longes
 two steps, and the daemon's lock counters. Target: 50/50 +- 5, no wait beyond TQ + the drop
 deadline (5 s + 5 s).
 
-    python3 bench/turns.py [--seconds 20] [--shapes item,cpu,event,pinned] [--json OUT]
+    python3 bench/turns.py [--seconds 20] [--shapes item,cpu,event,pinned] [--json OUT] [--hook SO]
     (needs PyTorch and a GPU; run from the repository root after tests/gpu/setup.sh)
 """
 
@@ -86,7 +86,7 @@ def worker(shape: str, seconds: float, ready: Path, go: Path, out: Path) -> None
 # ------------------------------------------------------------------ the driver
 
 
-def run_pair(shape: str, seconds: float, order: tuple[str, str]) -> dict[str, Any]:
+def run_pair(shape: str, seconds: float, order: tuple[str, str], hook: Path) -> dict[str, Any]:
     """Workers a and b prepare together; order[0] starts its loop first, order[1] 0.5 s later.
     Their results as first and second."""
     daemon = BenchDaemon(POLICY)
@@ -94,7 +94,7 @@ def run_pair(shape: str, seconds: float, order: tuple[str, str]) -> dict[str, An
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "LD_PRELOAD": str(HOOK),
+        "LD_PRELOAD": str(hook),
         "NVSHARE_SOCKET_DIR": str(daemon.socket_dir),
     }
     names = ("a", "b")
@@ -175,6 +175,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--shapes", default="item,cpu,event,pinned")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--hook", type=Path, default=HOOK, help="another build, e.g. an older commit's")
     args = ap.parse_args()
     report: dict[str, Any] = {
         "machine": machine(),
@@ -183,7 +184,7 @@ def main() -> int:
     for shape in args.shapes.split(","):
         # The loops are identical: the one that starts first holds the GPU when the other arrives.
         for order in (("a", "b"), ("b", "a")):
-            s = summarise(run_pair(shape, args.seconds, order))
+            s = summarise(run_pair(shape, args.seconds, order, args.hook))
             report[f"{shape}/{order[0]}_first"] = s
             print(f"{shape:7s} {order[0]} first: {json.dumps(s)}", flush=True)
     if args.json:
