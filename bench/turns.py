@@ -8,7 +8,9 @@ Each loop: ten 4096x4096 fp16 matmuls, then one of the ways a training loop wait
     pinned  a blocking copy_ of a slice into page-locked host memory
     sync    torch.cuda.synchronize()            (the shape the project's own checks use)
 Both workers prepare (CUDA context, tensors, one warm-up step) before either starts; then the
-first starts its loop, the second 0.5 s later, each for `--seconds`. Both start orders are run.
+first starts its loop, the second 0.5 s later, each for `--seconds`. With `--cold` they prepare
+nothing: the first step of each loop also creates the context and loads cuBLAS and the kernels.
+Both start orders are run.
 Reported per run: each loop's steps in every 5 s window of the time both ran, the split of the
 steps over that time (identical loops: the split of the GPU), each loop's longest wait between
 two steps, and the daemon's lock counters. Target: 50/50 +- 5, no wait beyond TQ + the drop
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,36 +49,48 @@ POLICY = "scheduler: {mode: 'on', timeQuantum: 5s}\n"
 # ------------------------------------------------------------------ the worker (under the hook)
 
 
-def worker(shape: str, seconds: float, ready: Path, go: Path, out: Path) -> None:
+def _await(go: Path) -> float:
+    while not go.exists():
+        time.sleep(0.001)
+    return time.monotonic()
+
+
+def _step(shape: str) -> Callable[[], None]:
+    """One step of the loop, ending in its way of waiting for the GPU."""
     import torch
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     pinned = torch.empty(4096, dtype=torch.float16, pin_memory=True)
     event = torch.cuda.Event()
+    waits: dict[str, Callable[[Any], object]] = {
+        "item": lambda c: c.float().mean().item(),
+        "cpu": lambda c: c.float().mean().cpu(),
+        "event": lambda c: (event.record(), event.synchronize()),
+        "pinned": lambda c: pinned.copy_(c[0]),
+        "sync": lambda c: torch.cuda.synchronize(),
+    }
+    wait = waits[shape]
 
     def step() -> None:
         c = a
         for _ in range(10):
             c = torch.matmul(a, b)
-        if shape == "item":
-            c.float().mean().item()
-        elif shape == "cpu":
-            c.float().mean().cpu()
-        elif shape == "event":
-            event.record()
-            event.synchronize()
-        elif shape == "pinned":
-            pinned.copy_(c[0])
-        else:
-            torch.cuda.synchronize()
+        wait(c)
 
-    step()  # warm-up: cuBLAS, kernels loaded
-    torch.cuda.synchronize()
-    ready.touch()
-    while not go.exists():
-        time.sleep(0.001)
-    start = time.monotonic()
+    return step
+
+
+def worker(shape: str, seconds: float, cold: bool, ready: Path, go: Path, out: Path) -> None:
+    if cold:  # nothing done before the start: CUDA, cuBLAS and the kernels load in the loop
+        ready.touch()
+        start = _await(go)
+        step = _step(shape)
+    else:
+        step = _step(shape)
+        step()  # warm-up: cuBLAS, kernels loaded, the wait done once
+        ready.touch()
+        start = _await(go)
     ends = []
     while time.monotonic() - start < seconds:
         step()
@@ -86,7 +101,9 @@ def worker(shape: str, seconds: float, ready: Path, go: Path, out: Path) -> None
 # ------------------------------------------------------------------ the driver
 
 
-def run_pair(shape: str, seconds: float, order: tuple[str, str], hook: Path) -> dict[str, Any]:
+def run_pair(
+    shape: str, seconds: float, order: tuple[str, str], hook: Path, cold: bool
+) -> dict[str, Any]:
     """Workers a and b prepare together; order[0] starts its loop first, order[1] 0.5 s later.
     Their results as first and second."""
     daemon = BenchDaemon(POLICY)
@@ -102,7 +119,16 @@ def run_pair(shape: str, seconds: float, order: tuple[str, str], hook: Path) -> 
     try:
         for n in names:
             procs[n] = subprocess.Popen(
-                [sys.executable, __file__, "worker", shape, str(seconds), str(tmp / n)], env=env
+                [
+                    sys.executable,
+                    __file__,
+                    "worker",
+                    shape,
+                    str(seconds),
+                    str(int(cold)),
+                    str(tmp / n),
+                ],
+                env=env,
             )
         deadline = time.monotonic() + 180
         while not all((tmp / f"{n}.ready").exists() for n in names):
@@ -162,10 +188,11 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        shape, seconds, base = sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
+        shape, seconds, cold, base = sys.argv[2], float(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
         worker(
             shape,
             seconds,
+            cold == "1",
             base.with_suffix(".ready"),
             base.with_suffix(".go"),
             base.with_suffix(".json"),
@@ -175,6 +202,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--shapes", default="item,cpu,event,pinned")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--cold", action="store_true", help="no warm-up: each loop starts cold")
     ap.add_argument("--hook", type=Path, default=HOOK, help="another build, e.g. an older commit's")
     args = ap.parse_args()
     report: dict[str, Any] = {
@@ -184,7 +212,7 @@ def main() -> int:
     for shape in args.shapes.split(","):
         # The loops are identical: the one that starts first holds the GPU when the other arrives.
         for order in (("a", "b"), ("b", "a")):
-            s = summarise(run_pair(shape, args.seconds, order, args.hook))
+            s = summarise(run_pair(shape, args.seconds, order, args.hook, args.cold))
             report[f"{shape}/{order[0]}_first"] = s
             print(f"{shape:7s} {order[0]} first: {json.dumps(s)}", flush=True)
     if args.json:
