@@ -71,7 +71,8 @@
 /*
  * Other stream-ordered submissions: batched and attributed copies (CUDA 12.8 / 13), prefetch and
  * discard, stream memory operations, sparse array mapping, external semaphores, batch
- * decompression and host functions. The _v2 names are the ABI that newer cuda.h headers select.
+ * decompression, host functions and waits on events (a stream held behind another's work is work
+ * in flight). The _v2 names are the ABI that newer cuda.h headers select.
  */
 #define NVS_STREAM_OPS(X, SFX)                                                                     \
     X(cuMemcpyBatchAsync##SFX,                                                                     \
@@ -146,6 +147,7 @@
     X(cuStreamAddCallback##SFX, (CUstream st, CUstreamCallback cb, void *data, unsigned f),       \
       (st, cb, data, f))                                                                           \
     X(cuLaunchHostFunc_v2##SFX, (CUstream st, CUhostFn fn, void *data, unsigned mode),            \
-      (st, fn, data, mode))
+      (st, fn, data, mode))                                                                        \
+    X(cuStreamWaitEvent##SFX, (CUstream st, CUevent e, unsigned f), (st, e, f))
 
 #endif /* NVSHARE_COPIES_H */

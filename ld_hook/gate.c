@@ -24,9 +24,8 @@
 #define DEFAULT_IDLE_RELEASE_MS 1000u
 #define INFLIGHT_BOUND_MS 1000u /* a call still inside the driver after this is waiting, not queueing */
 #define MIN_CAPTURE_WAIT_MS 1000u
-/* An idle window shorter than this (a hand-off while others wait) is watched by the drainer, at
- * a quarter of the window; longer ones by the service thread's coarser tick. */
-#define FAST_IDLE_MS 100u
+/* The drainer looks at a holder four times per idle window, at most every this often. */
+#define MAX_IDLE_POLL_MS 50u
 
 NVS_TLS struct nvs_thread *nvs_tls_thread;
 struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
@@ -39,6 +38,7 @@ struct gate {
     int refused;  /* the daemon refused to gate us: run ungated until the next registration */
     uint32_t reason, tq_ms, idle_release_ms;
     uint64_t release_ns, last_active_ns;
+    int unfinished; /* submitted since the GPU was last seen to have finished this process's work */
     int drainer;  /* the drainer thread runs */
 };
 
@@ -72,6 +72,7 @@ static void thread_gone(void *p)
 {
     struct nvs_thread *t = p;
     atomic_store_explicit(&t->inflight, 0, memory_order_release);
+    atomic_store_explicit(&t->waiting, 0, memory_order_release);
     atomic_store_explicit(&t->in_use, 0, memory_order_release);
 }
 
@@ -294,49 +295,104 @@ static void release(struct nvs_gpu *g)
 
 static void begin_release(struct nvs_gpu *g, uint32_t reason);
 
-/* Threads of this process inside a synchronising call. A step that queues its work and then
- * waits for it submits nothing meanwhile, yet its GPU is busy: not idle. */
-static atomic_int syncing;
+/* ------------------------------------------------------------------ idleness */
 
-void nvs_sync_begin(void) { atomic_fetch_add_explicit(&syncing, 1, memory_order_relaxed); }
-
-void nvs_sync_end(void)
+uint64_t nvs_gpus_all(void)
 {
-    /* The idle window starts when the wait is over. Like the hot path, write the flag only
-     * where it is clear: its cache line is the one every submission reads the gate from. */
-    for (int i = 0, n = nvs_gpu_count(); i < n; i++) {
-        atomic_int *touched = &nvs_gate_hot[i].touched;
-        if (!atomic_load_explicit(touched, memory_order_relaxed))
-            atomic_store_explicit(touched, 1, memory_order_relaxed);
-    }
-    atomic_fetch_sub_explicit(&syncing, 1, memory_order_release);
+    int n = nvs_gpu_count();
+    return n >= NVS_MAX_GPUS ? ~0ull : (1ull << n) - 1;
 }
 
-#define NVS_SYNC_WAIT(name, params, args)   \
-    NVS_EXPORT CUresult name params         \
-    {                                       \
-        nvs_sync_begin();                   \
-        CUresult r_ = NVS_CALL(name, args); \
-        nvs_sync_end();                     \
-        return r_;                          \
+/* Like the hot path, write the flag only where it is clear: its cache line is the one every
+ * submission reads the gate from. */
+void nvs_gpus_active(uint64_t mask)
+{
+    for (int i = 0, n = nvs_gpu_count(); i < n; i++) {
+        atomic_int *touched = &nvs_gate_hot[i].touched;
+        if ((mask >> i & 1) && !atomic_load_explicit(touched, memory_order_relaxed))
+            atomic_store_explicit(touched, 1, memory_order_relaxed);
     }
-NVS_SYNC_WAIT(cuCtxSynchronize, (void), ())
-NVS_SYNC_WAIT(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))
-NVS_SYNC_WAIT(cuStreamSynchronize, (CUstream s), (s))
-NVS_SYNC_WAIT(cuStreamSynchronize_ptsz, (CUstream s), (s))
-NVS_SYNC_WAIT(cuEventSynchronize, (CUevent e), (e))
+}
 
-/* With gt->mu held: a holder that submitted nothing for its idle window releases. */
-static void check_idle(struct nvs_gpu *g, uint64_t now)
+uint64_t nvs_wait_begin(uint64_t mask)
+{
+    struct nvs_thread *t = nvs_tls_thread;
+    if (t == NULL) t = nvs_thread_register();
+    uint64_t before = atomic_load_explicit(&t->waiting, memory_order_relaxed);
+    atomic_store_explicit(&t->waiting, before | mask, memory_order_relaxed);
+    return before;
+}
+
+void nvs_wait_end(uint64_t before, uint64_t mask)
+{
+    nvs_gpus_active(mask); /* the idle window starts when the wait is over */
+    struct nvs_thread *t = nvs_tls_thread;
+    if (t != NULL) atomic_store_explicit(&t->waiting, before, memory_order_release);
+}
+
+/* Whether a thread of the process is inside a driver call on g: submitting, or waiting. */
+static int thread_on_gpu(const struct nvs_gpu *g)
+{
+    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next)
+        if ((atomic_load_explicit(&t->inflight, memory_order_acquire) |
+             atomic_load_explicit(&t->waiting, memory_order_acquire)) & g->bit)
+            return 1;
+    return 0;
+}
+
+enum idle_look { LOOK_BUSY, LOOK_FINISHING, LOOK_QUIET };
+
+/* With gt->mu held: one look at a holder (gate.h says what idle is). LOOK_FINISHING: nothing
+ * submitted or waited for since the last look, but submitted work may still be running. */
+static enum idle_look look(struct nvs_gpu *g, uint64_t now)
 {
     struct gate *gt = gate_of(g);
-    if (gt->state != NVS_LOCK_HELD) return;
-    if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed) ||
-        atomic_load_explicit(&syncing, memory_order_acquire) > 0)
+    if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed)) {
         gt->last_active_ns = now;
-    else if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
-             nvs_capture_active(g) == 0)
+        gt->unfinished = 1;
+        return LOOK_BUSY;
+    }
+    if (thread_on_gpu(g)) {
+        gt->last_active_ns = now;
+        return LOOK_BUSY;
+    }
+    if (gt->unfinished) return LOOK_FINISHING;
+    if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
+        nvs_capture_active(g) == 0)
         begin_release(g, NVS_RELEASE_IDLE);
+    return LOOK_QUIET;
+}
+
+/*
+ * Without gt->mu: waits until the GPU has finished the work this process queued on it, and
+ * returns when that was; 0 while a capture runs (synchronising would break it; a capture keeps
+ * the holder from going idle anyway). A submission racing with the wait is seen at the next look.
+ */
+static uint64_t finished_at(struct nvs_gpu *g)
+{
+    if (nvs_capture_fence(g) != 0) return 0;
+    nvs_ctx_sync_gpu(g);
+    nvs_capture_unfence(g);
+    return nvs_now_ns();
+}
+
+/* With gt->mu held, the drainer's watch over a holder: returns once a look is done. */
+static void watch_idle(struct nvs_gpu *g)
+{
+    struct gate *gt = gate_of(g);
+    uint32_t poll_ms = gt->idle_release_ms / 4;
+    if (poll_ms < 1) poll_ms = 1;
+    if (poll_ms > MAX_IDLE_POLL_MS) poll_ms = MAX_IDLE_POLL_MS;
+    struct timespec ts = nvs_deadline_ms(poll_ms);
+    pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
+    if (gt->state != NVS_LOCK_HELD || look(g, nvs_now_ns()) != LOOK_FINISHING) return;
+    nvs_unlock(&gt->mu);
+    uint64_t done = finished_at(g);
+    nvs_lock(&gt->mu);
+    if (done != 0 && gt->state == NVS_LOCK_HELD) {
+        gt->unfinished = 0;
+        if (done > gt->last_active_ns) gt->last_active_ns = done;
+    }
 }
 
 static void *drainer_main(void *arg)
@@ -347,14 +403,10 @@ static void *drainer_main(void *arg)
     for (;;) {
         nvs_lock(&gt->mu);
         while (gt->state != NVS_LOCK_RELEASING) {
-            if (gt->state == NVS_LOCK_HELD && gt->idle_release_ms < FAST_IDLE_MS) {
-                uint32_t poll_ms = gt->idle_release_ms / 4 ? gt->idle_release_ms / 4 : 1;
-                struct timespec ts = nvs_deadline_ms(poll_ms);
-                pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
-                check_idle(g, nvs_now_ns());
-            } else {
+            if (gt->state == NVS_LOCK_HELD)
+                watch_idle(g);
+            else
                 pthread_cond_wait(&gt->cv, &gt->mu);
-            }
         }
         nvs_unlock(&gt->mu);
         release(g);
@@ -454,6 +506,7 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
+        gt->unfinished = 1; /* what it queued while it waited or borrowed may still run */
         atomic_store_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed);
         set_state(g, NVS_LOCK_HELD);
         NVS_DEBUG("GPU %d: lock granted", g->index);
@@ -521,19 +574,12 @@ void nvs_gate_on_down(struct nvs_gpu *g)
     nvs_unlock(&gt->mu);
 }
 
-void nvs_gate_tick(struct nvs_gpu *g, uint64_t now)
-{
-    struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
-    check_idle(g, now);
-    nvs_unlock(&gt->mu);
-}
-
 /* In the child of fork(): only the forking thread exists; nothing is held or in flight. */
 void nvs_gate_after_fork(void)
 {
     for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next) {
         atomic_store(&t->inflight, 0);
+        atomic_store(&t->waiting, 0);
         if (t != nvs_tls_thread) atomic_store(&t->in_use, 0);
     }
     nvs_gate_start();

@@ -27,6 +27,20 @@
  * waits for the marks to clear: after that no submission that saw the gate open can still reach
  * the driver, and none that comes later passes. The hot path stays free of fences; the expensive
  * half of the handshake runs once per release.
+ *
+ * Idle (the early release; the drainer watches it): a holder is idle once, for its whole idle
+ * window, none of these held on that GPU:
+ *   - a submission passed the gate;
+ *   - a thread of the process was inside a driver call on it: a submission (a copy to or from
+ *     pageable memory, or a full queue, blocks inside one), or any call that waits for the GPU
+ *     (marked in the thread's slot: context, stream and event synchronisation, synchronous
+ *     copies and sets, waits.c);
+ *   - a stream or event query answered "not ready" (a thread polling for its work is waiting);
+ *   - work the process submitted was still running: after submissions stop, the drainer waits
+ *     for every context of the GPU to finish (off the hot path, fenced against captures), and
+ *     the window starts when that wait returns, not at the last submission.
+ * So what decides is what the process submitted and what the driver says has completed, not
+ * which call a thread happens to be in.
  */
 #ifndef NVSHARE_GATE_H
 #define NVSHARE_GATE_H
@@ -47,6 +61,7 @@ enum nvs_lock_state {
 
 struct nvs_thread {
     _Atomic uint64_t inflight; /* GPUs (bits) this thread is submitting to right now */
+    _Atomic uint64_t waiting;  /* GPUs (bits) this thread waits for in a synchronising call */
     atomic_int in_use;
     struct nvs_thread *next;
 };
@@ -104,10 +119,18 @@ void nvs_gate_on_refused(struct nvs_gpu *g);
 void nvs_gate_on_cut_reached(struct nvs_gpu *g);
 void nvs_gate_on_cut_behind(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);
-void nvs_gate_tick(struct nvs_gpu *g, uint64_t now_ns); /* idle release */
 void nvs_gate_after_fork(void);
-/* A thread waits for the GPU (synchronise, blocking copy): the holder is not idle meanwhile. */
-void nvs_sync_begin(void);
-void nvs_sync_end(void);
+
+/*
+ * A thread waits for the GPUs in `mask` (a synchronising call): the holder is not idle while it
+ * does. nvs_wait_begin returns what to hand nvs_wait_end (waits do not nest in practice, but a
+ * signal handler may wait inside a wait). The idle window starts again when the wait ends.
+ */
+uint64_t nvs_wait_begin(uint64_t mask);
+void nvs_wait_end(uint64_t before, uint64_t mask);
+/* The GPUs in `mask` are working for this process (a query answered "not ready"). */
+void nvs_gpus_active(uint64_t mask);
+/* Every GPU this process has: for waits on an object whose GPU the hook does not know. */
+uint64_t nvs_gpus_all(void);
 
 #endif

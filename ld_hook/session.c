@@ -87,7 +87,8 @@ static void *service_main(void *arg)
     (void)arg;
     nvs_capture_relax_thread();
     for (;;) {
-        /* a quarter of the idle window (the environment's, else 25 ms for the policy's) */
+        /* connections, pools and the ledger: every 25 ms, sooner under a short
+         * NVSHARE_IDLE_RELEASE_MS (the drainer watches idleness, gate.h) */
         uint32_t tick_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms / 4 : 25;
         if (tick_ms < 5) tick_ms = 5;
         if (tick_ms > 100) tick_ms = 100;
@@ -97,7 +98,6 @@ static void *service_main(void *arg)
         for (int i = 0; i < nvs_gpu_count(); i++) {
             struct nvs_gpu *g = nvs_gpu_at(i);
             nvs_conn_tick(g, now);
-            nvs_gate_tick(g, now);
             nvs_pools_settle(g);
             nvs_ledger_tick(g, now);
         }

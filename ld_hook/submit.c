@@ -22,17 +22,9 @@
         return r_;                                            \
     }
 /* Synchronous copies and sets use the current context's default stream, and wait for the work
- * queued before them: a holder inside one is busy, not idle. */
-#define NVS_GATED_SYNC(name, params, args)                                     \
-    NVS_EXPORT CUresult name params                                            \
-    {                                                                          \
-        struct nvs_thread *t_ = nvs_gate_enter(nvs_submit_gpu(NULL), NULL);    \
-        nvs_sync_begin();                                                      \
-        CUresult r_ = NVS_CALL(name, args);                                    \
-        nvs_sync_end();                                                        \
-        nvs_gate_exit(t_);                                                     \
-        return r_;                                                             \
-    }
+ * queued before them: a holder inside one is busy (its in-flight mark says so, gate.h). So does
+ * a stream-ordered copy to or from pageable memory, which blocks the same way. */
+#define NVS_GATED_SYNC(name, params, args) NVS_GATED_ON(name, params, args, NULL)
 /* stream-ordered ones name their stream `st` */
 #define NVS_GATED_STREAM(name, params, args) NVS_GATED_ON(name, params, args, st)
 

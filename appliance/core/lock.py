@@ -195,10 +195,14 @@ class Lock:
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
         g.full_quantum = priority.starved(g, now, self._s.policy.scheduler)
-        g.lent_at = None
-        # Cut short for another's share, it has the rest of its quantum back; granted for its
+        # Cut short for another's share, or back after letting the GPU go idle inside its
+        # quantum (`priority.lent_back`), it has the rest of its quantum back; granted for its
         # own share, it gives the GPU back once it has had it (`share`).
-        resumed = g.share_cut and now - g.dropped_at < min(map(self._s.time_quantum, g.gpus))
+        quantum = min(map(self._s.time_quantum, g.gpus))
+        resumed = (g.share_cut and now - g.dropped_at < quantum) or (
+            g.lent_at is not None and now < g.quantum_from + quantum
+        )
+        g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         last = {self._s.gpus[u].last_drop for u in g.gpus}
         g.share_cut, g.share_grant = False, share.REQUEST in last

@@ -11,7 +11,11 @@ A holder gives way to a waiter (`yield_at`):
   (`lent_at`) before the holder was granted: the holder only borrowed time the waiter was not
   using, and the lender is granted beside the borrower's drain (`borrowed`), so a request loop
   that goes idle between requests waits for neither the drain nor a second round trip;
-- of equal priority, when the holder's quantum is over (the rule without priorities);
+- of equal priority, when the holder's quantum is over (the rule without priorities); at once
+  when the waiter let the GPU go idle inside its own quantum and the holder was granted since
+  (`lent_back`): the waiter has the rest of its quantum back (`quantum_from` kept), so a loop
+  whose first steps pause on the CPU (loading kernels, allocating) loses only those pauses, not
+  a whole quantum of the other's for each;
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
@@ -66,6 +70,18 @@ def borrowed(holder: Gang, lender: Gang) -> bool:
     )
 
 
+def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
+    """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and the
+    lender asked again before its own quantum was over."""
+    return (
+        lender.priority == holder.priority
+        and not holder.full_quantum
+        and lender.lent_at is not None
+        and holder.granted_at >= lender.lent_at
+        and lender.requested_at < lender.quantum_from + quantum_s
+    )
+
+
 def yield_at(
     holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
 ) -> tuple[float, str]:
@@ -75,6 +91,8 @@ def yield_at(
         slice_s = 0.0 if borrowed(holder, waiter) else settings.preempt_after_s
         return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
     quantum_over = holder.quantum_from + quantum_s
+    if lent_back(holder, waiter, quantum_s):
+        return min(holder.granted_at, quantum_over), QUANTUM  # the lender's quantum
     if waiter.priority < holder.priority:
         starving_at = waiter.requested_at + settings.starvation_limit_s
         return max(quantum_over, starving_at), QUANTUM
@@ -84,9 +102,10 @@ def yield_at(
 def kinds(holder: Gang, waiting: Iterable[Gang], owed: Collection[str]) -> list[Gang]:
     """The waiters whose turns can differ for `holder`: the one that came first of each
     priority, lent or not, owed or not (with a long queue, one or two instead of all)."""
-    first: dict[tuple[int, bool, bool], Gang] = {}
+    first: dict[tuple[int, bool, bool, bool], Gang] = {}
     for w in waiting:
-        key = (w.priority, borrowed(holder, w), w.key in owed)
+        lender = w.lent_at is not None and holder.granted_at >= w.lent_at
+        key = (w.priority, borrowed(holder, w), lender, w.key in owed)
         seen = first.get(key)
         if seen is None or w.requested_at < seen.requested_at:
             first[key] = w

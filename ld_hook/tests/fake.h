@@ -49,6 +49,7 @@ struct fake_graph {
 struct fake_stream {
     uint64_t magic;
     struct fake_ctx *ctx;
+    uint64_t last; /* the context's kernels launched when this stream's last work was queued */
     int capturing, mode, invalidated;
     struct fake_graph *graph;
 };
@@ -80,6 +81,8 @@ struct fake_ctx *fake_stream_ctx(CUstream s);
 struct fake_stream *fake_stream(CUstream s); /* NULL for the default streams */
 int fake_valid_ctx(struct fake_ctx *c);
 uint64_t fake_rounded(uint64_t n);
+/* Queue one unit of work (a kernel's time) on s; wait: return once it has run. */
+CUresult fake_run(CUstream s, int wait);
 /* A call that would synchronise `c` (or only stream `only`): refused, and the captures broken,
  * where CUDA refuses it. */
 CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only);
@@ -91,6 +94,7 @@ CUresult fake_give(uint64_t handle);
 void fake_free_ctx_memory(struct fake_ctx *c);
 void fake_release_pools(int d); /* at a synchronisation: pools shrink to their release threshold */
 void fake_memory_init(void);
+int fake_pinned(const void *p); /* host memory from cuMemHostAlloc (else pageable) */
 
 /* cuda.h's CUgraphNodeParams, as far as cuGraphAddNode reads it here: a child graph node whose
  * graph moves into the parent (CUDA 12.9's CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), the one way a
@@ -114,6 +118,5 @@ CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dep
 /* graphs (fake_graph.c); with dev.mu held for fake_graph_add */
 struct fake_graph *fake_graph_new(int dev);
 struct fake_node *fake_graph_add(struct fake_graph *g, struct fake_node node);
-CUresult fake_launch(CUstream s); /* queue one kernel on s (fake_cuda.c) */
 
 #endif

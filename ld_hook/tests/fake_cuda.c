@@ -1,7 +1,8 @@
 /*
  * A fake libcuda.so.1 for tests on machines without a GPU: in-memory devices that count bytes
  * against their size (fake_memory.c) and run "kernels" on a worker thread per context,
- * asynchronously, for NVSHARE_FAKE_LAUNCH_US each. With NVSHARE_FAKE_TRACE set, every kernel
+ * asynchronously, for NVSHARE_FAKE_LAUNCH_US each (stream-ordered copies, sets and waits queue
+ * such a unit too; stream and event queries answer from what has run). With NVSHARE_FAKE_TRACE set, every kernel
  * appends "pid device start_ns end_ns" (CLOCK_MONOTONIC) to that file when it runs, in one
  * O_APPEND write so several processes can share the file.
  *
@@ -598,8 +599,8 @@ CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only)
 
 /* ---- work ---- */
 
-/* Queue one kernel on s (or record it, when s is capturing). */
-static CUresult launch_kind(CUstream s, int collective)
+/* Queue one kernel on s (or record it, when s is capturing); wait: return once it has run. */
+static CUresult launch_kind(CUstream s, int collective, int wait)
 {
     struct fake_ctx *c = fake_stream_ctx(s);
     if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
@@ -628,15 +629,17 @@ static CUresult launch_kind(CUstream s, int collective)
         c->coll_at[c->coll_tail % FAKE_COLL_RING] = c->launched;
         c->coll_num[c->coll_tail++ % FAKE_COLL_RING] = __atomic_add_fetch(&dev.collectives, 1, __ATOMIC_SEQ_CST);
     }
-    c->launched++;
+    uint64_t ticket = ++c->launched;
+    if (fs != NULL) fs->last = ticket;
     c->pending++;
     pthread_cond_broadcast(&c->cv);
+    while (wait && c->executed < ticket) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUstream s) { return launch_kind(s, 0); }
-CUresult fake_launch(CUstream s) { return launch(s); }
+static CUresult launch(CUstream s) { return launch_kind(s, 0, 0); }
+CUresult fake_run(CUstream s, int wait) { return launch_kind(s, 0, wait); }
 
 /* A kernel in the remote memory-synchronisation domain is a collective, as NCCL's are. */
 static int is_collective(const CUlaunchConfig *cfg)
@@ -665,6 +668,20 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
     struct fake_stream *fs = fake_stream(s);
     return sync_ctx(fake_stream_ctx(s), fs);
 }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+
+/* Not ready while work queued on s (on a default stream: in its context) has not run. */
+EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    struct fake_ctx *c = fake_stream_ctx(s);
+    if (c == NULL || !fake_valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_stream *fs = fake_stream(s);
+    pthread_mutex_lock(&c->mu);
+    int done = c->executed >= (fs != NULL ? fs->last : c->launched);
+    pthread_mutex_unlock(&c->mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
 /* An event completes when the kernels queued in its context before it was recorded have run. */
 #define EVENT_MAGIC 0x66616b656576656eull
@@ -712,6 +729,16 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+    struct fake_event *fe = fake_event(e);
+    if (fe == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&fe->ctx->mu);
+    int done = fe->ctx->executed >= fe->after;
+    pthread_mutex_unlock(&fe->ctx->mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
 EXPORT CUresult cuEventDestroy_v2(CUevent e)
 {
     struct fake_event *fe = fake_event(e);
@@ -734,7 +761,7 @@ EXPORT CUresult cuLaunchKernel_ptsz(NVS_LAUNCH_ARGS)
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {
     (void)f, (void)p, (void)e;
-    return launch_kind(cfg != NULL ? cfg->hStream : NULL, is_collective(cfg));
+    return launch_kind(cfg != NULL ? cfg->hStream : NULL, is_collective(cfg), 0);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **e)
 {
@@ -773,7 +800,10 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
     return launch(s);
 }
 
-/* Copies and sets move no bytes: synchronous ones wait for the context, async ones return. */
+/* Copies and sets move no bytes. Synchronous ones wait for the context; stream-ordered ones
+ * queue one unit of work on their stream (a kernel's time) and return, except those to or from
+ * pageable host memory, which return once it has run (fake_copies.c: they replace these weak
+ * definitions, as the real driver stages such copies). */
 #define FAKE_SYNC(name, params, args)                              \
     EXPORT CUresult name params                                    \
     {                                                              \
@@ -783,11 +813,8 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
         drain(c);                                                  \
         return CUDA_SUCCESS;                                       \
     }
-#define FAKE_ASYNC(name, params, args)                                    \
-    EXPORT CUresult name params                                           \
-    {                                                                     \
-        return fake_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; \
-    }
+#define FAKE_ASYNC(name, params, args) \
+    EXPORT __attribute__((weak)) CUresult name params { return fake_run(st, 0); }
 /* The other stream-ordered submissions queue one unit of work each. */
 #define FAKE_STREAM_OP(name, params, args) \
     EXPORT CUresult name params { return launch(st); }
@@ -818,7 +845,8 @@ static const struct proc procs[] = {
     P(cuStreamCreate) P(cuStreamDestroy_v2) P(cuStreamSynchronize) P(cuGetProcAddress)
     P(cuGetProcAddress_v2) P(cuStreamBeginCapture_v2) P(cuStreamEndCapture)
     P(cuStreamIsCapturing) P(cuGraphInstantiateWithFlags) P(cuEventCreate) P(cuEventRecord)
-    P(cuEventSynchronize) P(cuEventDestroy_v2)
+    P(cuEventSynchronize) P(cuEventDestroy_v2) P(cuCtxSynchronize_v2)
+    P(cuStreamSynchronize_ptsz) P(cuStreamQuery) P(cuStreamQuery_ptsz) P(cuEventQuery)
     P(cuLaunchKernel) P(cuLaunchKernel_ptsz) P(cuLaunchKernelEx) P(cuLaunchKernelEx_ptsz)
     P(cuLaunchCooperativeKernel) P(cuLaunchCooperativeKernel_ptsz)
     P(cuLaunchCooperativeKernelMultiDevice) P(cuGraphLaunch) P(cuGraphLaunch_ptsz)

@@ -303,7 +303,7 @@ static CUresult run_graph(CUgraphExec exec, CUstream s, int launch_it)
     struct fake_exec *e = exec_of(exec);
     CUresult r = e != NULL ? map_exec(e) : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&dev.mu);
-    return r == CUDA_SUCCESS && launch_it ? fake_launch(s) : r;
+    return r == CUDA_SUCCESS && launch_it ? fake_run(s, 0) : r;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run_graph(g, s, 1); }

@@ -485,14 +485,39 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return CUDA_SUCCESS;
 }
 
+/* Page-locked host memory, as cuMemHostAlloc gave it: copies to and from it do not block. */
+#define MAX_PINNED 256
+static void *pinned[MAX_PINNED];
+
+int fake_pinned(const void *p)
+{
+    int found = 0;
+    pthread_mutex_lock(&dev.mu);
+    for (int i = 0; i < MAX_PINNED && !found && p != NULL; i++) found = pinned[i] == p;
+    pthread_mutex_unlock(&dev.mu);
+    return found;
+}
+
 EXPORT CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags)
 {
     (void)flags;
     *p = malloc(bytes ? bytes : 1);
-    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (*p == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&dev.mu);
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned[i] == NULL) {
+            pinned[i] = *p;
+            break;
+        }
+    pthread_mutex_unlock(&dev.mu);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemFreeHost(void *p)
 {
+    pthread_mutex_lock(&dev.mu);
+    for (int i = 0; i < MAX_PINNED && p != NULL; i++)
+        if (pinned[i] == p) pinned[i] = NULL;
+    pthread_mutex_unlock(&dev.mu);
     free(p);
     return CUDA_SUCCESS;
 }

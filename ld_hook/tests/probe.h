@@ -22,5 +22,7 @@ int handle_of(unsigned long long id, char kind, uint64_t *value);
 void reply(CUresult r, const char *fmt, unsigned long long v);
 /* 1 when `cmd` is one of the commands in probe_cases.c (it has answered). */
 int probe_case(const char *cmd, const char *args);
+/* Likewise for the commands that wait for the GPU (probe_waits.c). */
+int probe_wait_case(const char *cmd, const char *args);
 
 #endif

@@ -465,6 +465,7 @@ static int context_case(const char *cmd, unsigned long long x, unsigned long lon
 int probe_case(const char *cmd, const char *args)
 {
     if (strcmp(cmd, "submit") == 0) return submit(args);
+    if (probe_wait_case(cmd, args)) return 1;
     unsigned long long x = 0, y = 0, z = 0;
     sscanf(args, "%llu %llu %llu", &x, &y, &z);
     return memory_case(cmd, x, y, z) || capture_case(cmd, x, y) || graph_case(cmd, x, y, z) ||

@@ -129,14 +129,22 @@ def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:
     assert drops(out) == [low] and grants(out) == [high]
     assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == []
     h.advance(0.01)
-    # A lower priority lends nothing: equal or lower waiters wait for the slice rules.
+    # A lower priority lends nothing: a higher one keeps the GPU for its slice.
     h.feed(ev.LockRequested(low, 2))
     assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
+    h.feed(ev.LockRequested(high, 3))
+    assert drops(h.sent[-1:]) == []
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.EXIT))
     other = h.register(uid=1)
+    low = h.register(uid=1)
     h.feed(ev.LockRequested(other, 1))
-    h.feed(ev.LockReleased(low, ev.ReleaseReason.IDLE))
-    h.feed(ev.LockRequested(low, 3))
-    assert drops(h.sent[-1:]) == []  # equal priority: no taking back
+    h.feed(ev.LockRequested(low, 1))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.EXIT))
+    # Equal priority: the lender has the rest of its quantum back, after the borrower's drain.
+    h.feed(ev.LockReleased(other, ev.ReleaseReason.IDLE))
+    out = h.feed(ev.LockRequested(other, 2))
+    assert drops(out) == [low] and grants(out) == []
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == [other]
 
 
 def test_a_lender_is_told_it_may_take_its_gpu_back_without_waiting() -> None:
@@ -209,8 +217,10 @@ def test_while_someone_waits_the_holder_is_told_to_hand_over_after_a_short_idle(
     assert grant.idle_release_s == 1.0  # nobody waits: the long idle release
     out = h.feed(ev.LockRequested(b, 1))
     assert of(out, act.LockTerms) == [act.LockTerms(a, 10.0, 0.005)]
+    h.advance(9)
     (grant,) = of(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE)), act.Grant)
     assert (grant.client_id, grant.idle_release_s) == (b, 1.0)
+    h.advance(2)  # a's quantum is over: it waits for b's like anyone
     h.feed(ev.LockRequested(a, 2))
     assert of(h.sent[-1:], act.LockTerms) == [act.LockTerms(b, 10.0, 0.005)]
     out = h.feed(ev.LockReleased(a, ev.ReleaseReason.EXIT))  # the waiter gave up

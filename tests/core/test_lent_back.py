@@ -1,0 +1,64 @@
+"""An idle hand-off between equals lends the GPU, it does not give the quantum away.
+
+A loop whose first steps pause on the CPU (CUDA and cuBLAS loading, allocations) hands the GPU
+over at every pause while another loop waits (`scheduler.idleHandoff`). If each pause cost it a
+whole quantum of the other's, it would make no step for several quanta (issue 22: 100/0 over
+15 s). So a holder of equal priority granted in its place gives way as soon as it asks again
+inside its quantum, and the lender's quantum goes on from where it was (`priority.lent_back`)."""
+
+from __future__ import annotations
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.node import NodeCore
+from appliance.policy.model import Policy, SchedulerSettings
+
+from .conftest import Harness, of
+
+TQ = 5.0
+
+
+def grants(out: list[act.Action]) -> list[int]:
+    return [g.client_id for g in of(out, act.Grant)]
+
+
+def drops(out: list[act.Action]) -> list[int]:
+    return [d.client_id for d in of(out, act.Drop)]
+
+
+def two_loops() -> tuple[Harness, int, int]:
+    """a holds since 0; b asked at 0.5, and holds from a's quantum on (5 s)."""
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b = h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.advance(0.5)
+    h.feed(ev.LockRequested(b, 1))
+    assert drops(h.advance(TQ - 0.5)) == [a]
+    h.feed(ev.LockRequested(a, 2))  # its next step asks at once
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
+    return h, a, b
+
+
+def test_a_loop_pausing_in_its_first_steps_keeps_the_rest_of_its_quantum() -> None:
+    h, a, b = two_loops()
+    for n in range(3):  # three pauses in b's first step
+        h.advance(0.05)
+        assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))) == [a]
+        h.advance(0.02)
+        out = h.feed(ev.LockRequested(b, 2 + n))
+        assert drops(out) == [a]  # at once, not after a's quantum
+        h.feed(ev.LockRequested(a, 3 + n))
+        assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
+    # b's quantum still runs from its grant at 5 s: a has the GPU back at 10 s, not later.
+    assert drops(h.advance(10.0 - 0.21 - 5.0 - 0.01)) == []
+    assert drops(h.advance(0.02)) == [b]
+
+
+def test_a_lender_back_after_its_quantum_waits_like_anyone() -> None:
+    h, a, b = two_loops()
+    h.advance(TQ - 1)
+    assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))) == [a]
+    h.advance(2)  # b's quantum (5 to 10 s) is over when it asks again
+    assert drops(h.feed(ev.LockRequested(b, 2))) == []
+    assert drops(h.advance(TQ - 2 - 0.01)) == []
+    assert drops(h.advance(0.02)) == [a]  # a's own quantum
