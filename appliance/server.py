@@ -44,15 +44,16 @@ from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.identity import ClientIdentity
 from appliance.core.shown import MemoryView
-from appliance.host.peer import identify
+from appliance.host.peer import identify, where_it_runs
 from appliance.host.pidns import pids_seen_by
 from appliance.policy.model import ConnectionSettings
-from appliance.socket_claim import SocketClaim, claim_sockets
+from appliance.socket_claim import SocketClaim, claim_sockets, listen_backlog
 
 log = logging.getLogger("nvshare.server")
 
 STATUS_REUSE_S = 0.1
 SWEEP_S = 1.0
+ACCEPTS_PER_TURN = 64
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
 ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
@@ -136,7 +137,13 @@ class SchedulerServer:
         self.admission.quiet_accept_errors(loop)
         try:
             for role, bound in ((Role.HOOK, self._claim.hook), (Role.CONTROL, self._claim.control)):
-                server = await loop.create_unix_server(self._factory(role), sock=bound.sock)
+                # asyncio accepts up to `backlog` connections per turn of the loop: a small
+                # turn, so that a churner's connections never hold registrations back...
+                server = await loop.create_unix_server(
+                    self._factory(role), sock=bound.sock, backlog=ACCEPTS_PER_TURN
+                )
+                # ...but the kernel's longest queue behind it (asyncio set it to the turn's)
+                bound.sock.listen(listen_backlog())
                 self._servers.append(server)
         except BaseException:
             self._claim.release()
@@ -189,13 +196,16 @@ class SchedulerServer:
     def _opened(self, conn: PeerConnection) -> bool:
         """Who it is (the kernel's word), and whether it may hold a connection now."""
         conn.peer = _who(conn.pid, conn.uid)
-        conn.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root)
-        pod = conn.ident.pod_uid
+        # Admission first, on one small read: a process opening connections in a loop is
+        # refused before the daemon spends more on it (names, groups, executable).
+        cgroup = where_it_runs(conn.pid, proc_root=self.proc_root)
+        pod = cgroup.pod_uid if cgroup is not None else None
         key = ("pod", pod) if pod else ("uid", str(conn.uid))
         refusal = self.admission.admit(key)
         if refusal is not None:
             conn.send(p.Result(p.Status.PERMISSION, 0, f"{refusal}; try again later"))
             return False
+        conn.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root, cgroup=cgroup)
         conn.admission_key = key
         self._connections[conn.number] = conn
         return True

@@ -196,6 +196,7 @@ class ConnectionSettings:
 
     per_uid: int = 1024  # processes of one user outside pods
     per_pod: int = 256  # processes of one pod, whatever their uids
+    new_per_second: int = 64  # new connections of one user or pod, sustained (bursts: the cap)
 
 
 @dataclass(frozen=True, slots=True)
