@@ -62,7 +62,7 @@ def identify(
     gid: int,
     *,
     proc_root: Path = Path("/proc"),
-    cgroup: CgroupIdentity | None | bool = True,
+    cgroup: CgroupIdentity | bool | None = True,
     claimed_namespace: str = "",
     claimed_pod: str = "",
 ) -> ClientIdentity:
