@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from appliance import sdnotify, socket_dirs
 from appliance.admission import raise_open_files
+from appliance.codec import NodeGpus
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.authority import Authority
@@ -274,6 +275,7 @@ class Daemon:
             caps=lambda: core.state.policy.connections,
             open_files=open_files,
             proc_root=config.proc_root,
+            gpus=lambda: NodeGpus.of(inventory.values(), core.state.policy),
         )
         engine.connect(self.server.send, *SchedulerServer.ACTIONS)
         engine.connect(lambda a: limits_file.write(a.limits), act.LimitsPublished)

@@ -84,8 +84,10 @@ class SchedulerServer:
         caps: Callable[[], ConnectionSettings] = ConnectionSettings,
         open_files: int = 1024,
         proc_root: Path = Path("/proc"),
+        gpus: Callable[[], codec.NodeGpus] = codec.NodeGpus,
     ) -> None:
         self.socket_dir = socket_dir
+        self._gpus = gpus
         self.control_dir = control_dir
         self.proc_root = proc_root
         self._dispatch = dispatch
@@ -280,7 +282,8 @@ class SchedulerServer:
         if conn.client_id is not None:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
             return
-        if (problem := codec.hook_problem(msg)) is not None:
+        problem = codec.hook_problem(msg) or self._gpus().problem(msg.gpu_uuid)
+        if problem is not None:
             conn.refuse(p.Result(p.Status.INVALID, p.MsgType.REGISTER, problem), problem, seq)
             return
         ident = self._claiming(conn, msg)

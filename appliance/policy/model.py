@@ -160,9 +160,9 @@ class AnnotationPolicy:
     max_memory_bytes: int | None = None
     min_core_percent: int = 1
     max_core_percent: int = 100
-    max_core_request: int = 100
+    max_core_request: int = 50  # 100 let one pod's request starve every other
     min_priority: int = PRIORITY_NAMES["low"]
-    max_priority: int = PRIORITY_NAMES["high"]
+    max_priority: int = PRIORITY_NAMES["normal"]  # high is the operator's to give
 
 
 @dataclass(frozen=True, slots=True)
