@@ -4,7 +4,8 @@ starting meanwhile run unshared.
 It used to fill the hooks' socket backlog (asyncio's 100), and every hook that found it full
 took that for "no scheduler" and ran ungated. Now the backlog is the kernel's maximum, a hook
 waits for room up to NVSHARE_DAEMON_TIMEOUT_MS, and the churner's pod is refused past
-`connections.newPerSecond` on its cgroup alone.
+`connections.newPerSecond` before asyncio makes anything of its connections, so the daemon
+drains the backlog faster than the churner fills it.
 """
 
 from __future__ import annotations
@@ -95,4 +96,5 @@ def test_programs_starting_under_connection_churn_all_register(
     eventually(
         lambda: pids <= {c["pid"] for c in stage.status()["clients"]}, "every program registered"
     )
-    assert "opens connections faster than connections.newPerSecond" in stage.output()
+    # past its burst (or its cap of connections not yet closed), refused, and said once
+    assert stage.output().count(f"refusing connections: pod {CHURNER_POD}") == 1
