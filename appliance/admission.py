@@ -18,7 +18,6 @@ second, each failure logged with a traceback, and a new CUDA process ran unregis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import resource
 import time
@@ -32,7 +31,6 @@ log = logging.getLogger("nvshare.server")
 
 FILES_IN_RESERVE = 128
 _LOG_EVERY_S = 60.0
-_ACCEPT_FAILED = "socket.accept() out of system resource"
 _BUCKETS_KEPT = 4096
 
 
@@ -135,24 +133,3 @@ class Admission:
         self._open[key] -= 1
         if self._open[key] <= 0:
             del self._open[key]
-
-    def quiet_accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
-        """asyncio logs every failed accept with a traceback and retries a second later; say it
-        once a minute instead, in a line."""
-        previous = loop.get_exception_handler()
-
-        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-            if context.get("message") == _ACCEPT_FAILED:
-                self.notes.warn(
-                    "accept",
-                    "cannot accept connections: %s (%d open); retrying every second",
-                    context.get("exception"),
-                    self.count,
-                )
-                return
-            if previous is not None:
-                previous(loop, context)
-            else:
-                loop.default_exception_handler(context)
-
-        loop.set_exception_handler(handler)

@@ -6,26 +6,30 @@ from __future__ import annotations
 
 import logging
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from appliance.admission import Admission, EveryMinute, raise_open_files
 from appliance.policy.model import ConnectionSettings
 
-# A real asyncio server with the admission's quiet handler, short of files: every connection
-# past its limit fails in accept(), over and over, for three seconds.
+# The daemon's own socket server, short of files: every connection past its limit fails in
+# accept(), over and over, for three seconds.
 SERVER = """
 import asyncio, logging, os, resource, sys
-from appliance.admission import Admission
-from appliance.policy.model import ConnectionSettings
+from pathlib import Path
+from appliance.server import SchedulerServer
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 async def main():
-    admission = Admission(total=1000, caps=ConnectionSettings)
-    admission.quiet_accept_errors(asyncio.get_running_loop())
-    await asyncio.get_running_loop().create_unix_server(asyncio.Protocol, path=sys.argv[1])
+    server = SchedulerServer(
+        socket_dir=Path(sys.argv[1]), control_dir=Path(sys.argv[1]) / "control",
+        dispatch=lambda event: None, status=None, queries={}, view=None, open_files=1000,
+    )
+    await server.start()
     print("listening", flush=True)
     await asyncio.sleep(3)
     sys.stderr.flush()
@@ -34,10 +38,11 @@ asyncio.run(main())
 """
 
 
-def test_accept_failing_for_want_of_files_is_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "s.sock"
+def test_accept_failing_for_want_of_files_is_one_line() -> None:
+    base = Path(tempfile.mkdtemp(prefix="nvs-ad-"))  # short: socket paths have 108 bytes
+    path = base / "scheduler.sock"
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(path)],
+        [sys.executable, "-c", SERVER, str(base)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -55,6 +60,7 @@ def test_accept_failing_for_want_of_files_is_one_line(tmp_path: Path) -> None:
     _, err = server.communicate(timeout=30)
     for c in clients:
         c.close()
+    shutil.rmtree(base, ignore_errors=True)
     assert err.count("cannot accept connections") == 1, err
     assert "Too many open files" in err and "Traceback" not in err
 
