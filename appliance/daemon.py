@@ -34,7 +34,8 @@ from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_
 from appliance.host.cgroup import cgroup_identity
 from appliance.host.process import ProcessIdentities
 from appliance.limits_file import LimitsFile
-from appliance.metrics import ApplianceCollector, serve_metrics
+from appliance.metrics import ApplianceCollector
+from appliance.metrics_endpoint import serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
