@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,6 @@ def run_extender(
     *, policy_dir: Path, kube_api: str | None, switch: bool | None, host: str, port: int
 ) -> int:
     """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
-    import signal
 
     from appliance.kube.api import KubeConfigError, api_client_from_env
     from appliance.policy.errors import PolicyLoadError
@@ -160,7 +158,6 @@ def run_extender(
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_until_stopped("scheduler extender", log)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import math
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -186,10 +187,17 @@ class CacheBackedServer(DualStack, BoundedConnections, ThreadingHTTPServer):
         return int(self.server_address[1])
 
     def serve_until_stopped(self, what: str, log: logging.Logger) -> None:
-        """Serve until shut down or interrupted, then close, stopping the caches too."""
+        """Serve until shut down, SIGTERM or interrupted, then close, stopping the caches too
+        (all of it within 2 s of the signal)."""
         host, port = self.server_address[:2]
         assert isinstance(host, str)  # an IP server's, not a Unix socket's
         shown = f"[{host}]" if ":" in host else host
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM: stop serving (within serve_forever's half-second poll), then close
+            signal.signal(
+                signal.SIGTERM,
+                lambda *_: threading.Thread(target=self.shutdown, daemon=True).start(),
+            )
         log.info("%s listening on %s://%s:%d", what, self.SCHEME, shown, port)
         try:
             self.serve_forever()

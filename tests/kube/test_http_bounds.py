@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from certs import issue
 from extender_client import ExtenderClient, args, gpu_pod
 from kubernetes import client
 from prometheus_client import CollectorRegistry
@@ -210,6 +211,43 @@ def test_sigterm_stops_the_extender_while_peers_hold_it(tmp_path: Path) -> None:
         peers.append(trickler)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0
+        for s in peers:
+            s.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_sigterm_stops_the_webhook_cleanly_while_peers_hold_it(tmp_path: Path) -> None:
+    cert_file, key_file = issue(tmp_path)
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    command = [str(Path(sys.executable).parent / "nvshare-scheduler"), "webhook"]
+    proc = subprocess.Popen(
+        [
+            *command,
+            f"--policy-dir={tmp_path}",
+            f"--cert-file={cert_file}",
+            f"--key-file={key_file}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--kube-api=http://127.0.0.1:9",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    try:
+        while "listening" not in proc.stderr.readline():
+            assert proc.poll() is None, "the webhook did not start"
+        peers = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(2)]
+        peers[0].sendall(b"\x16\x03\x01")  # a TLS handshake begun, never finished
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0  # stopped, not killed by the signal
         for s in peers:
             s.close()
     finally:
