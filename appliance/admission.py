@@ -9,12 +9,15 @@ second, each failure logged with a traceback, and a new CUDA process ran unregis
 - the processes of one pod may hold `connections.perPod` connections, those of one user outside
   pods `connections.perUid` (policy); past a cap, or past the daemon's total, a new connection
   gets an error frame saying which cap and is closed;
+- each user outside pods, and each pod, may open `connections.newPerSecond` new connections a
+  second, sustained, and a burst up to its cap at once (a token bucket); past that, a new
+  connection is refused on its cgroup alone. One process connecting and closing in a loop
+  used to fill the listen backlog, and every CUDA program starting meanwhile ran unshared;
 - what is refused, and accept failing for want of files, is logged once a minute per reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import resource
 import time
@@ -28,7 +31,7 @@ log = logging.getLogger("nvshare.server")
 
 FILES_IN_RESERVE = 128
 _LOG_EVERY_S = 60.0
-_ACCEPT_FAILED = "socket.accept() out of system resource"
+_BUCKETS_KEPT = 4096
 
 
 def raise_open_files(wanted: int) -> int:
@@ -72,53 +75,61 @@ class EveryMinute:
 
 
 class Admission:
-    def __init__(self, *, total: int, caps: Callable[[], ConnectionSettings]) -> None:
+    def __init__(
+        self,
+        *,
+        total: int,
+        caps: Callable[[], ConnectionSettings],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total = total
         self._caps = caps
+        self._clock = clock
         self._open: Counter[tuple[str, str]] = Counter()
+        self._tokens: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (tokens, at)
         self.count = 0
-        self.notes = EveryMinute()
+        self.notes = EveryMinute(clock)
 
     def admit(self, key: tuple[str, str]) -> str | None:
         """Count a new connection of `key` (("pod", uid) or ("uid", n)); or why it may not."""
         caps = self._caps()
         kind, name = key
         cap, setting = (caps.per_pod, "perPod") if kind == "pod" else (caps.per_uid, "perUid")
+        who = f"pod {name}" if kind == "pod" else f"uid {name}"
+        if not self._take_token(key, cap, caps.new_per_second):
+            why = (
+                f"{who} opens connections faster than connections.newPerSecond="
+                f"{caps.new_per_second} (bursts up to connections.{setting}={cap})"
+            )
+            self.notes.warn(f"refuse {kind} {name}", "refusing connections: %s", why)
+            return why
         if self.count >= self.total:
             why = f"the daemon holds {self.count} connections, all it can (open-files limit)"
         elif self._open[key] >= cap:
-            who = f"pod {name}" if kind == "pod" else f"uid {name}"
             why = f"{who} holds {self._open[key]} connections, its cap (connections.{setting})"
         else:
             self._open[key] += 1
             self.count += 1
             return None
-        self.notes.warn(f"cap {kind} {name}", "refusing connections: %s", why)
+        self.notes.warn(f"refuse {kind} {name}", "refusing connections: %s", why)
         return why
+
+    def _take_token(self, key: tuple[str, str], burst: int, rate: int) -> bool:
+        now = self._clock()
+        tokens, at = self._tokens.get(key, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - at) * rate)
+        if tokens < 1.0:
+            self._tokens[key] = (tokens, now)
+            return False
+        self._tokens[key] = (tokens - 1.0, now)
+        if len(self._tokens) > _BUCKETS_KEPT:  # forget the full ones: as if never seen
+            self._tokens = {
+                k: (t, a) for k, (t, a) in self._tokens.items() if t + (now - a) * rate < burst
+            }
+        return True
 
     def release(self, key: tuple[str, str]) -> None:
         self.count -= 1
         self._open[key] -= 1
         if self._open[key] <= 0:
             del self._open[key]
-
-    def quiet_accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
-        """asyncio logs every failed accept with a traceback and retries a second later; say it
-        once a minute instead, in a line."""
-        previous = loop.get_exception_handler()
-
-        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-            if context.get("message") == _ACCEPT_FAILED:
-                self.notes.warn(
-                    "accept",
-                    "cannot accept connections: %s (%d open); retrying every second",
-                    context.get("exception"),
-                    self.count,
-                )
-                return
-            if previous is not None:
-                previous(loop, context)
-            else:
-                loop.default_exception_handler(context)
-
-        loop.set_exception_handler(handler)

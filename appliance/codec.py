@@ -9,7 +9,8 @@ server applies these per connection, after it has checked identity and permissio
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from appliance import protocol as p
@@ -17,8 +18,9 @@ from appliance import protocol_gang as pg
 from appliance import protocol_view as pv
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.gpus import GpuFacts
 from appliance.core.limits import HookLimits
-from appliance.policy.model import MAX_PRIORITY, MIN_PRIORITY, Limits
+from appliance.policy.model import MAX_PRIORITY, MIN_PRIORITY, Limits, Policy
 from appliance.policy.quantity import MAX_SIZE_BYTES
 
 # More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
@@ -124,6 +126,37 @@ def _priority_hint_problem(m: p.PriorityHint) -> str | None:
     if MIN_PRIORITY <= m.priority <= MAX_PRIORITY:
         return None
     return f"priority {m.priority} is outside {MIN_PRIORITY} to {MAX_PRIORITY}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """The GPUs a hook may register on: those NVML lists on this node and those the policy
+    declares by UUID. A made-up UUID used to be a GPU of its own, enough to make a process's
+    two connections a gang "holding part of its GPUs" and have another client dropped at once.
+    Empty (no NVML, none declared: a test machine) checks nothing; MIG instances are not
+    listed one by one, so where a GPU has MIG on, a "MIG-" UUID passes."""
+
+    uuids: frozenset[str] = frozenset()
+    mig: bool = False
+
+    @classmethod
+    def of(cls, inventory: Iterable[GpuFacts], policy: Policy) -> NodeGpus:
+        listed = list(inventory)
+        declared = {r.match.uuid for r in policy.gpus if r.match.uuid}
+        return cls(
+            uuids=frozenset({g.uuid for g in listed} | declared),
+            mig=any(g.mig_enabled for g in listed),
+        )
+
+    def problem(self, uuid: str) -> str | None:
+        """Why a hook may not register on `uuid`, or None."""
+        if not self.uuids or uuid in self.uuids or (self.mig and uuid.startswith("MIG-")):
+            return None
+        known = ", ".join(sorted(self.uuids)[:8])
+        return (
+            f"GPU {uuid[:64]!r} is not a GPU of this node (NVML lists and the policy "
+            f"declares: {known})"
+        )
 
 
 # A hook's message -> what is out of range in it, if anything (the daemon then closes it).

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from appliance import sdnotify, socket_dirs
 from appliance.admission import raise_open_files
+from appliance.codec import NodeGpus
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.authority import Authority
@@ -35,7 +36,8 @@ from appliance.host.cgroup import cgroup_identity
 from appliance.host.process import ProcessIdentities
 from appliance.limit_log import LimitChangeLog, LimitContext
 from appliance.limits_file import LimitsFile
-from appliance.metrics import ApplianceCollector, serve_metrics
+from appliance.metrics import ApplianceCollector
+from appliance.metrics_endpoint import serve_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
@@ -288,6 +290,7 @@ class Daemon:
             caps=lambda: core.state.policy.connections,
             open_files=open_files,
             proc_root=config.proc_root,
+            gpus=lambda: NodeGpus.of(inventory.values(), core.state.policy),
         )
         narrated = LimitChangeLog(
             self.server.send,

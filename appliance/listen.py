@@ -15,8 +15,12 @@ import errno
 import logging
 import socket
 import socketserver
+import ssl
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger("nvshare.listen")
 
@@ -69,3 +73,106 @@ def bind(make: Callable[[tuple[str, int]], S], host: str, port: int, *, what: st
             port,
         )
         return make(("0.0.0.0", port))
+
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 34\r\n"
+    b"Connection: close\r\n\r\ntoo many connections; retry later\n"
+)
+
+
+class BoundedConnections(socketserver.ThreadingMixIn, socketserver.BaseServer):
+    """A thread per connection, but only so many, and none held for long by a slow peer.
+
+    Mixed in before the server class. Unbounded, one idle connection kept a thread forever (942
+    threads after 150 s), and a peer trickling a request in held its thread as long as it
+    liked. Now:
+    - at most `max_connections` are served at once, `max_per_peer` of them from one address;
+      past that a new connection is answered 503 (plain HTTP; a TLS one is closed) and closed,
+      without a thread;
+    - every request must arrive whole within `request_deadline_s` of when the server began
+      waiting for it (the handler says when: `expect_by`), or its connection is shut down; the
+      check runs on the serving thread between accepts (`service_actions`), not a thread each.
+    """
+
+    daemon_threads = True
+    max_connections = 64
+    max_per_peer = 16
+    request_deadline_s = 40.0
+
+    _bounded: tuple[threading.Lock, dict[Any, float], Counter[str]]
+
+    def _bounds(self) -> tuple[threading.Lock, dict[Any, float], Counter[str]]:
+        # made on first use: the server classes this is mixed into have their own __init__s
+        if not hasattr(self, "_bounded"):
+            self._bounded = (threading.Lock(), {}, Counter())
+        return self._bounded
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        lock, deadlines, peers = self._bounds()
+        peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        with lock:
+            busy = len(deadlines) >= self.max_connections or peers[peer] >= self.max_per_peer
+            if not busy:
+                deadlines[request] = time.monotonic() + self.request_deadline_s
+                peers[peer] += 1
+        if busy:
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request, peer)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+            self._forget(request, peer)
+
+    def _forget(self, request: Any, peer: str) -> None:
+        lock, deadlines, peers = self._bounds()
+        with lock:
+            if deadlines.pop(request, None) is not None:
+                peers[peer] -= 1
+                if peers[peer] <= 0:
+                    del peers[peer]
+
+    def expect_by(self, request: Any, deadline: float) -> None:
+        """The next request on `request` must have arrived by `deadline` (monotonic);
+        `math.inf` while one is being answered."""
+        lock, deadlines, _ = self._bounds()
+        with lock:
+            if request in deadlines:
+                deadlines[request] = deadline
+
+    @property
+    def connections(self) -> int:
+        lock, deadlines, _ = self._bounds()
+        with lock:
+            return len(deadlines)
+
+    def service_actions(self) -> None:
+        super().service_actions()
+        lock, deadlines, _ = self._bounds()
+        now = time.monotonic()
+        with lock:
+            overdue = [request for request, deadline in deadlines.items() if deadline < now]
+        for request in overdue:
+            try:
+                request.shutdown(socket.SHUT_RDWR)  # its thread reads the end and leaves
+            except OSError:
+                pass
+
+
+def _refuse_busy(request: Any) -> None:
+    if isinstance(request, ssl.SSLSocket):
+        return  # no handshake for a connection that is not served
+    try:
+        request.setblocking(False)
+        request.send(_BUSY)
+    except OSError:
+        pass

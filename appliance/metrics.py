@@ -19,13 +19,8 @@ limit has no `nvshare_client_memory_limit_bytes`.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -33,8 +28,6 @@ from appliance.core.events import ReleaseReason
 from appliance.core.gputime import LockTime, PodView
 from appliance.core.state import Phase
 from appliance.core.views import ClientView, PolicyStatus, StatusView
-from appliance.listen import DualStack, bind, split_address
-from appliance.probes import Reasons, http_answer
 from appliance.protocol import wire_mode
 
 Snapshot = Callable[[], StatusView]
@@ -419,42 +412,3 @@ def _policy(policy: PolicyStatus) -> Iterator[Metric]:
     for result, n in sorted(policy.reload_counts.items()):
         reloads.add_metric([result], n)
     yield reloads
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _MetricsServer(DualStack, ThreadingMixIn, WSGIServer):
-    """Threaded: a probe must be answered while a scrape waits on the event loop."""
-
-    daemon_threads = True
-
-
-def serve_metrics(
-    *, address: str, registry: CollectorRegistry, health: Reasons, readiness: Reasons
-) -> WSGIServer:
-    """Serve /metrics, /healthz and /readyz on `address` ("HOST:PORT"; "[::]:PORT" or
-    ":PORT" for every address of both families) in a daemon thread."""
-    metrics_app = make_wsgi_app(registry)
-    probes = {"/healthz": health, "/readyz": readiness}
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        probe = probes.get(environ.get("PATH_INFO", ""))
-        if probe is None:
-            return metrics_app(environ, start_response)
-        code, body = http_answer(probe())
-        status = "200 OK" if code == 200 else "503 Service Unavailable"
-        start_response(status, [("Content-Type", "text/plain")])
-        return [body]
-
-    host, port = split_address(address)
-    server = bind(
-        lambda at: make_server(at[0], at[1], app, _MetricsServer, _QuietHandler),
-        host,
-        port,
-        what="metrics",
-    )
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server

@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import pwd
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.identity import ClientIdentity
 from appliance.core.shown import MemoryView
-from appliance.host.peer import identify
+from appliance.host.peer import identify, peer_credentials, where_it_runs
 from appliance.host.pidns import pids_seen_by
 from appliance.policy.model import ConnectionSettings
 from appliance.socket_claim import SocketClaim, claim_sockets
@@ -53,6 +54,7 @@ log = logging.getLogger("nvshare.server")
 
 STATUS_REUSE_S = 0.1
 SWEEP_S = 1.0
+ACCEPTS_PER_TURN = 256
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
 ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
@@ -83,8 +85,10 @@ class SchedulerServer:
         caps: Callable[[], ConnectionSettings] = ConnectionSettings,
         open_files: int = 1024,
         proc_root: Path = Path("/proc"),
+        gpus: Callable[[], codec.NodeGpus] = codec.NodeGpus,
     ) -> None:
         self.socket_dir = socket_dir
+        self._gpus = gpus
         self.control_dir = control_dir
         self.proc_root = proc_root
         self._dispatch = dispatch
@@ -99,7 +103,9 @@ class SchedulerServer:
         self._claim: SocketClaim | None = None
         self._ids = itertools.count(1)
         self._numbers = itertools.count(1)
-        self._servers: list[asyncio.base_events.Server] = []
+        self._listening: list[socket.socket] = []
+        self._adopting: set[asyncio.Task[None]] = set()
+        self._keys: dict[int, tuple[float, tuple[str, str]]] = {}  # pid -> (until, admission key)
         self._sweeper: asyncio.TimerHandle | None = None
         self._status_cache: tuple[int, float, bytes] | None = None
         # What each message a peer may send is turned into: greppable, no names built at run time.
@@ -133,11 +139,11 @@ class SchedulerServer:
         """Claim the sockets and serve; raises `SocketUnavailable` saying why it cannot."""
         self._claim = claim_sockets(self.socket_dir, self.control_dir)
         loop = asyncio.get_running_loop()
-        self.admission.quiet_accept_errors(loop)
         try:
             for role, bound in ((Role.HOOK, self._claim.hook), (Role.CONTROL, self._claim.control)):
-                server = await loop.create_unix_server(self._factory(role), sock=bound.sock)
-                self._servers.append(server)
+                bound.sock.setblocking(False)
+                loop.add_reader(bound.sock.fileno(), self._accept, role, bound.sock)
+                self._listening.append(bound.sock)
         except BaseException:
             self._claim.release()
             raise
@@ -147,13 +153,14 @@ class SchedulerServer:
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for server in self._servers:
-            server.close()
+        loop = asyncio.get_running_loop()
+        for sock in self._listening:
+            loop.remove_reader(sock.fileno())
+            sock.close()  # the server's own accept loop (`_accept`) owns them
+        self._listening.clear()
         for conn in list(self._connections.values()):  # registered or not: nobody waits
             conn.close()
-        for server in self._servers:
-            await server.wait_closed()
-        self._servers.clear()
+        await asyncio.sleep(0)  # their transports close on the loop's next turn
         if self._claim is not None:
             self._claim.release()  # only if the sockets at the paths are still ours
             self._claim = None
@@ -172,9 +179,74 @@ class SchedulerServer:
 
     # ----------------------------------------------------------------- connections
 
-    def _factory(self, role: Role) -> Callable[[], PeerConnection]:
+    def _accept(self, role: Role, listener: socket.socket) -> None:
+        """Accept what waits, `ACCEPTS_PER_TURN` at most, and refuse at once, before asyncio
+        makes anything of it, a connection its user or pod may not open now (`admission`).
+
+        One process connecting and closing in a loop keeps the listen backlog full, and the
+        kernel gives a freed slot to whoever asks first, seldom a program that has just
+        started. Refusing costs the daemon an accept, SO_PEERCRED and a close (the cgroup is
+        read once a second per pid), so it drains the backlog faster than one churner fills
+        it, and programs starting meanwhile find room.
+        """
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of files: say so once a minute, try again in a second
+                self.admission.notes.warn(
+                    "accept",
+                    "cannot accept connections: %s (%d open); retrying every second",
+                    exc,
+                    self.admission.count,
+                )
+                loop.remove_reader(listener.fileno())
+                loop.call_later(1.0, self._resume, role, listener)
+                return
+            try:
+                pid, uid, _ = peer_credentials(sock)
+            except OSError:
+                pid = uid = -1
+            key = self._admission_key(pid, uid, loop.time())
+            refusal = self.admission.admit(key)
+            if refusal is not None:
+                _refuse(sock, refusal)
+                continue
+            sock.setblocking(False)
+            task = loop.create_task(self._adopt(role, sock, key))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    def _resume(self, role: Role, listener: socket.socket) -> None:
+        if listener in self._listening:
+            asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, role, listener)
+
+    def _admission_key(self, pid: int, uid: int, now: float) -> tuple[str, str]:
+        """Whose connection budget a connection draws on: its pod's, else its user's."""
+        known = self._keys.get(pid)
+        if known is not None and known[0] > now:
+            return known[1]
+        cgroup = where_it_runs(pid, proc_root=self.proc_root) if pid > 0 else None
+        pod = cgroup.pod_uid if cgroup is not None else None
+        key = ("pod", pod) if pod else ("uid", str(uid))
+        if len(self._keys) > 4096:
+            self._keys = {p: k for p, k in self._keys.items() if k[0] > now}
+        self._keys[pid] = (now + 1.0, key)
+        return key
+
+    async def _adopt(self, role: Role, sock: socket.socket, key: tuple[str, str]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(self._factory(role, key), sock=sock)
+        except OSError:
+            self.admission.release(key)
+            sock.close()
+
+    def _factory(self, role: Role, key: tuple[str, str]) -> Callable[[], PeerConnection]:
         def make() -> PeerConnection:
-            return PeerConnection(
+            conn = PeerConnection(
                 role=role,
                 bounds=BOUNDS[role],
                 budget=self._budget,
@@ -183,20 +255,15 @@ class SchedulerServer:
                 on_frame=self._on_frame,
                 on_close=self._closed,
             )
+            conn.admission_key = key  # admitted (`_accept`): released when it closes
+            return conn
 
         return make
 
     def _opened(self, conn: PeerConnection) -> bool:
-        """Who it is (the kernel's word), and whether it may hold a connection now."""
+        """Who it is: the kernel's word, read again now that it is admitted."""
         conn.peer = _who(conn.pid, conn.uid)
         conn.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root)
-        pod = conn.ident.pod_uid
-        key = ("pod", pod) if pod else ("uid", str(conn.uid))
-        refusal = self.admission.admit(key)
-        if refusal is not None:
-            conn.send(p.Result(p.Status.PERMISSION, 0, f"{refusal}; try again later"))
-            return False
-        conn.admission_key = key
         self._connections[conn.number] = conn
         return True
 
@@ -270,7 +337,8 @@ class SchedulerServer:
         if conn.client_id is not None:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
             return
-        if (problem := codec.hook_problem(msg)) is not None:
+        problem = codec.hook_problem(msg) or self._gpus().problem(msg.gpu_uuid)
+        if problem is not None:
             conn.refuse(p.Result(p.Status.INVALID, p.MsgType.REGISTER, problem), problem, seq)
             return
         ident = self._claiming(conn, msg)
@@ -361,6 +429,16 @@ class SchedulerServer:
             return
         reply = p.JsonBody(p.MsgType.QUERY_REPLY, views.to_json(answer))
         conn.send_raw(framing.encode(reply, seq=seq))
+
+
+def _refuse(sock: socket.socket, why: str) -> None:
+    """Tell a refused peer why, if its buffer takes it now, and close."""
+    try:
+        frame = framing.encode(p.Result(p.Status.PERMISSION, 0, f"{why}; try again later"))
+        sock.send(frame, socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    sock.close()
 
 
 def _who(pid: int, uid: int) -> str:

@@ -34,7 +34,17 @@ from appliance.host.peer import peer_credentials
 from appliance.socket_dirs import CONTROL_SOCKET_NAME, SOCKET_NAME
 
 LOCK_NAME = "scheduler.lock"
-_BACKLOG = 128
+_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+
+
+def listen_backlog() -> int:
+    """The longest listen backlog the kernel allows. Every CUDA program starting at once, or one
+    process connecting and closing in a loop, queues here until accepted; with 128, a churner
+    kept it full and programs starting meanwhile found no room."""
+    try:
+        return max(socket.SOMAXCONN, int(_SOMAXCONN.read_text()))
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
 
 
 class SocketUnavailable(Exception):
@@ -97,7 +107,7 @@ def _listen(path: Path) -> BoundSocket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o666)  # any local user may connect; identity comes from the kernel
-        sock.listen(_BACKLOG)
+        sock.listen(listen_backlog())
         info = os.lstat(path)
     except OSError as e:
         sock.close()

@@ -20,9 +20,15 @@ GPU = "GPU-bench000-0000-0000-0000-000000000000"
 
 class BenchDaemon:
     def __init__(
-        self, policy: str, *, args: list[str] | None = None, tree: Path | None = None
+        self,
+        policy: str,
+        *,
+        args: list[str] | None = None,
+        tree: Path | None = None,
+        start: bool = True,
     ) -> None:
-        """`tree`: run the appliance of another checkout (an older commit, side by side)."""
+        """`tree`: run the appliance of another checkout (an older commit, side by side);
+        `start`: False to add policy files first (`policy_dir`), then `start()`."""
         self.tmp = Path(tempfile.mkdtemp(prefix="nvs-bench-"))
         self.tmp.chmod(0o755)  # other users' clients (bench/abuse.py's uid 65534) reach its sockets
         self.policy_dir = self.tmp / "policy"
@@ -32,7 +38,8 @@ class BenchDaemon:
         self.log = self.tmp / "daemon.log"
         self.args = args or []
         self.tree = tree
-        self.start()
+        if start:
+            self.start()
 
     def start(self) -> None:
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}

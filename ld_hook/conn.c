@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -51,6 +53,9 @@ static nvs_event_handler handler;
 static atomic_int malformed_reported;
 
 static const char WHY_UNREACHABLE[] = "cannot reach the nvshare scheduler";
+static const char WHY_BUSY[] =
+    "the nvshare scheduler's socket accepted no connection within NVSHARE_DAEMON_TIMEOUT_MS "
+    "(its backlog stayed full, or nobody listened on it)";
 static const char WHY_LOST[] = "lost the connection to the nvshare scheduler";
 static const char WHY_SILENT[] = "the nvshare scheduler stopped answering";
 static const char WHY_NO_REGISTRATION[] = "the nvshare scheduler did not answer the registration";
@@ -399,40 +404,84 @@ static int trusted_peer(int fd)
     return cred.uid == 0 || cred.uid == geteuid();
 }
 
-/* A connected socket; -1 when nobody answers, -2 when an impostor does. */
-static int open_socket(void)
+#define REFUSED_FIRST_WAIT_MS 2
+#define REFUSED_MAX_WAIT_MS 100
+#define NO_SOCKET (-1)
+#define IMPOSTOR (-2)
+#define BUSY (-3)
+
+/* A connected socket; NO_SOCKET when nobody answers, IMPOSTOR when a stranger does, BUSY when
+ * a listener is there but took no connection: its backlog stayed full (EAGAIN) or it is between
+ * listen() calls (ECONNREFUSED on an existing socket file). With `patience_ns` 0 the connect
+ * does not block; otherwise it waits in the kernel for room in the backlog (woken by the
+ * daemon's next accept, not by polling) for up to that long. */
+static int open_socket(uint64_t patience_ns)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (patience_ns ? 0 : SOCK_NONBLOCK), 0);
+    if (fd < 0) return NO_SOCKET;
+    struct timeval tv = {.tv_sec = (time_t)(patience_ns / 1000000000ull),
+                         .tv_usec = (suseconds_t)(patience_ns % 1000000000ull / 1000)};
+    if (patience_ns) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     memcpy(addr.sun_path, nvs_cfg.socket_path, strlen(nvs_cfg.socket_path) + 1);
-    /* non-blocking: a daemon that stopped accepting with a full backlog answers EAGAIN */
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        int busy = errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNREFUSED ||
+                   errno == EINTR;
         close(fd);
-        return -1;
+        return busy ? BUSY : NO_SOCKET;
     }
     if (!trusted_peer(fd)) {
         close(fd);
-        return -2;
+        return IMPOSTOR;
     }
-    int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK); /* the reader blocks; sends use MSG_DONTWAIT */
+    if (patience_ns) {
+        struct timeval none = {0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+    } else {
+        int flags = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, flags & ~O_NONBLOCK); /* the reader blocks; sends use MSG_DONTWAIT */
+    }
     return fd;
 }
 
-/* With c->mu held: begin an attempt. NULL, or why it failed at once (caller announces it). */
-static const char *start_locked(struct nvs_gpu *g, struct conn *c)
+/* A full backlog is not "no scheduler": one process connecting and closing in a loop fills it,
+ * and every program starting meanwhile would run unshared. So a busy socket is waited for, up to
+ * NVSHARE_DAEMON_TIMEOUT_MS in all (a refused one retried with backoff); a missing one (no
+ * daemon) fails at once. Called without any connection mutex held: the background ticks of the
+ * other GPUs go on meanwhile. */
+static int open_socket_patiently(void)
+{
+    uint64_t deadline = nvs_now_ns() + timeout_ns();
+    uint32_t wait_ms = REFUSED_FIRST_WAIT_MS;
+    for (;;) {
+        uint64_t now = nvs_now_ns();
+        if (now >= deadline) return BUSY;
+        int fd = open_socket(deadline - now);
+        if (fd != BUSY) return fd;
+        now = nvs_now_ns();
+        if (now >= deadline) return BUSY;
+        uint64_t left_ms = (deadline - now) / 1000000ull;
+        uint32_t nap_ms = wait_ms < left_ms ? wait_ms : (uint32_t)left_ms;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap_ms * 1000000L};
+        nanosleep(&ts, NULL);
+        wait_ms = wait_ms * 2 > REFUSED_MAX_WAIT_MS ? REFUSED_MAX_WAIT_MS : wait_ms * 2;
+    }
+}
+
+/* With c->mu held: begin an attempt on `fd`, what open_socket gave. NULL, or why it failed at
+ * once (caller announces it). */
+static const char *start_locked(struct nvs_gpu *g, struct conn *c, int fd)
 {
     if (!nvs_cfg.socket_usable) {
+        if (fd >= 0) close(fd);
         down_locked(c);
         return WHY_NO_PATH;
     }
-    int fd = open_socket();
     struct reader_arg *a = fd >= 0 ? malloc(sizeof *a) : NULL;
     if (a == NULL) {
         if (fd >= 0) close(fd);
         down_locked(c);
-        return fd == -2 ? WHY_IMPOSTOR : WHY_UNREACHABLE;
+        return fd == IMPOSTOR ? WHY_IMPOSTOR : fd == BUSY ? WHY_BUSY : WHY_UNREACHABLE;
     }
     c->state = CONN_CONNECTING;
     c->generation++;
@@ -477,12 +526,18 @@ void nvs_conn_use(struct nvs_gpu *g)
     nvs_lock(&c->mu);
     int unused = c->state == CONN_UNUSED;
     nvs_unlock(&c->mu);
-    if (unused) nvs_gpu_identify(g);
+    int fd = NO_SOCKET;
+    if (unused) {
+        nvs_gpu_identify(g);
+        if (nvs_cfg.socket_usable) fd = open_socket_patiently();
+    }
     nvs_lock(&c->mu);
     const char *failed = NULL;
     if (c->state == CONN_UNUSED) {
         c->first_use = 1;
-        failed = start_locked(g, c);
+        failed = start_locked(g, c, fd);
+    } else if (fd >= 0) {
+        close(fd); /* another thread of this process began first */
     }
     uint64_t deadline = c->connect_ns + timeout_ns();
     while (failed == NULL && c->first_use && c->state == CONN_CONNECTING) {
@@ -511,7 +566,8 @@ void nvs_conn_tick(struct nvs_gpu *g, uint64_t now)
         break;
     case CONN_DOWN:
         /* a failed retry is no news: the handler already heard that this GPU is down */
-        if (now >= c->retry_ns) (void)start_locked(g, c);
+        if (now >= c->retry_ns)
+            (void)start_locked(g, c, nvs_cfg.socket_usable ? open_socket(0) : NO_SOCKET);
         break;
     case CONN_UNUSED:
         break;
@@ -558,7 +614,7 @@ int nvs_conn_ask(uint16_t type, const void *body, uint32_t len, uint16_t reply_t
     uint32_t wait_ms = nvs_cfg.daemon_timeout_ms < ASK_MAX_WAIT_MS ? nvs_cfg.daemon_timeout_ms
                                                                     : ASK_MAX_WAIT_MS;
     uint64_t deadline = nvs_now_ns() + (uint64_t)wait_ms * 1000000ull;
-    int fd = open_socket(); /* a full backlog fails at once */
+    int fd = open_socket(0); /* a full backlog fails at once */
     if (fd < 0) return -1;
     char out[sizeof(struct nvs_header) + BODY_CAP];
     struct nvs_header h = {.magic = NVS_MAGIC, .version = NVS_PROTO_VERSION, .type = type,

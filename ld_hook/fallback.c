@@ -41,15 +41,110 @@ static int uid_at(const char *p, char out[UID_LEN + 1])
     return 1;
 }
 
-/* A cgroup path component "pod<uid>" (cgroupfs) or "...-pod<uid>.slice" (systemd). */
+/* Only the kubelet's own layout names a pod (as appliance/host/cgroup.py decides, for the same
+ * reason: any user may copy those names inside the cgroup subtree systemd delegates to it). */
+#define MAX_PARTS 64
+struct parts {
+    int n;
+    const char *s[MAX_PARTS];
+    size_t len[MAX_PARTS];
+};
+
+static int is(const char *s, size_t n, const char *lit) { return strlen(lit) == n && memcmp(s, lit, n) == 0; }
+
+static int ends_with(const char *s, size_t n, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return n >= k && memcmp(s + n - k, suffix, k) == 0;
+}
+
+static int is_qos(const char *s, size_t n) { return is(s, n, "burstable") || is(s, n, "besteffort"); }
+
+static int is_unit(const char *s, size_t n)
+{
+    static const char *const kinds[] = {".slice", ".service", ".scope", ".socket",
+                                        ".mount", ".swap",    ".target"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (ends_with(s, n, kinds[i])) return 1;
+    return 0;
+}
+
+/* "<stem>-pod<uid>.slice": the stem is the kubepods root or its QoS slice, and the `above`
+ * components just over it are the slices its name spells, one per level ("kubepods.slice",
+ * "kubepods-burstable.slice"); all of them from the top, or the lowest ones where `relative`. */
+static int systemd_parents(const char *stem, size_t n, const struct parts *p, int first, int i,
+                           int relative)
+{
+    size_t root = n;
+    if (ends_with(stem, n, "-burstable")) root -= 10;
+    else if (ends_with(stem, n, "-besteffort")) root -= 11;
+    if (!is(stem, root, "kubepods") && !ends_with(stem, root, "-kubepods")) return 0;
+    if (n >= 4 && memcmp(stem, "user", 4) == 0 && (n == 4 || stem[4] == '-')) return 0;
+    int levels = 1;
+    for (size_t k = 0; k < n; k++) levels += stem[k] == '-';
+    int above = i - first;
+    if (relative ? above > levels : above != levels) return 0;
+    for (int k = 0; k < above; k++) {
+        int level = levels - above + k, dashes = 0;
+        size_t end = n;
+        for (size_t j = 0; j < n; j++)
+            if (stem[j] == '-' && dashes++ == level) {
+                end = j;
+                break;
+            }
+        const char *c = p->s[first + k];
+        size_t len = p->len[first + k];
+        if (len != end + 6 || memcmp(c, stem, end) != 0 || memcmp(c + end, ".slice", 6) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* "pod<uid>" under "kubepods" or "kubepods/<qos>", that under plain directories only. */
+static int cgroupfs_parents(const struct parts *p, int first, int i, int relative)
+{
+    int top = i;
+    if (top > first && is_qos(p->s[top - 1], p->len[top - 1])) top--;
+    if (relative && top == first) return 1;
+    if (top == first || !is(p->s[top - 1], p->len[top - 1], "kubepods")) return 0;
+    for (int k = first; k < top - 1; k++)
+        if (is_unit(p->s[k], p->len[k]) || is_qos(p->s[k], p->len[k]) ||
+            is(p->s[k], p->len[k], "kubepods"))
+            return 0;
+    return 1;
+}
+
+/* One line of /proc/<pid>/cgroup ("N:controllers:/path"). */
 static int pod_in_cgroup_line(const char *line, char out[UID_LEN + 1])
 {
-    for (const char *p = strstr(line, "pod"); p != NULL; p = strstr(p + 1, "pod")) {
-        if (p != line && p[-1] != '/' && p[-1] != '-') continue;
-        if (!uid_at(p + 3, out)) continue;
-        const char *end = p + 3 + UID_LEN;
-        if (strncmp(end, ".slice", 6) == 0) end += 6;
-        if (*end == '/' || *end == '\0' || *end == '\n') return 1;
+    const char *path = strchr(line, ':');
+    if (path != NULL) path = strchr(path + 1, ':');
+    if (path == NULL) return 0;
+    struct parts p = {0};
+    for (const char *c = path + 1; *c != '\0' && *c != '\n';) {
+        size_t len = strcspn(c, "/\n");
+        if (len > 0) {
+            if (p.n == MAX_PARTS) return 0;
+            p.s[p.n] = c;
+            p.len[p.n++] = len;
+        }
+        c += len;
+        if (*c == '/') c++;
+    }
+    int first = 0;
+    while (first < p.n && is(p.s[first], p.len[first], "..")) first++;
+    for (int i = first; i < p.n; i++)
+        if (is(p.s[i], p.len[i], "..")) return 0;
+    for (int i = first; i < p.n; i++) {
+        const char *c = p.s[i];
+        size_t len = p.len[i];
+        const size_t tail = 4 + UID_LEN + 6; /* "-pod" <uid> ".slice" */
+        if (len > tail && memcmp(c + len - tail, "-pod", 4) == 0 && ends_with(c, len, ".slice") &&
+            uid_at(c + len - tail + 4, out) && systemd_parents(c, len - tail, &p, first, i, first > 0))
+            return 1;
+        if (len == 3 + UID_LEN && memcmp(c, "pod", 3) == 0 && uid_at(c + 3, out) &&
+            cgroupfs_parents(&p, first, i, first > 0))
+            return 1;
     }
     return 0;
 }

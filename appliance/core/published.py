@@ -5,11 +5,14 @@ A hook that cannot reach the daemon, or is not answered (the daemon restarting, 
 refusing it a connection), would otherwise run with no limit but its own environment's. So the
 daemon keeps a file in the hooks' socket directory current (`appliance.limits_file` writes it):
 the memory limit of every pod of the node as its annotations, nvsharectl and the policy's pod
-rules set it, and a default for everyone else (the policy's defaults). The same file, read at
-start, is what a restarted daemon knows of pods its pod watch has not listed yet.
+rules set it, and a default for everyone else. The same file, read at start, is what a
+restarted daemon knows of pods its pod watch has not listed yet.
 
 Only the memory limit is published: the lock needs the daemon anyway. Rules that match a
-user, group, unit or executable cannot be resolved without the process, so they are left out.
+user, group, unit or executable cannot be resolved without the process, so the default is the
+tightest memory limit the policy sets anywhere (its defaults or any rule): under a 1 GiB rule
+per user and no default, a program kept from registering (a connection churner filling the
+backlog) used to run with no limit at all. No limit only where the policy sets none.
 """
 
 from __future__ import annotations
@@ -44,4 +47,12 @@ def published_limits(s: NodeState) -> PublishedLimits:
             admin=s.overrides.limits_for(0, pod),
         ).memory_bytes
     default = resolve_limits(policy=s.policy, ident=_ANYONE, gpu=_ANY_GPU).memory_bytes
-    return PublishedLimits(default=default, pods=pods)
+    return PublishedLimits(default=_tightest(default, s), pods=pods)
+
+
+def _tightest(default: int | None, s: NodeState) -> int | None:
+    """The smallest memory limit of the defaults and every rule, None where none sets one."""
+    limits = [r.limits.memory_bytes for r in s.policy.rules if r.limits.memory_bytes is not None]
+    if default is not None:
+        limits.append(default)
+    return min(limits, default=None)

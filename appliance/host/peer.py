@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from appliance.core.identity import ClientIdentity
-from appliance.host.cgroup import cgroup_identity
+from appliance.host.cgroup import CgroupIdentity, cgroup_identity
 
 _UCRED = struct.Struct("3i")
 
@@ -48,15 +48,27 @@ def _group_names(ids: set[int]) -> frozenset[str]:
     return frozenset(names)
 
 
+def where_it_runs(pid: int, *, proc_root: Path = Path("/proc")) -> CgroupIdentity | None:
+    """What /proc/<pid>/cgroup says, or None where it cannot be read (gone, no file to spare):
+    where it runs is then unknown, not "the host"."""
+    try:
+        return cgroup_identity(pid, proc_root=proc_root)
+    except (OSError, ProcessLookupError):
+        return None
+
+
 def identify(
     pid: int,
     uid: int,
     gid: int,
     *,
     proc_root: Path = Path("/proc"),
+    cgroup: CgroupIdentity | bool | None = True,
     claimed_namespace: str = "",
     claimed_pod: str = "",
 ) -> ClientIdentity:
+    """The identity of a process. `cgroup` is what `where_it_runs` gave where the caller read
+    it already (None: unreadable); True reads it here."""
     try:
         user: str | None = pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -69,12 +81,12 @@ def identify(
         command: str | None = (proc_root / str(pid) / "comm").read_text().rstrip("\n") or None
     except (OSError, UnicodeDecodeError):
         command = None
-    try:
-        cg = cgroup_identity(pid, proc_root=proc_root)
+    cg = where_it_runs(pid, proc_root=proc_root) if cgroup is True else cgroup
+    if isinstance(cg, CgroupIdentity):
         pod_uid, container, unit, known = cg.pod_uid, cg.container_id, cg.systemd_unit, True
-    except (OSError, ProcessLookupError):
+    else:  # where it runs is unknown, not "the host"
         pod_uid = container = unit = None
-        known = False  # gone, or no file to spare: where it runs is unknown, not "the host"
+        known = False
     return ClientIdentity(
         pid=pid,
         uid=uid,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from appliance.kube.cluster_view import ClusterView
 from appliance.kube.extender import Extender
-from appliance.kube.serving import CacheBackedServer, ProbedHandler
+from appliance.kube.serving import BadBody, CacheBackedServer, ProbedHandler
 from appliance.listen import EVERY_ADDRESS, bind
 
 log = logging.getLogger("nvshare.extender")  # one logger for the extender program
 
 Obj = Mapping[str, Any]
+
+# ExtenderArgs with nodeCacheCapable (deploy/extender.yaml): a pod and the node names, about
+# 1 MiB for a pod and 15,000 nodes; anything past this is not one.
+MAX_BODY_BYTES = 4 << 20
 
 
 class _Handler(ProbedHandler):
@@ -40,17 +43,21 @@ class _Handler(ProbedHandler):
     def do_POST(self) -> None:  # noqa: N802
         verb = self.path.rstrip("/").rsplit("/", 1)[-1]
         extender = self.server.extender
-        handlers = {"filter": extender.filter, "prioritize": extender.prioritize}
+        handler = {"filter": extender.filter, "prioritize": extender.prioritize}.get(verb)
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length))
-            if verb not in handlers:
-                self.send(404, f"no verb {verb!r}: POST .../filter or .../prioritize\n".encode())
-                return
-            answer = handlers[verb](body)
-        except (ValueError, UnicodeDecodeError) as exc:  # BadRequest, bad JSON, bad length
-            log.warning("extender: bad %s request from %s: %s", verb, self.client_address[0], exc)
-            self.send(400, f"expected an ExtenderArgs: {exc}\n".encode())
+            with self.server.in_flight():
+                body = self.read_json(MAX_BODY_BYTES)
+                if handler is None:
+                    self.send(
+                        404, f"no verb {verb!r}: POST .../filter or .../prioritize\n".encode()
+                    )
+                    return
+                answer = handler(body)
+        except BadBody as refusal:
+            self.refuse_body(refusal, "an ExtenderArgs")
+            return
+        except ValueError as exc:  # BadRequest: not an ExtenderArgs
+            self.refuse_body(BadBody(400, str(exc)), "an ExtenderArgs")
             return
         self.send(200, json.dumps(answer).encode(), "application/json")
 
@@ -123,7 +130,6 @@ def run_extender(
     *, policy_dir: Path, kube_api: str | None, switch: bool | None, host: str, port: int
 ) -> int:
     """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
-    import signal
 
     from appliance.kube.api import KubeConfigError, api_client_from_env
     from appliance.policy.errors import PolicyLoadError
@@ -152,7 +158,6 @@ def run_extender(
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_until_stopped("scheduler extender", log)
     except KeyboardInterrupt:

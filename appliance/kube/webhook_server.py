@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.kube.mig_inventory import MigInventory
-from appliance.kube.serving import CacheBackedServer, ProbedHandler
+from appliance.kube.serving import BadBody, CacheBackedServer, ProbedHandler
 from appliance.kube.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
 from appliance.listen import EVERY_ADDRESS, bind
 from appliance.policy.watch import PolicyWatcher
@@ -84,25 +84,15 @@ class _ReviewHandler(ProbedHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if not 0 <= length <= MAX_REVIEW_BYTES:
-                raise ValueError(f"a body of {length} bytes (at most {MAX_REVIEW_BYTES})")
-            body = json.loads(self.rfile.read(length))
-            if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
-                raise ValueError("the body is not an AdmissionReview with a request")
-        except RecursionError:
-            self._bad_request("a body nested too deeply to be an AdmissionReview")
+            with self.server.in_flight():
+                body = self.read_json(MAX_REVIEW_BYTES)
+                if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
+                    raise BadBody(400, "the body is not an AdmissionReview with a request")
+                answer = self.server.webhook.review(body)
+        except BadBody as refusal:
+            self.refuse_body(refusal, "an AdmissionReview")
             return
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._bad_request(str(exc))
-            return
-        answer = self.server.webhook.review(body)
         self.send(200, json.dumps(answer).encode(), "application/json")
-
-    def _bad_request(self, why: str) -> None:
-        log.warning("webhook: bad request from %s: %s", self.client_address[0], why)
-        self.close_connection = True  # an unread body must not be taken for the next request
-        self.send(400, f"expected an AdmissionReview: {why}\n".encode())
 
 
 class WebhookServer(CacheBackedServer):

@@ -55,7 +55,9 @@ def to_policy(doc: dict[str, Any], merge: Merge, snapshot: PolicySnapshot) -> mo
             hook_gpu_size=doc["trust"]["hookGpuSize"],
         ),
         connections=model.ConnectionSettings(
-            per_uid=doc["connections"]["perUid"], per_pod=doc["connections"]["perPod"]
+            per_uid=doc["connections"]["perUid"],
+            per_pod=doc["connections"]["perPod"],
+            new_per_second=doc["connections"]["newPerSecond"],
         ),
         sources=dict(merge.sources),
         overridden={path: tuple(files) for path, files in merge.overridden.items()},

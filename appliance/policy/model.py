@@ -205,9 +205,9 @@ class AnnotationPolicy:
     max_memory_bytes: int | None = None
     min_core_percent: int = 1
     max_core_percent: int = 100
-    max_core_request: int = 100
+    max_core_request: int = 50  # 100 let one pod's request starve every other
     min_priority: int = PRIORITY_NAMES["low"]
-    max_priority: int = PRIORITY_NAMES["high"]
+    max_priority: int = PRIORITY_NAMES["normal"]  # high is the operator's to give
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +242,7 @@ class ConnectionSettings:
 
     per_uid: int = 1024  # processes of one user outside pods
     per_pod: int = 256  # processes of one pod, whatever their uids
+    new_per_second: int = 64  # new connections of one user or pod, sustained (bursts: the cap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ claims is not believed, and a field out of range closes that client alone."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -54,3 +55,31 @@ def test_a_field_out_of_range_closes_that_client_alone(stage: Stage) -> None:
     assert isinstance(answer, p.Result) and "0 bytes" in answer.message
     assert reserver._sock.recv(1) == b""
     assert isinstance(bystander.request(p.LockRequest()), p.LockGrant)
+
+
+def test_a_gang_member_on_a_made_up_gpu_is_refused_and_drops_no_one(
+    stage: Stage, hooked: Any
+) -> None:
+    # One process, two connections, the second on a GPU that does not exist: the daemon used
+    # to see a gang holding part of its GPUs and drop the victim at once, not after a quantum.
+    stage.policy = (
+        f"scheduler: {{mode: 'on', timeQuantum: 30s}}\n"
+        f"gpus:\n- match: {{uuid: {GPU}}}\n  memory: 16Gi\n"
+    )
+    stage.start()
+    victim = hooked(NVSHARE_IDLE_RELEASE_MS="3600000")
+    victim.ok("init")
+    victim.ok("launch 1")  # it holds the GPU
+    second = stage.hook()
+    answer = second.request(
+        p.Register(pid=0, gpu_uuid=f"GPU-{uuid.uuid4()}", gpu_total_mem=16 * GiB)
+    )
+    if isinstance(answer, p.Registered):  # where it is let in, the attack goes on
+        assert isinstance(second.request(p.LockRequest()), p.LockGrant)
+    first = stage.registered()
+    first.send(p.LockRequest())  # a gang holding part of its GPUs: a late join
+    time.sleep(1.0)  # the quantum is 30 s: whoever holds the GPU now took it by a drop
+    victim.ok("launch 1")
+    victim_id = next(c["id"] for c in stage.status()["clients"] if c["pid"] == victim.proc.pid)
+    assert [g["holders"] for g in stage.status()["gpus"] if g["uuid"] == GPU] == [[victim_id]]
+    assert isinstance(answer, p.Result) and "is not a GPU of this node" in answer.message

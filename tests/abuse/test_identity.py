@@ -8,6 +8,7 @@ the fake /proc, as the kernel would show them.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -121,3 +122,39 @@ def test_after_a_restart_no_pod_borrows_anothers_budget(
         ),
         "the listed pod's annotation",
     )
+
+
+def test_a_local_user_making_a_pod_slice_of_its_own_is_not_that_pod(
+    stage: Stage, cluster: tuple[FakeApiServer, dict[str, str]], hooked: Any
+) -> None:
+    # Every logged-in user may create cgroups under its own user@UID.service; pod UIDs are
+    # readable in others' /proc/<pid>/cgroup. Named like the kubelet's, in there, it is no pod.
+    _, uids = cluster
+    stage.policy += (
+        f"rules:\n- name: per-user\n  match: {{uid: {os.getuid()}}}\n  memoryLimit: 1Gi\n"
+    )
+    stage.start()
+    big = uids["big"].replace("-", "_")  # team/big: 40Gi
+    attacker = hooked(NVSHARE_FAKE_GPU_MEM=str(64 * GiB))
+    stage.proc.place(
+        attacker.proc.pid,
+        "0::/user.slice/user-1001.slice/user@1001.service/kubepods.slice/"
+        f"kubepods-besteffort.slice/kubepods-besteffort-pod{big}.slice/"
+        f"cri-containerd-{'cd' * 32}.scope\n",
+    )
+    attacker.ok("init")
+    assert attacker.do(f"alloc mem {2 * GiB}") == OOM  # team/big's 40Gi is not its
+    attacker.ok(f"alloc mem {512 * MiB}")
+    assert limit_of(stage, attacker.proc.pid) == GiB  # its uid's rule
+    victim = hooked(pod=uids["small"])  # a pod's own process, as the kubelet placed it
+    victim.ok("init")
+    thief = hooked()
+    stage.proc.place(
+        thief.proc.pid,
+        "0::/user.slice/user-1001.slice/user@1001.service/"
+        f"kubepods-pod{uids['small'].replace('-', '_')}.slice\n",
+    )
+    thief.ok("init")
+    thief.ok(f"alloc mem {900 * MiB}")  # its own 1Gi, not team/small's ledger
+    victim.ok(f"alloc mem {900 * MiB}")
+    assert limit_of(stage, victim.proc.pid) == GiB

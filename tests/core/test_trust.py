@@ -17,6 +17,8 @@ from appliance.policy.model import (
     MemorySettings,
     Mode,
     Policy,
+    Rule,
+    RuleMatch,
     SchedulerSettings,
     TrustSettings,
 )
@@ -173,3 +175,14 @@ def test_published_limits_follow_pods_and_policy_and_change_only_when_they_chang
     assert not of(h.feed(ev.PodSeen(POD_B)), act.LimitsPublished)  # nothing changed
     out = h.feed(ev.PodRemoved(POD_B.ref))
     assert of(out, act.LimitsPublished)[0].limits.pods == {}
+
+
+def test_where_the_policy_limits_anyone_the_published_default_is_never_no_limit() -> None:
+    # a 1 GiB rule per user and no default: a program kept from registering used to get none
+    per_user = Rule(name="per-user", match=RuleMatch(uid=1001), limits=Limits(memory_bytes=GiB))
+    roomy = Rule(name="trainers", match=RuleMatch(user="ml"), limits=Limits(memory_bytes=8 * GiB))
+    h = make(Policy(rules=(roomy, per_user)))
+    assert h.sent[-1] == act.LimitsPublished(PublishedLimits(default=GiB, pods={}))
+    h = make(Policy(defaults=Limits(memory_bytes=512 * MiB), rules=(roomy,)))
+    assert h.sent[-1] == act.LimitsPublished(PublishedLimits(default=512 * MiB, pods={}))
+    assert make(Policy()).sent[-1] == act.LimitsPublished(PublishedLimits(default=None, pods={}))

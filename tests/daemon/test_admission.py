@@ -1,29 +1,35 @@
 """Running out of files is said once a minute, in a line, not once per failed accept with a
-traceback; and the daemon raises its own open-files limit."""
+traceback; the daemon raises its own open-files limit; and a user or pod opening connections in
+a loop is refused past its rate, alone."""
 
 from __future__ import annotations
 
 import logging
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from appliance.admission import EveryMinute, raise_open_files
+from appliance.admission import Admission, EveryMinute, raise_open_files
+from appliance.policy.model import ConnectionSettings
 
-# A real asyncio server with the admission's quiet handler, short of files: every connection
-# past its limit fails in accept(), over and over, for three seconds.
+# The daemon's own socket server, short of files: every connection past its limit fails in
+# accept(), over and over, for three seconds.
 SERVER = """
 import asyncio, logging, os, resource, sys
-from appliance.admission import Admission
-from appliance.policy.model import ConnectionSettings
+from pathlib import Path
+from appliance.server import SchedulerServer
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 async def main():
-    admission = Admission(total=1000, caps=ConnectionSettings)
-    admission.quiet_accept_errors(asyncio.get_running_loop())
-    await asyncio.get_running_loop().create_unix_server(asyncio.Protocol, path=sys.argv[1])
+    server = SchedulerServer(
+        socket_dir=Path(sys.argv[1]), control_dir=Path(sys.argv[1]) / "control",
+        dispatch=lambda event: None, status=None, queries={}, view=None, open_files=1000,
+    )
+    await server.start()
     print("listening", flush=True)
     await asyncio.sleep(3)
     sys.stderr.flush()
@@ -32,10 +38,11 @@ asyncio.run(main())
 """
 
 
-def test_accept_failing_for_want_of_files_is_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "s.sock"
+def test_accept_failing_for_want_of_files_is_one_line() -> None:
+    base = Path(tempfile.mkdtemp(prefix="nvs-ad-"))  # short: socket paths have 108 bytes
+    path = base / "scheduler.sock"
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(path)],
+        [sys.executable, "-c", SERVER, str(base)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -53,6 +60,7 @@ def test_accept_failing_for_want_of_files_is_one_line(tmp_path: Path) -> None:
     _, err = server.communicate(timeout=30)
     for c in clients:
         c.close()
+    shutil.rmtree(base, ignore_errors=True)
     assert err.count("cannot accept connections") == 1, err
     assert "Too many open files" in err and "Traceback" not in err
 
@@ -84,3 +92,32 @@ def test_the_open_files_limit_is_raised_toward_what_is_wanted() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_opening_connections_in_a_loop_is_refused_past_the_rate_and_only_for_that_tenant() -> None:
+    now = [0.0]
+    caps = ConnectionSettings(per_uid=8, per_pod=4, new_per_second=2)
+    admission = Admission(total=1000, caps=lambda: caps, clock=lambda: now[0])
+    churner, honest, pod = ("uid", "1001"), ("uid", "1002"), ("pod", "p-1")
+    for _ in range(8):  # a burst up to its cap passes at once
+        assert admission.admit(churner) is None
+        admission.release(churner)  # connect, close, connect again
+    refusal = admission.admit(churner)
+    assert refusal is not None and "connections.newPerSecond=2" in refusal
+    assert "uid 1001" in refusal and "perUid=8" in refusal
+    assert admission.admit(honest) is None  # another user is not held back
+    for _ in range(4):
+        assert admission.admit(pod) is None
+        admission.release(pod)
+    assert admission.admit(pod) is not None  # a pod's burst is its perPod cap
+    now[0] = 1.0  # two more a second
+    assert admission.admit(churner) is None
+    admission.release(churner)
+    assert admission.admit(churner) is None
+    admission.release(churner)
+    assert admission.admit(churner) is not None
+    now[0] = 1000.0  # an idle tenant has its whole burst again, and no more
+    for _ in range(8):
+        assert admission.admit(churner) is None
+        admission.release(churner)
+    assert admission.admit(churner) is not None

@@ -84,6 +84,7 @@ class FakeScheduler:
         pod_limit: int = 0,
         auto_grant: bool = True,
         idle_release_ms: int = 0,
+        listener: socket.socket | None = None,
     ) -> None:
         self.path = os.path.join(socket_dir, "scheduler.sock")
         self.limits = limits
@@ -102,9 +103,11 @@ class FakeScheduler:
         self.queue: list[Client] = []
         self._next_id = 1
         self._stopping = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(64)
+        if listener is None:  # else: one bound to self.path already, now served
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(self.path)
+            listener.listen(64)
+        self._listener = listener
         self._threads = [threading.Thread(target=self._accept, daemon=True)]
         if tq_s > 0:
             self._threads.append(threading.Thread(target=self._quantum, daemon=True))

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from host.test_cgroup_identity import NOT_PODS, PODS
 
 from appliance.core.published import PublishedLimits
 from appliance.host.cgroup import parse_cgroup
@@ -41,6 +42,15 @@ def c_reader(*args: str) -> str:
 def test_the_hook_finds_the_pod_the_daemon_finds(built: Path, cgroup: Path) -> None:
     expected = parse_cgroup(cgroup.read_text()).pod_uid or "-"
     assert c_reader("cgroup", str(cgroup)) == expected
+
+
+@pytest.mark.parametrize("path", NOT_PODS + PODS)
+def test_the_hook_takes_a_pod_only_from_the_kubelets_layout(
+    built: Path, tmp_path: Path, path: str
+) -> None:
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text(f"0::{path}\n")
+    assert c_reader("cgroup", str(cgroup)) == (parse_cgroup(cgroup.read_text()).pod_uid or "-")
 
 
 def test_in_a_private_cgroup_namespace_kubelets_mounts_name_the_pod(

@@ -150,8 +150,9 @@ def test_only_the_connection_and_the_log_touch_file_descriptors() -> None:
         allowed = {"conn.c": {"send", "connect", "recv"}, "log.c": {"write"}}.get(path.name, set())
         assert calls <= allowed, (path.name, calls - allowed)
     conn = (LD_HOOK / "conn.c").read_text()
-    # sends never wait for the daemon; connecting never waits for a full backlog
-    assert "MSG_DONTWAIT" in conn and "SOCK_NONBLOCK" in conn
+    # sends never wait for the daemon; connecting waits for room in a full backlog only up to
+    # the daemon timeout (SO_SNDTIMEO), and the background reconnect never waits
+    assert "MSG_DONTWAIT" in conn and "SOCK_NONBLOCK" in conn and "SO_SNDTIMEO" in conn
 
 
 def test_the_dlsym_trampoline_is_exported_as_dlsym(plain: Variant) -> None:

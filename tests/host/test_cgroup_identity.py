@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.host.cgroup import CgroupIdentity, cgroup_identity
+from appliance.host.cgroup import CgroupIdentity, cgroup_identity, parse_cgroup
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -30,6 +30,10 @@ CASES = [
     ("baremetal-user-scope", 3003, None, None, "app-jupyter-1234.scope"),
     ("v1-hybrid-baremetal-service", 808, None, None, "inference.service"),
     ("container-cgroupns-root", 1, None, None, None),
+    # a local user copying the kubelet's names inside the subtree systemd delegates to it
+    ("attack-user-delegated-pod-slice", 4100, None, None, "user@1001.service"),
+    ("attack-user-delegated-kubepods-tree", 4101, None, None, f"cri-containerd-{CTR2}.scope"),
+    ("attack-user-delegated-cgroupfs", 4102, None, None, "user@1001.service"),
 ]
 
 
@@ -56,3 +60,44 @@ def test_vanished_process_is_a_process_lookup_error(tmp_path: Path) -> None:
 def test_sanity_on_the_real_proc_for_this_test_process() -> None:
     ident = cgroup_identity(os.getpid())
     assert isinstance(ident, CgroupIdentity)
+
+
+SLICE3 = POD3.replace("-", "_")
+
+NOT_PODS = [
+    # systemd names out of order, or under a unit that is not the kubelet's
+    f"/kubepods-pod{SLICE3}.slice/docker-{CTR3}.scope",
+    f"/kubepods.slice/kubepods-besteffort-pod{SLICE3}.slice/docker-{CTR3}.scope",
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod{SLICE3}.slice",
+    f"/system.slice/kubepods.slice/kubepods-pod{SLICE3}.slice/docker-{CTR3}.scope",
+    f"/user.slice/user-kubepods.slice/user-kubepods-pod{SLICE3}.slice",
+    f"/kubepods.slice/x.service/kubepods-pod{SLICE3}.slice",
+    f"/system.slice/foo-pod{SLICE3}.slice",
+    # cgroupfs names under a unit, or a pod directory not under kubepods
+    f"/system.slice/kubepods/pod{POD3}/{CTR3}",
+    f"/kubepods/guaranteed/pod{POD3}/{CTR3}",
+    f"/mine/pod{POD3}/{CTR3}",
+    # a cgroup namespace's view must not climb back down
+    f"/../../user.slice/user-1001.slice/user@1001.service/kubepods-pod{SLICE3}.slice",
+    f"/../kubepods.slice/../kubepods-pod{SLICE3}.slice",
+]
+PODS = [
+    f"/kubepods.slice/kubepods-pod{SLICE3}.slice/docker-{CTR3}.scope",
+    f"/kubepods/pod{POD3}/{CTR3}",
+    f"/kubelet/kubepods/besteffort/pod{POD3}/{CTR3}",  # --cgroup-root=/kubelet, cgroupfs
+    # the daemon in its own cgroup namespace sees other pods from one of its ancestors
+    f"/../../kubepods-besteffort-pod{SLICE3}.slice/crio-{CTR3}.scope",
+    f"/../../../kubepods-besteffort.slice/kubepods-besteffort-pod{SLICE3}.slice/crio-{CTR3}.scope",
+    f"/../../pod{POD3}/{CTR3}",
+]
+
+
+@pytest.mark.parametrize("path", NOT_PODS)
+def test_a_pod_name_outside_the_kubelets_layout_names_no_pod(path: str) -> None:
+    assert parse_cgroup(f"0::{path}\n").pod_uid is None
+
+
+@pytest.mark.parametrize("path", PODS)
+def test_the_kubelets_layouts_name_the_pod(path: str) -> None:
+    ident = parse_cgroup(f"0::{path}\n")
+    assert (ident.pod_uid, ident.container_id) == (POD3, CTR3)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from appliance.core.annotations import (
     CORE_LIMIT,
+    CORE_REQUEST,
     HAMI_REALTIME_CHECK,
     MEMORY_LIMIT,
+    PRIORITY,
     REALTIME_CHECK,
     PodOverrides,
     PodRef,
@@ -119,3 +121,15 @@ def test_zero_memory_and_bad_boolean_are_refused() -> None:
     )
     assert got == PodOverrides(memory_bytes=None, realtime_check=True)
     assert len(problems) == 2
+
+
+def test_by_default_a_pod_may_not_ask_for_high_priority_or_more_than_half_the_gpu() -> None:
+    # a high pod lent and took back; a 100 % request starved everyone else (issue 24)
+    overrides, problems, _ = resolve({PRIORITY: "high", CORE_REQUEST: "100"})
+    assert overrides.priority is None and overrides.core_request is None
+    assert any("low to normal" in p for p in problems), problems
+    assert any("annotations.maxCoreRequest=50" in p for p in problems), problems
+    overrides, problems, _ = resolve({PRIORITY: "low", CORE_REQUEST: "50"})
+    assert (overrides.priority, overrides.core_request, problems) == (-100, 50, [])
+    trusting = AnnotationPolicy(max_priority=100, max_core_request=100)
+    assert resolve({PRIORITY: "high"}, policy=trusting)[0].priority == 100
