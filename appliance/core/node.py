@@ -10,6 +10,22 @@ whose limits changed. The parts: `lock` (queues, modes, quanta, quotas), `ledger
 the real-time check), `admin` (nvsharectl's commands), `annotations.PodTable` (pods and what
 their annotations ask for), `unhooked` (GPU processes without the hook), `views` (what status
 and metrics show), `shown` (the GPU as a process is shown it).
+
+What each event costs (n clients, G GPUs, P distinct priorities waiting; "accounted" are gangs
+with a quota or a guaranteed share, "lenders" idle clients that let their GPU go idle; the
+lock's indexes are `line.Line`). No event a hook can send walks every client:
+- LockRequested, LockReleased, Tick, PriorityHint, GangHint, GangPosition: O(G x P + log n +
+  owning + accounted + members of the gangs involved + lenders that may be lent to); the lock
+  reads its line lazily and stops once every GPU anyone waits for is taken. A gang's first
+  forming (two GPUs asked for) looks at the job's clients once: O(n).
+- ClientRegistered, ClientGone: the above, plus O(clients on its ledger + clients asking for a
+  share on its GPU).
+- MemoryReserveRequested, MemoryReturned: O(clients on its ledger) (+ a schedule in mode auto).
+- GpuFreeMemory: O(n), once per NVML sample (what NVML shows every process holding).
+- PolicyChanged, PodSeen, PodRemoved, PodsListed, AdminLimitSet: O(n): every client's limits
+  may change, and every index that depends on them is rebuilt.
+- After each event, `next_deadline` (a query that writes nothing): O(owning + accounted +
+  G x P + paced lenders).
 """
 
 from __future__ import annotations
@@ -94,7 +110,7 @@ class NodeCore:
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         actions = self._handlers[type(event)](event, now)
-        self._deadline = self.lock.next_deadline(now)
+        self._deadline = self.lock.next_deadline(now)  # a query: O(owning + accounted + G x P)
         if self._publish_due:
             actions += self._publish()
         return actions
@@ -149,14 +165,15 @@ class NodeCore:
             env_core=e.env_core_percent,
         )
         s.clients[c.id] = c
+        s.gpus[c.gpu].clients.add(c.id)
         self.unhooked.forget(c.ident.pid, why=REGISTERED)
         c.pod_source = s.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
         self.lock.gangs.registered(c)
-        share.rescale(s, c.gpu, now)
+        self._rescale(c.gpu, now)
         self._note_claim(c)
         s.counters["registrations"] += 1
-        peers = self.ledger.peer_updates()
+        peers = self.ledger.joined(c)
         log.info(
             "client %d registered: pid %d uid %d gpu %s pod %s limits %s",
             c.id,
@@ -174,8 +191,12 @@ class NodeCore:
         if c is None:
             return []
         self.admin.client_gone(c.ident.pid)
+        gpu = s.gpus[c.gpu]
+        gpu.clients.discard(c.id)
+        gpu.asking.discard(c.id)
+        s.lent_told.discard(c.id)
         held, out = self.lock.leave(c, now)
-        share.rescale(s, c.gpu, now)
+        self._rescale(c.gpu, now)
         s.retain_usage(c)
         s.counters["disconnects"] += 1
         log.info(
@@ -186,9 +207,9 @@ class NodeCore:
             format_bytes(c.reserved),
         )
         out += self.lock.schedule(now)
-        if c.gpu not in s.inventory and not any(x.gpu == c.gpu for x in s.clients.values()):
+        if c.gpu not in s.inventory and not gpu.clients:
             del s.gpus[c.gpu]  # a GPU NVML does not list is kept only while someone uses it
-        return out + self.ledger.peer_updates()
+        return out + self.ledger.left(c)
 
     def _gpu_facts(self, e: ev.ClientRegistered) -> GpuFacts:
         """A GPU's identity and size come from NVML; a GPU NVML does not list is known by the
@@ -262,15 +283,24 @@ class NodeCore:
         self.lock.gangs.refresh(self.state.gangs[c.gang])
         return self.lock.schedule(now)
 
+    def _rescale(self, uuid: str, now: float) -> None:
+        """Shares of a GPU scaled again; a gang whose member has a new share is filed again."""
+        for c in share.rescale(self.state, uuid, now):
+            self.lock.line.refile(self.state.gangs[c.gang])
+
     def _refresh_limits(self, c: Client, now: float) -> bool:
         """Recompute a client's limits; True when what its hook must enforce changed."""
         c.limits = self.state.resolve(c, with_env=True)
+        accounted = c.quota is not None
         if c.limits.core_percent < 100:
             if c.quota is None:
                 c.quota = QuotaAccount(percent=c.limits.core_percent, window_start=now)
             c.quota.percent = c.limits.core_percent
         else:
             c.quota = None
+        lost_share = share.wants(self.state, c)
+        if (accounted != (c.quota is not None) or lost_share) and c.gang in self.state.gangs:
+            self.lock.line.refile(self.state.gangs[c.gang])  # its place in line moves otherwise
         enforced = self.state.enforced(c)
         changed = enforced != c.enforced
         c.enforced = enforced
@@ -289,7 +319,7 @@ class NodeCore:
             if c.enforced.mode is Mode.OFF:
                 out += self.lock.ungate(c, now)
         for uuid in s.gpus:
-            share.rescale(s, uuid, now)
+            self._rescale(uuid, now)
         for gang in s.gangs.values():
             self.lock.gangs.refresh(gang)
         self._publish_due = True

@@ -118,6 +118,8 @@ class Gpu:
     holders: set[int] = field(default_factory=set)  # clients holding its lock
     owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
     requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
+    clients: set[int] = field(default_factory=set)  # registered on it
+    asking: set[int] = field(default_factory=set)  # of those, the ones with a share (`share`)
     last_drop: str = ""  # why its last holder was told to drop, until the next grant
     # its holders' last drains, drop to release (`ahead`)
     drains: deque[float] = field(default_factory=lambda: deque(maxlen=DRAINS))
@@ -220,6 +222,11 @@ class NodeState:
     unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
     gangs: dict[str, Gang] = field(default_factory=dict)  # by key; every client is in one
     gang_gpus: dict[str, set[str]] = field(default_factory=dict)  # key -> GPUs asked, pre-gang
+    askers: Counter[str] = field(default_factory=Counter)  # gang key -> its clients that asked
+    lent_told: set[int] = field(default_factory=set)  # clients whose hook was told it lends
+    # (subject, GPU) -> its clients (`ledger.Ledger.peer_updates`), and each client's
+    ledgers: dict[tuple[str, str], set[int]] = field(default_factory=dict)
+    ledger_of: dict[int, tuple[str, str]] = field(default_factory=dict)
     tickets: int = 0  # the last place in line given out
     cuts: int = 0  # the last cut id given out
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
@@ -279,6 +286,8 @@ class NodeState:
         )
         kept.usage.add(c.usage)
         self.retained[uid] = kept
+        if len(self.retained) <= RETAINED_PODS:
+            return  # (who is connected is asked only when some pod must be forgotten)
         connected = {self.pod_uid(x) for x in self.clients.values()}
         for old in [u for u in self.retained if u not in connected]:
             if len(self.retained) <= RETAINED_PODS:
