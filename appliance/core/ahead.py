@@ -85,9 +85,9 @@ Keeps = dict[str, list[Keep]]  # by GPU
 
 def keeps(s: NodeState, line: Line) -> Keeps:
     """By GPU, the keeping for each lone client in mode `on` that let its GPU go idle and whose
-    requests come at a steady pace: O(idle lenders), read from `line`."""
+    requests come at a steady pace: O(paced lenders), read from `line`."""
     out: Keeps = {}
-    for uuid, g in line.idle_lenders():
+    for uuid, g in line.paced_lenders():
         if g.pace is None or s.gpu_mode(uuid) is not Mode.ON:
             continue
         kept = window(g.pace, g.arrivals[-1], s.gpus[uuid].drains, s.policy.scheduler)

@@ -8,22 +8,25 @@ each event cost about 131,000 instructions per waiting client. Here each gang is
 what it is filed by changes (`refile`), and the questions read the files:
 
 - **owning**: gangs holding or draining a GPU (a handful: one per GPU in mode `on`).
-- **the line**: waiting gangs with no quota and no guaranteed share ("plain"), in buckets by
-  (offender, priority), each in ticket order, once for the node and once per GPU they wait for.
-  Tickets are given out in time order, so a bucket in ticket order is in request order: its
-  starved gangs (`priority.starved`) are a prefix, its first gang the longest waiting. The
-  order of grants (`priority.line`) is then a merge of a few buckets, read lazily: the lock stops
-  reading once every GPU anyone waits for is taken.
-- **accounted waiters**: waiting gangs with a quota or a guaranteed share. Whether they may
-  start and what they are owed moves with the clock, so they are looked at one by one, on each
-  question that concerns their GPU: O(accounted waiters of that GPU).
+- **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
+  ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
+  order, so a bucket in ticket order is in request order: its starved gangs
+  (`priority.starved`) are a prefix, its first gang the longest waiting. The order of grants
+  (`priority.line`) is then the buckets one after the other, read lazily: the lock stops reading
+  once every GPU anyone waits for is taken.
+- **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
+  guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
+  a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
+  window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
-  (`priority.borrowed`, `terms.lending`, `ahead`), by GPU and priority.
+  (`priority.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  requests come at a steady pace (`ahead` keeps their GPU for their next request).
 
-Costs (n clients, G GPUs, P distinct priorities waiting, A accounted waiters): `refile`
-O(G + log n) (a sorted insert moves pointers in C); `turns` O(P + A log A) to start and O(1) a
-gang; the questions of `Waiting` O(P + A) for one GPU. Queries never write: accounts are looked
-at through copies (`gang.eligible_at`, `gang.owed_at`).
+Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
+O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
+questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
+(once a window, not once an event). Accounts are only looked at, through copies
+(`gang.eligible_at`, `gang.owed_at`): asking the line never bills or rolls anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
 """
@@ -33,15 +36,16 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from appliance.core.gang import account, eligible, eligible_at, owed_at, owed_s
+from appliance.core.gang import account, eligible_at, owed_at
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 # `priority.line`'s order: offender, not owed, not starved, -priority
 LineKey = tuple[bool, bool, bool, int]
+Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +57,17 @@ class _Filing:
     offender: bool
     gpus: tuple[str, ...]
     lent_at: float | None
-    accounted: bool
+    eligible: bool  # its quota lets it start (`gang.eligible`)
+    owed: bool  # part of a member's share is owed to it (`share`)
+
+    @property
+    def cls(self) -> Class:
+        return (self.offender, self.owed, self.priority)
 
 
 class Bucket:
-    """Plain waiting gangs of one (offender, priority), in ticket order; and those of them that
-    lent their GPU, by when."""
+    """Waiting gangs of one class, in ticket order; and those of them that lent their GPU,
+    by when."""
 
     __slots__ = ("gangs", "lent", "order")
 
@@ -113,15 +122,18 @@ class Line:
 
     def __init__(self, state: NodeState) -> None:
         self._s = state
+        self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
-        self._filed: dict[str, _Filing] = {}
-        self._plain: dict[tuple[bool, int], Bucket] = {}
-        self._by_gpu: dict[str, dict[tuple[bool, int], Bucket]] = {}
-        self._accounted: dict[str, Gang] = {}
-        self._accounted_by_gpu: dict[str, dict[str, Gang]] = {}
-        self._waited: dict[str, int] = {}  # GPU -> gangs filed as waiting for it
+        self._filed: dict[str, _Filing] = {}  # every waiting gang
+        self._line: dict[Class, Bucket] = {}  # the eligible ones
+        self._by_gpu: dict[str, dict[Class, Bucket]] = {}
+        self._waited: dict[str, int] = {}  # GPU -> eligible gangs waiting for it
+        self._turns: list[tuple[float, int, str]] = []  # (a window turns, stamp, key): a heap
+        self._stamp: dict[str, int] = {}  # key -> the stamp of its live entry in _turns
+        self._stamps = 0
         self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
         self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
+        self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
 
     # ------------------------------------------------------------ filing
 
@@ -138,101 +150,100 @@ class Line:
             gpu = self._s.clients[next(iter(g.members))].gpu
             self._lenders.setdefault(gpu, {}).setdefault(g.priority, {})[g.key] = g
             self._lent_by[g.key] = (gpu, g.priority)
+            if g.pace is not None:
+                self._paced[g.key] = (gpu, g)
 
     def forget(self, key: str) -> None:
         """A gang that no longer exists."""
         self._unfile(key)
 
     def _file_waiting(self, g: Gang) -> None:
+        s, now = self._s, self.now
+        eligible, owed, turn = True, False, None
+        if accounted(s, g):
+            eligible = eligible_at(s, g, now)
+            owed = owed_at(s, g, now) > EPSILON_S
+            turn = window_turn(s, g, now, eligible)
         f = _Filing(
             ticket=g.ticket,
             priority=g.priority,
             offender=g.offender,
             gpus=tuple(g.gpus),
             lent_at=g.lent_at,
-            accounted=accounted(self._s, g),
+            eligible=eligible,
+            owed=owed,
         )
         self._filed[g.key] = f
+        if turn is not None:
+            self._stamps += 1
+            self._stamp[g.key] = self._stamps
+            heapq.heappush(self._turns, (turn, self._stamps, g.key))
+        if not eligible:
+            return  # rests until its quota's window turns
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
-        if f.accounted:
-            self._accounted[g.key] = g
-            for uuid in f.gpus:
-                self._accounted_by_gpu.setdefault(uuid, {})[g.key] = g
-            return
-        cls = (f.offender, f.priority)
-        self._plain.setdefault(cls, Bucket()).add(g, f)
-        for uuid in f.gpus:
-            self._by_gpu.setdefault(uuid, {}).setdefault(cls, Bucket()).add(g, f)
+            self._by_gpu.setdefault(uuid, {}).setdefault(f.cls, Bucket()).add(g, f)
+        self._line.setdefault(f.cls, Bucket()).add(g, f)
 
     def _unfile(self, key: str) -> None:
         self.owning.pop(key, None)
+        self._paced.pop(key, None)
+        self._stamp.pop(key, None)  # (its entry in _turns is skipped when it comes up)
         if (lent := self._lent_by.pop(key, None)) is not None:
             by_priority = self._lenders[lent[0]]
             del by_priority[lent[1]][key]
             if not by_priority[lent[1]]:
                 del by_priority[lent[1]]
         f = self._filed.pop(key, None)
-        if f is None:
+        if f is None or not f.eligible:
             return
         for uuid in f.gpus:
             self._waited[uuid] -= 1
             if not self._waited[uuid]:
                 del self._waited[uuid]
-        if f.accounted:
-            del self._accounted[key]
-            for uuid in f.gpus:
-                del self._accounted_by_gpu[uuid][key]
-            return
-        cls = (f.offender, f.priority)
-        _remove(self._plain, cls, key, f)
-        for uuid in f.gpus:
-            _remove(self._by_gpu[uuid], cls, key, f)
+            _remove(self._by_gpu[uuid], key, f)
+        _remove(self._line, key, f)
+
+    def catch_up(self, now: float) -> None:
+        """File again the waiters one of whose windows has turned by `now` (the index follows
+        the clock; no account is touched)."""
+        self.now = max(self.now, now)
+        while self._turns and (
+            self._turns[0][0] <= now or self._stamp.get(self._turns[0][2]) != self._turns[0][1]
+        ):
+            _, stamp, key = heapq.heappop(self._turns)
+            if self._stamp.get(key) == stamp:
+                self.refile(self._s.gangs[key])
+
+    def next_turn(self) -> float | None:
+        """When the first window of a waiter turns (it may then be owed, or may start)."""
+        return self._turns[0][0] if self._turns else None
 
     # ------------------------------------------------------------ the line
 
     def turns(self, now: float) -> Iterator[Gang]:
         """The eligible waiting gangs in the order they are granted (`priority.line`), read
-        lazily. A command: accounts roll (`gang.eligible`)."""
-        s = self._s
-        patience = now - s.policy.scheduler.starvation_limit_s
+        lazily: O(P) to start, O(1) a gang."""
+        self.catch_up(now)
+        patience = now - self._s.policy.scheduler.starvation_limit_s
 
         def starved(g: Gang) -> bool:
             return g.requested_at <= patience
 
-        ready = sorted(
-            (g for g in self._accounted.values() if eligible(s, g, now)), key=lambda g: g.ticket
-        )
-        owed = {g.key for g in ready if owed_s(s, g, now) > EPSILON_S}
-        parts: dict[LineKey, list[Iterator[Gang]]] = {}
-        for (offender, prio), bucket in self._plain.items():
+        parts: list[tuple[LineKey, Bucket, bool]] = []
+        for (offender, owed, prio), bucket in self._line.items():
             for want in (True, False):
-                key = (offender, True, not want, -prio)
-                parts.setdefault(key, []).append(bucket.walk(starved, want))
-        accounted_parts: dict[LineKey, list[Gang]] = {}
-        for g in ready:
-            key = (g.offender, g.key not in owed, not starved(g), -g.priority)
-            accounted_parts.setdefault(key, []).append(g)
-        for key in sorted(parts.keys() | accounted_parts.keys()):
-            iters = [*parts.get(key, []), iter(accounted_parts.get(key, []))]
-            yield from heapq.merge(*iters, key=_ticket)
-
-    def has_waiters(self, uuid: str) -> bool:
-        return uuid in self._waited
+                parts.append(((offender, not owed, not want, -prio), bucket, want))
+        for _, bucket, want in sorted(parts, key=lambda part: part[0]):
+            yield from bucket.walk(starved, want)
 
     def all_taken(self, blocked: set[str]) -> bool:
-        """Whether every GPU someone waits for is in `blocked`: O(G)."""
+        """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
         return all(uuid in blocked for uuid in self._waited)
 
-    def accounted_waiting(self) -> list[Gang]:
-        return list(self._accounted.values())
-
-    def idle_lenders(self) -> Iterator[tuple[str, Gang]]:
-        """(GPU, gang) for every idle lone gang that lent its GPU."""
-        for uuid, by_priority in self._lenders.items():
-            for gangs in by_priority.values():
-                for g in gangs.values():
-                    yield uuid, g
+    def paced_lenders(self) -> Iterator[tuple[str, Gang]]:
+        """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""
+        return iter(self._paced.values())
 
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
         """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""
@@ -240,13 +251,15 @@ class Line:
         return [g for p, gangs in by_priority.items() if p > priority for g in gangs.values()]
 
     def waiting(self, now: float) -> Waiting:
-        return Waiting(self, now)
+        self.catch_up(now)
+        return Waiting(self)
 
     # ------------------------------------------------------------ the check
 
     def check(self) -> None:
         """Every index against a pass over all gangs (tests call it after every event)."""
         s = self._s
+        self.catch_up(self.now)
         owning = {k for k, g in s.gangs.items() if g.phase in _OWNING}
         assert owning == self.owning.keys(), (owning, self.owning.keys())
         waiting = {k: g for k, g in s.gangs.items() if g.phase is GangPhase.WAITING}
@@ -256,7 +269,8 @@ class Line:
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
             assert now_filed == was, (k, now_filed, was)
-            assert f.accounted == accounted(s, g), k
+            owed = owed_at(s, g, self.now) > EPSILON_S
+            assert (f.eligible, f.owed) == (eligible_at(s, g, self.now), owed), k
         lenders = {
             k
             for k, g in s.gangs.items()
@@ -266,70 +280,85 @@ class Line:
         for k in lenders:
             g = s.gangs[k]
             assert self._lent_by[k] == (s.clients[next(iter(g.members))].gpu, g.priority), k
+        paced = {k for k in lenders if s.gangs[k].pace is not None}
+        assert paced == self._paced.keys(), (paced, self._paced.keys())
 
 
 def accounted(s: NodeState, g: Gang) -> bool:
-    """A gang whose place in line moves with the clock: a quota, or a member's share."""
+    """A gang whose place in line moves with its windows: a quota, or a member's share."""
     return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
 
 
-def _ticket(g: Gang) -> int:
-    return g.ticket
+def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | None:
+    """When what a waiting gang is filed by may next change: a member's share window turns
+    (it is owed again), or, while its quota keeps it out, its quota's window."""
+    settings = s.policy.scheduler
+    times = []
+    for m in g.members:
+        if (share := s.clients[m].guarantee) is not None:
+            ahead = replace(share)
+            ahead.roll(now, settings)
+            times.append(ahead.next_window(settings))
+    quota = account(s, g)
+    if quota is not None and not eligible:
+        spent = replace(quota)
+        spent.roll(now, settings)
+        times.append(spent.next_window(settings))
+    return min(times, default=None)
 
 
-def _remove(
-    buckets: dict[tuple[bool, int], Bucket], cls: tuple[bool, int], key: str, f: _Filing
-) -> None:
-    bucket = buckets[cls]
+def _remove(buckets: dict[Class, Bucket], key: str, f: _Filing) -> None:
+    bucket = buckets[f.cls]
     bucket.remove(key, f)
     if not bucket:
-        del buckets[cls]
+        del buckets[f.cls]
 
 
 class Waiting:
-    """Who waits for a GPU, as the rules ask it; reads the line as it is now, writes nothing."""
+    """Who waits for a GPU, as the rules ask it; reads the line as it is, writes nothing.
+    Each question O(P) for one GPU."""
 
-    def __init__(self, line: Line, now: float) -> None:
+    def __init__(self, line: Line) -> None:
         self._line = line
-        self._s = line._s
-        self._now = now
-
-    def accounted(self, uuid: str) -> list[Gang]:
-        """The accounted waiters of GPU `uuid` that may start now, in ticket order."""
-        gangs = self._line._accounted_by_gpu.get(uuid, {}).values()
-        return sorted((g for g in gangs if eligible_at(self._s, g, self._now)), key=_ticket)
 
     def any(self, uuid: str) -> bool:
         """Whether an eligible gang waits for GPU `uuid`."""
-        return bool(self._line._by_gpu.get(uuid)) or bool(self.accounted(uuid))
+        return uuid in self._line._waited
 
     def others(self, uuid: str, mine: Gang) -> bool:
         """Whether an eligible gang other than `mine` waits for GPU `uuid`."""
-        buckets = self._line._by_gpu.get(uuid, {})
-        plain = sum(len(b) for b in buckets.values())
+        waiting = self._line._waited.get(uuid, 0)
         f = self._line._filed.get(mine.key)
-        if f is not None and not f.accounted and uuid in f.gpus:
-            plain -= 1
-        return plain > 0 or any(g is not mine for g in self.accounted(uuid))
+        if f is not None and f.eligible and uuid in f.gpus:
+            waiting -= 1
+        return waiting > 0
 
     def firsts(self, uuid: str) -> list[Gang]:
         """Enough of GPU `uuid`'s waiters to know who of them comes first in line: each
-        bucket's longest waiting, and the accounted ones."""
-        buckets = self._line._by_gpu.get(uuid, {})
-        return [*(b.first() for b in buckets.values()), *self.accounted(uuid)]
+        bucket's longest waiting."""
+        return [b.first() for b in self._line._by_gpu.get(uuid, {}).values()]
 
     def rivals(self, uuid: str, holder: Gang) -> list[Gang]:
         """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
         (`priority.yield_at` depends on a waiter's priority, whether it lent the GPU before
-        the holder's grant, and when it asked): each bucket's longest waiting and its earliest
-        lender, and the accounted ones."""
+        the holder's grant, when it asked, and whether it is owed its share): each bucket's
+        longest waiting and its earliest lender."""
         out: list[Gang] = []
         for b in self._line._by_gpu.get(uuid, {}).values():
             out.append(b.first())
             if (lender := b.first_lender(holder.granted_at)) is not None:
                 out.append(lender)
-        return out + self.accounted(uuid)
+        return out
 
     def owed(self, gangs: list[Gang]) -> set[str]:
-        """The keys of those of `gangs` still owed part of their share."""
-        return {g.key for g in gangs if owed_at(self._s, g, self._now) > EPSILON_S}
+        """The keys of those of `gangs` (waiters, or a lender) still owed part of their
+        share: a waiter as filed, anyone else looked at through a copy."""
+        out = set()
+        for g in gangs:
+            f = self._line._filed.get(g.key)
+            owed = (
+                f.owed if f is not None else owed_at(self._line._s, g, self._line.now) > EPSILON_S
+            )
+            if owed:
+                out.add(g.key)
+        return out

@@ -48,7 +48,6 @@ from appliance.core import events as ev
 from appliance.core.gang import (
     Gangs,
     account,
-    eligible_at,
     gang_of,
     grantable,
     in_the_way,
@@ -391,10 +390,11 @@ class Lock:
 
     def next_deadline(self, now: float) -> float | None:
         """When to look again: a quantum, slice, quota, drop deadline or window running out.
-        A query: it writes nothing. O(owning gangs + accounted waiters + G x P + paced
-        lenders): plain waiting gangs have no deadline of their own."""
-        busy = [*self.line.owning.values(), *self.line.accounted_waiting()]
-        times = [t for g in busy for t in self._deadlines(g, now)]
+        A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
+        deadline (a window turning) is the top of the line's heap."""
+        times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
+        if (turn := self.line.next_turn()) is not None:
+            times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
             owed = partial(owed_at, self._s, now=now)
@@ -409,13 +409,6 @@ class Lock:
         quota = account(self._s, g)
         if g.phase is GangPhase.DRAINING:
             return [g.dropped_at + settings.drop_deadline_s]
-        if g.phase is GangPhase.WAITING:
-            # A waiter that has had its share is owed a new one when its window turns.
-            shares = [self._s.clients[m].guarantee for m in g.members]
-            times = [a.next_window(settings) for a in shares if a is not None]
-            if quota is not None and not eligible_at(self._s, g, now):
-                times.append(quota.next_window(settings))
-            return times
         if g.phase is GangPhase.HOLDING and quota is not None:
             # A grant lasts at least one sample interval, so a tiny budget cannot turn into
             # grant/drop ping-pong; otherwise the drop comes its drain before the budget ends.

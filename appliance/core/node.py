@@ -83,6 +83,7 @@ class NodeCore:
         self.admin = Admin(self.state, refresh=self._refresh_all)
         self.unhooked = UnhookedWatch(self.state)
         self._deadline: float | None = None
+        self._deadline_at: float | None = 0.0  # the time of the last event, until it is asked
         self._handlers: dict[type, Callable[[Any, float], list[act.Action]]] = {
             ev.ClientRegistered: self._on_registered,
             ev.ClientGone: self._on_gone,
@@ -109,13 +110,19 @@ class NodeCore:
     # ------------------------------------------------------------ public surface
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
+        self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)
         actions = self._handlers[type(event)](event, now)
-        self._deadline = self.lock.next_deadline(now)  # a query: O(owning + accounted + G x P)
+        self._deadline_at = now  # worked out when asked: the actions go out first
         if self._publish_due:
             actions += self._publish()
         return actions
 
     def next_deadline(self) -> float | None:
+        """When to call back with `Tick`, as of the last event: a query (it writes nothing),
+        O(owning + accounted + G x P + paced lenders)."""
+        if self._deadline_at is not None:
+            self._deadline = self.lock.next_deadline(self._deadline_at)
+            self._deadline_at = None
         return self._deadline
 
     def status(self, now: float) -> views.StatusView:
@@ -284,23 +291,22 @@ class NodeCore:
         return self.lock.schedule(now)
 
     def _rescale(self, uuid: str, now: float) -> None:
-        """Shares of a GPU scaled again; a gang whose member has a new share is filed again."""
+        """Shares of a GPU scaled again; a gang whose member's share changed is filed again."""
         for c in share.rescale(self.state, uuid, now):
             self.lock.line.refile(self.state.gangs[c.gang])
 
     def _refresh_limits(self, c: Client, now: float) -> bool:
         """Recompute a client's limits; True when what its hook must enforce changed."""
         c.limits = self.state.resolve(c, with_env=True)
-        accounted = c.quota is not None
         if c.limits.core_percent < 100:
             if c.quota is None:
                 c.quota = QuotaAccount(percent=c.limits.core_percent, window_start=now)
             c.quota.percent = c.limits.core_percent
         else:
             c.quota = None
-        lost_share = share.wants(self.state, c)
-        if (accounted != (c.quota is not None) or lost_share) and c.gang in self.state.gangs:
-            self.lock.line.refile(self.state.gangs[c.gang])  # its place in line moves otherwise
+        share.wants(self.state, c)
+        if c.gang in self.state.gangs:  # its quota or share may move its place in line
+            self.lock.line.refile(self.state.gangs[c.gang])
         enforced = self.state.enforced(c)
         changed = enforced != c.enforced
         c.enforced = enforced

@@ -31,7 +31,7 @@ REQUEST = "request"  # the drop reason when a waiter is owed its share
 
 def wants(s: NodeState, c: Client) -> bool:
     """File c by whether it asks for a share (`Gpu.asking`); True when it stopped having one
-    (its guarantee is gone)."""
+    (its share is gone)."""
     gpu = s.gpus[c.gpu]
     if c.limits.core_request > 0:
         gpu.asking.add(c.id)
@@ -44,7 +44,7 @@ def wants(s: NodeState, c: Client) -> bool:
 def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
     """Give each client of a GPU that asks for a share its guaranteed percent: its request,
     scaled down so that the GPU's requests fit in 100. O(clients asking on that GPU). The
-    clients whose guarantee is new."""
+    clients whose share is new or changed."""
     gpu = s.gpus.get(uuid)
     if gpu is None:
         return []
@@ -56,8 +56,10 @@ def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
     for c in asking:
         if c.guarantee is None:
             c.guarantee = GuaranteeAccount(percent=0.0, window_start=now - now % window)
+        percent = c.limits.core_request * factor
+        if c.guarantee.percent != percent:
+            c.guarantee.percent = percent
             new.append(c)
-        c.guarantee.percent = c.limits.core_request * factor
     if gpu.requested_percent == total:
         return new
     gpu.requested_percent = total

@@ -231,6 +231,10 @@ class NodeState:
     cuts: int = 0  # the last cut id given out
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
     use: dict[str, GpuUse] = field(default_factory=dict)  # by uuid: NVML's last sample
+    # by uuid: (policy, facts, what `gpu_settings` made of them), asked on every event
+    settings_seen: dict[str, tuple[Policy, GpuFacts, tuple[Mode, float, int]]] = field(
+        default_factory=dict
+    )
 
     # ------------------------------------------------------------------ GPUs
 
@@ -243,14 +247,24 @@ class NodeState:
     def gpu_mode(self, uuid: str) -> Mode:
         modes = self.overrides.modes
         override = modes.get(uuid) or modes.get("")
-        return override or gpu_settings(self.policy, self.facts(uuid))[0]
+        return override or self._settings(uuid)[0]
 
     def time_quantum(self, uuid: str) -> float:
         tq = self.overrides.time_quantum_s
-        return tq or gpu_settings(self.policy, self.facts(uuid))[1]
+        return tq or self._settings(uuid)[1]
 
     def gpu_memory(self, uuid: str) -> int:
-        return gpu_settings(self.policy, self.facts(uuid))[2]
+        return self._settings(uuid)[2]
+
+    def _settings(self, uuid: str) -> tuple[Mode, float, int]:
+        """`gpu_settings`, worked out again only when the policy or the GPU's facts change."""
+        facts = self.facts(uuid)
+        seen = self.settings_seen.get(uuid)
+        if seen is not None and seen[0] is self.policy and seen[1] is facts:
+            return seen[2]
+        settings = gpu_settings(self.policy, facts)
+        self.settings_seen[uuid] = (self.policy, facts, settings)
+        return settings
 
     # --------------------------------------------------------------- clients
 
