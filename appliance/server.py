@@ -38,7 +38,7 @@ from appliance import codec, framing, socket_dirs
 from appliance import protocol as p
 from appliance import protocol_view as pv
 from appliance.admission import FILES_IN_RESERVE, Admission
-from appliance.connection import Bounds, Budget, PeerConnection
+from appliance.connection import Bounds, Budget, PeerConnection, Turns
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
@@ -94,6 +94,7 @@ class SchedulerServer:
         self._view = view
         self.admission = Admission(total=max(16, open_files - FILES_IN_RESERVE), caps=caps)
         self._budget = Budget()
+        self._turns = Turns()  # every connection's frames take turns here
         self._clients: dict[int, PeerConnection] = {}  # registered hooks, by client id
         self._connections: dict[int, PeerConnection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
@@ -182,6 +183,7 @@ class SchedulerServer:
                 on_open=self._opened,
                 on_frame=self._on_frame,
                 on_close=self._closed,
+                turns=self._turns,
             )
 
         return make

@@ -14,7 +14,8 @@ and metrics show), `shown` (the GPU as a process is shown it).
 What each event costs (n clients, G GPUs, P distinct priorities waiting; "accounted" are gangs
 with a quota or a guaranteed share, "lenders" idle clients that let their GPU go idle; the
 lock's indexes are `line.Line`). No event a hook can send walks every client:
-- LockRequested, LockReleased, Tick, PriorityHint, GangHint, GangPosition: O(G x P + log n +
+- PriorityHint that changes nothing, GangHint: O(1).
+- LockRequested, LockReleased, Tick, PriorityHint, GangPosition: O(G x P + log n +
   owning + accounted + members of the gangs involved + lenders that may be lent to); the lock
   reads its line lazily and stops once every GPU anyone waits for is taken. A gang's first
   forming (two GPUs asked for) looks at the job's clients once: O(n).
@@ -283,8 +284,8 @@ class NodeCore:
 
     def _on_priority_hint(self, e: ev.PriorityHint, now: float) -> list[act.Action]:
         c = self.state.clients.get(e.client_id)
-        if c is None:
-            return []
+        if c is None or c.env_priority == e.priority:
+            return []  # (a hint said again costs nothing: O(1))
         c.env_priority = e.priority
         self._refresh_limits(c, now)  # (a priority is the daemon's alone: nothing to push)
         self.lock.gangs.refresh(self.state.gangs[c.gang])

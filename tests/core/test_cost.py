@@ -175,3 +175,12 @@ def test_the_next_deadline_is_a_query_that_bills_nobody() -> None:
     after = [(x.quota, x.guarantee) for x in s.clients.values()]
     assert after == before
     assert [(g.billed_until, g.phase) for g in s.gangs.values()] == gangs
+
+
+def test_a_priority_hint_said_again_costs_nothing() -> None:
+    """A hook flooding PRIORITY_HINT with the value it already sent makes the core do no
+    work: no limits resolved again, no schedule."""
+    c = Crowd(SMALL)
+    first = c.work(ev.PriorityHint(c.n, -1))
+    again = [c.work(ev.PriorityHint(c.n, -1)) for _ in range(3)]
+    assert max(again) * 4 < first, (first, again)
