@@ -32,7 +32,7 @@ lock's indexes are `line.Line`). No event a hook can send walks every client:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from appliance.core import actions as act
@@ -126,8 +126,18 @@ class NodeCore:
             self._deadline_at = None
         return self._deadline
 
-    def status(self, now: float) -> views.StatusView:
-        return views.status(self.state, now)
+    def status(
+        self, now: float, clients: tuple[views.ClientView, ...] | None = None
+    ) -> views.StatusView:
+        return views.status(self.state, now, clients)
+
+    def client_rows(self, now: float) -> Iterator[views.ClientView]:
+        """Each connected client's status row, one at a time: a caller may stop between rows
+        and come back after other events (a client gone by then is left out)."""
+        for cid in list(self.state.clients):
+            c = self.state.clients.get(cid)
+            if c is not None:
+                yield views.client_view(self.state, c, now)
 
     def explain(self, query: views.ExplainQuery) -> views.ExplainView:
         return views.explain(self.state, query)

@@ -3,7 +3,7 @@ honest tenant's registration and nvsharectl's status are answered in their turn,
 flood (issue 24, item 3).
 
 A pod's process opens 100 connections, registers each, and then, all at once, sends on each a
-turn's worth of PRIORITY_HINTs and lock requests and releases. Turns go round the tenants
+few turns' worth of PRIORITY_HINTs and lock requests and releases. Turns go round the tenants
 (`connection.Turns`), so the status of a user on the host and the registration of a new hook
 wait for at most a turn of the flood each, never for the whole of it. The daemon runs on a loop
 this test drives (`daemon.driven`): order and counts, never the clock.
@@ -25,9 +25,9 @@ from .conftest import FakeProc
 
 POD = "0b1c5e5e-7777-4888-9999-f100d5f100d5"
 CONNECTIONS = 100
-FRAMES = 8  # one turn of a connection
+FRAMES = 32  # four turns of a connection
 
-# Registers N connections, waits for "go", sends each a turn of hints, requests and releases.
+# Registers N connections, waits for "go", sends each four turns of hints, requests, releases.
 FLOODER = """
 import socket, sys
 from appliance import framing, protocol as p
@@ -44,7 +44,7 @@ sys.stdin.readline()
 churn = [p.PriorityHint(-1), p.PriorityHint(-2), p.LockRequest()]
 churn += [p.LockReleased(p.ReleaseReason.IDLE)]
 for s in conns:
-    s.sendall(b"".join(framing.encode(m, seq=2 + i) for i, m in enumerate(churn * 2)))
+    s.sendall(b"".join(framing.encode(m, seq=2 + i) for i, m in enumerate(churn * 8)))
 print("sent", flush=True)
 sys.stdin.readline()
 """

@@ -18,6 +18,8 @@ from appliance import protocol as p
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
 from appliance.policy.model import Mode, Policy, SchedulerSettings
+from appliance.policy.watch import PolicyWatcher
+from appliance.queries import STATUS_SLICE_S, Answers
 from appliance.server import SchedulerServer
 
 GPU = "GPU-00000000-0000-0000-0000-0000000000f1"
@@ -59,19 +61,25 @@ class Peer:
 
 @asynccontextmanager
 async def daemon(
-    tmp_path: Path, *, proc_root: Path = Path("/proc")
+    tmp_path: Path, *, proc_root: Path = Path("/proc"), status_slice_s: float = STATUS_SLICE_S
 ) -> AsyncIterator[tuple[SchedulerServer, Engine]]:
+    """`status_slice_s`: the status document's work per pass of the loop (0: a row a pass)."""
     loop = asyncio.get_running_loop()
     core = NodeCore(Policy(scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=3600)))
     engine = Engine(core, loop=loop)
-    for d in ("run", "ctl"):
+    for d in ("run", "ctl", "policy"):
         (tmp_path / d).mkdir(mode=0o755)
+    watcher = PolicyWatcher(tmp_path / "policy", on_policy=print, on_error=print)
+    answers = Answers(
+        core, clock=engine.now, watcher=watcher, policy_dir=tmp_path, nvml_available=False
+    )
     server = SchedulerServer(
         socket_dir=tmp_path / "run",
         control_dir=tmp_path / "ctl",
         dispatch=engine.dispatch,
-        status=lambda: core.status(engine.now()),
-        queries={},
+        status=answers.status,
+        status_document=lambda: answers.status_document(slice_s=status_slice_s),
+        queries=answers.queries,
         view=core.memory_view,
         generation=lambda: engine.generation,
         proc_root=proc_root,
@@ -95,6 +103,15 @@ async def until(check: Any, *, patient: bool = False) -> int:
             return passes
         await asyncio.sleep(0.01 if patient else 0)
     raise AssertionError("never happened")
+
+
+async def connected(path: Path, n: int) -> list[Peer]:
+    """n peers, connected a few at a time (the loop accepts between: the backlog is finite)."""
+    peers: list[Peer] = []
+    while len(peers) < n:
+        peers += [Peer(path) for _ in range(min(8, n - len(peers)))]
+        await asyncio.sleep(0)
+    return peers
 
 
 def register(peer: Peer) -> None:

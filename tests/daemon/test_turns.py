@@ -11,7 +11,7 @@ from pathlib import Path
 
 from appliance import protocol as p
 
-from .driven import Peer, daemon, register, registered, until
+from .driven import Peer, connected, daemon, register, registered, until
 
 FLOOD = 100  # connections
 FRAMES = 8  # lock request and release, four times each: one turn of a connection
@@ -56,5 +56,39 @@ def test_a_registration_goes_ahead_of_lock_requests_waiting_their_turn(tmp_path:
                 f"the registration was answered after {handled} of the flood's "
                 f"{FLOOD * FRAMES} frames: it waited behind them"
             )
+
+    asyncio.run(main())
+
+
+def test_a_hand_off_is_not_kept_waiting_while_status_is_built(tmp_path: Path) -> None:
+    """Status of 150 clients is built a slice at a time: a hand-off asked after it is
+    granted before the status document is done."""
+
+    async def main() -> None:
+        async with daemon(tmp_path, status_slice_s=0.0) as (server, engine):
+            hooks = await connected(server.path, 150)
+            await registered(hooks)
+            holder, waiter = hooks[0], hooks[1]
+            status = Peer(server.control_path)  # accepted while the lock is taken
+            holder.send(p.LockRequest())
+            await until(lambda: any(isinstance(m, p.LockGrant) for m in holder.read()))
+            waiter.send(p.LockRequest())
+            asked = engine.generation
+            await until(lambda: engine.generation > asked)  # in line behind the holder
+            status.send(p.StatusRequest())  # written first: read first
+            holder.send(p.LockReleased(p.ReleaseReason.IDLE))
+            granted_meanwhile = False
+
+            def status_done() -> bool:
+                nonlocal granted_meanwhile
+                granted = any(isinstance(m, p.LockGrant) for m in waiter.read())
+                done = any(isinstance(m, p.JsonBody) for m in status.read())
+                granted_meanwhile |= granted and not done
+                return done
+
+            await until(status_done)
+            assert granted_meanwhile, "the hand-off waited for the whole status document"
+            doc = next(m for m in status.got if isinstance(m, p.JsonBody)).doc
+            assert len(doc["clients"]) == 150
 
     asyncio.run(main())
