@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import resource
 import selectors
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,15 @@ from appliance import protocol as p
 from appliance.client import ControlClient
 
 POLICY = "scheduler: {mode: 'on', timeQuantum: 3600s}\nconnections: {perUid: 8192}"
+
+
+def _stop(d: BenchDaemon) -> None:
+    """Stop the daemon; one still busy with thousands of disconnects (an old tree) is killed."""
+    try:
+        d.stop()
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+        d.proc.wait()
 
 
 def _clients(d: BenchDaemon, n: int) -> list[ControlClient]:
@@ -111,7 +121,7 @@ def handoff(n: int, handoffs: int, tree: Path | None, status: bool) -> tuple[lis
             c.close()
         return latencies, asked
     finally:
-        d.stop()
+        _stop(d)
 
 
 def burst(n: int, tree: Path | None) -> tuple[float, float, int]:
@@ -145,7 +155,7 @@ def burst(n: int, tree: Path | None) -> tuple[float, float, int]:
             c.close()
         return handled, max(answers), len(answers)
     finally:
-        d.stop()
+        _stop(d)
 
 
 def churn(n: int, tree: Path | None) -> tuple[float, float]:
@@ -162,7 +172,7 @@ def churn(n: int, tree: Path | None) -> tuple[float, float]:
             time.sleep(0.02)
         return registered, time.perf_counter() - t1
     finally:
-        d.stop()
+        _stop(d)
 
 
 def main() -> None:
