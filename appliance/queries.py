@@ -63,12 +63,14 @@ class Answers:
             if time.perf_counter() - started >= slice_s:
                 yield None
                 started = time.perf_counter()
-        node = self._core.status(now, tuple(clients))
+        node = self._core.status(now, tuple(clients))  # the GPUs' queues, the pods
+        yield None
         whole = dataclasses.replace(node, clients=(), policy=self.policy_status(), nvml=self._nvml)
         doc = views.to_json(whole)
         doc["clients"] = _ROWS
-        text = json.dumps(doc, sort_keys=True)
-        yield text.replace(json.dumps(_ROWS), "[" + ", ".join(rows) + "]", 1).encode("utf-8")
+        head, tail = json.dumps(doc, sort_keys=True).split(json.dumps(_ROWS), 1)
+        yield None
+        yield "".join([head, "[", ", ".join(rows), "]", tail]).encode("utf-8")
 
     def policy_status(self) -> views.PolicyStatus:
         w = self._watcher
