@@ -22,7 +22,7 @@ from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
 
 Query = Callable[[Mapping[str, Any]], Any]  # a request's JSON -> a view; raises QueryError
-STATUS_SLICE_S = 0.002  # status work done before the loop handles other events again
+STATUS_SLICE_S = 0.001  # status work done before the loop handles other events again
 _ROWS = "\x00client rows\x00"  # where the rows go in the document
 
 
