@@ -139,7 +139,7 @@ class Lock:
         """Wait in line: behind everyone (`priority.line` orders the line)."""
         self._s.tickets += 1
         g.phase, g.requested_at, g.ticket = GangPhase.WAITING, now, self._s.tickets
-        self.line.refile(g)
+        # (its callers, `_want` and `_release`, file it again once it is all set)
 
     def leave(self, c: Client, now: float) -> tuple[bool, list[act.Action]]:
         """A client that is gone: out of its GPU's holders and its gang; True if it held."""
