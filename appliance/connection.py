@@ -8,6 +8,10 @@ No peer can make the daemon hold much for it or wait on it:
   frame within the same time, or it is closed (a parked partial frame holds nothing for long);
 - at most `FRAMES_PER_TURN` frames of one connection are handled before every other connection
   has had its turn, so a flood of requests delays nobody else by more than a few frames' work;
+- turns are taken across connections a time slice (`TURN_SLICE_S`) per pass of the event loop
+  (`Turns`), so the loop reads again between slices; heartbeats are answered as they are read
+  and a registration goes before every other turn, so no scheduling work delays either by more
+  than a slice (thousands of hooks asking for the lock at once included);
 - a peer that does not read what it is sent is not served: reading from it pauses while its
   send buffer is above the transport's high-water mark, and one over `MAX_WRITE_BUFFER` is
   dropped.
@@ -21,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +40,7 @@ log = logging.getLogger("nvshare.server")
 
 READ_DEADLINE_S = 5.0
 FRAMES_PER_TURN = 8
+TURN_SLICE_S = 0.002  # turns taken in one pass of the event loop, before it reads again
 MAX_WRITE_BUFFER = 1 << 20
 TOTAL_BUFFERED = 32 << 20
 # Every read lands here first, and is handled before the next read. Small: what one read makes
@@ -63,6 +69,82 @@ class Budget:
         self.used = 0
 
 
+class Turns:
+    """Whose frames are handled next, across every connection, a slice of time per pass of the
+    event loop: a connection with frames to handle has them handled at once while this pass has
+    time left and nobody waits; otherwise it stops being read and waits its turn here. Turns go
+    round the tenants (`PeerConnection.tenant`: a pod, or a user outside pods), a turn each, and
+    within a tenant first come first served, so a tenant's share of the daemon's time does not
+    grow with its connections (the per-uid budget: a flood of cheap messages from 200
+    connections of one user waits for the other tenants' turns); a registration goes ahead of
+    everything. Between slices the loop reads again, and answers the heartbeats it reads
+    (`PeerConnection.buffer_updated`)."""
+
+    def __init__(
+        self, *, slice_s: float = TURN_SLICE_S, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self._slice_s = slice_s
+        self._clock = clock
+        self._waiting: OrderedDict[object, deque[PeerConnection]] = OrderedDict()  # by tenant
+        self._registering: deque[PeerConnection] = deque()
+        self._spent = 0.0  # on turns in this pass of the loop
+        self._pass_marked = False
+        self._running = False
+
+    def serve(self, conn: PeerConnection) -> None:
+        """conn has frames to handle: now, or in its turn."""
+        if conn.turn_waiting:
+            return
+        if self._waiting or self._registering or self._spent >= self._slice_s:
+            self.wait(conn)
+        else:
+            self._timed(conn)
+
+    def wait(self, conn: PeerConnection) -> None:
+        conn.turn_waiting = True
+        if conn.transport is not None:
+            conn.transport.pause_reading()
+        if conn.registering:
+            self._registering.append(conn)
+        else:
+            self._waiting.setdefault(conn.tenant, deque()).append(conn)
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _timed(self, conn: PeerConnection) -> None:
+        start = self._clock()
+        conn.serve_turn()
+        self._spent += self._clock() - start
+        if not self._pass_marked:
+            self._pass_marked = True
+            asyncio.get_running_loop().call_soon(self._next_pass)
+
+    def _next_tenant(self) -> PeerConnection:
+        """The first waiting connection of the tenant whose turn it is; the tenant goes round
+        to the back."""
+        tenant, conns = self._waiting.popitem(last=False)
+        conn = conns.popleft()
+        if conns:
+            self._waiting[tenant] = conns
+        return conn
+
+    def _next_pass(self) -> None:
+        self._spent, self._pass_marked = 0.0, False
+
+    def _run(self) -> None:
+        self._running = False
+        self._spent = 0.0
+        while (self._registering or self._waiting) and self._spent < self._slice_s:
+            conn = self._registering.popleft() if self._registering else self._next_tenant()
+            conn.turn_waiting = False
+            if not conn.closed:
+                self._timed(conn)
+        if (self._registering or self._waiting) and not self._running:
+            self._running = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+
 class PeerConnection(asyncio.BufferedProtocol):
     def __init__(
         self,
@@ -74,11 +156,14 @@ class PeerConnection(asyncio.BufferedProtocol):
         on_open: Callable[[PeerConnection], bool],
         on_frame: Callable[[PeerConnection, framing.Frame], None],
         on_close: Callable[[PeerConnection], None],
+        turns: Turns | None = None,
     ) -> None:
         self.role = role
         self.number = number
         self._bounds = bounds
         self._budget = budget
+        self._turns = turns or Turns()
+        self.turn_waiting = False  # in `Turns`, for its turn
         self._on_open = on_open
         self._on_frame = on_frame
         self._on_close = on_close
@@ -86,7 +171,6 @@ class PeerConnection(asyncio.BufferedProtocol):
         self._pending: deque[framing.Frame | framing.ProtocolError] = deque()
         self._queued = 0  # bytes of the frames in _pending, kept as they come and go
         self._held = 0  # bytes of this connection counted in the budget
-        self._turn_scheduled = False
         self._write_paused = False
         self.transport: asyncio.Transport | None = None
         self.pid = self.uid = self.gid = -1
@@ -127,8 +211,14 @@ class PeerConnection(asyncio.BufferedProtocol):
         except framing.ProtocolError as exc:
             self.refuse(p.Result(exc.status, exc.ref_type, str(exc)), f"sent garbage ({exc})")
             return
-        self._pending.extend(frames)  # answered in order, a turn at a time
-        self._queued += sum(map(_size, frames))
+        for frame in frames:  # in order, a turn at a time; a heartbeat at once (`Turns`)
+            if isinstance(frame, framing.Frame) and frame.msg_type == p.MsgType.HEARTBEAT:
+                self._on_frame(self, frame)
+                if self.closed:
+                    return
+                continue
+            self._pending.append(frame)
+            self._queued += _size(frame)
         self._account()
         if self._held > self._bounds.max_buffered or self._budget.used > self._budget.total:
             why = "sent more than the daemon buffers for a connection without waiting"
@@ -136,7 +226,8 @@ class PeerConnection(asyncio.BufferedProtocol):
                 why = "sent a frame while the daemon's read buffers are full"
             self.refuse(p.Result(p.Status.BAD_BODY, 0, why), why)
             return
-        self._serve_turn()
+        if self._pending:
+            self._turns.serve(self)
 
     def eof_received(self) -> bool:
         return False  # a half-closed peer is gone: close our side too
@@ -159,9 +250,19 @@ class PeerConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ serving
 
-    def _serve_turn(self) -> None:
+    @property
+    def tenant(self) -> object:
+        """Whose turns this connection's are (`Turns`): its pod or user, as admitted."""
+        return self.admission_key or ("connection", self.number)
+
+    @property
+    def registering(self) -> bool:
+        """Whether the next frame to handle is a registration (it goes first, `Turns`)."""
+        first = self._pending[0] if self._pending else None
+        return isinstance(first, framing.Frame) and first.msg_type == p.MsgType.REGISTER
+
+    def serve_turn(self) -> None:
         """Handle a few frames; if more wait, stop reading and come back after the others."""
-        self._turn_scheduled = False
         for _ in range(FRAMES_PER_TURN):
             if not self._pending or self.closed or self._write_paused:
                 break
@@ -175,10 +276,7 @@ class PeerConnection(asyncio.BufferedProtocol):
         if self.closed or self.transport is None:
             return
         if self._pending and not self._write_paused:
-            self.transport.pause_reading()
-            if not self._turn_scheduled:
-                self._turn_scheduled = True
-                asyncio.get_running_loop().call_soon(self._serve_turn)
+            self._turns.wait(self)
         else:
             self._resume_if_idle()
 
@@ -187,8 +285,8 @@ class PeerConnection(asyncio.BufferedProtocol):
         if self.transport is None or self.closed or self._write_paused:
             return
         if self._pending:
-            self._serve_turn()
-        elif not self.transport.is_reading():
+            self._turns.serve(self)
+        elif not self.transport.is_reading() and not self.turn_waiting:
             self.transport.resume_reading()
 
     def _account(self) -> None:

@@ -284,6 +284,7 @@ class Daemon:
             control_dir=config.control,
             dispatch=engine.dispatch,
             status=self.answers.status,
+            status_document=self.answers.status_document,
             queries=self.answers.queries,
             view=core.memory_view,
             generation=lambda: engine.generation,

@@ -31,7 +31,7 @@ import json
 import logging
 import pwd
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from appliance import codec, framing, socket_dirs
 from appliance import protocol as p
 from appliance import protocol_view as pv
 from appliance.admission import FILES_IN_RESERVE, Admission
-from appliance.connection import Bounds, Budget, PeerConnection
+from appliance.connection import Bounds, Budget, PeerConnection, Turns
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
@@ -82,6 +82,7 @@ class SchedulerServer:
         queries: Mapping[str, QueryHandler],
         view: ViewHandler,
         generation: Callable[[], int] = lambda: 0,
+        status_document: Callable[[], Iterator[bytes | None]] | None = None,
         caps: Callable[[], ConnectionSettings] = ConnectionSettings,
         open_files: int = 1024,
         proc_root: Path = Path("/proc"),
@@ -98,6 +99,7 @@ class SchedulerServer:
         self._view = view
         self.admission = Admission(total=max(16, open_files - FILES_IN_RESERVE), caps=caps)
         self._budget = Budget()
+        self._turns = Turns()  # every connection's frames take turns here
         self._clients: dict[int, PeerConnection] = {}  # registered hooks, by client id
         self._connections: dict[int, PeerConnection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
@@ -108,6 +110,9 @@ class SchedulerServer:
         self._keys: dict[int, tuple[float, tuple[str, str]]] = {}  # pid -> (until, admission key)
         self._sweeper: asyncio.TimerHandle | None = None
         self._status_cache: tuple[int, float, bytes] | None = None
+        self._status_document = status_document  # built a slice at a time, if given
+        self._status_build: tuple[int, float, Iterator[bytes | None]] | None = None
+        self._status_asked: list[tuple[PeerConnection, int]] = []
         # What each message a peer may send is turned into: greppable, no names built at run time.
         self._handlers: dict[Role, dict[type, Handler]] = {
             Role.HOOK: {
@@ -254,6 +259,7 @@ class SchedulerServer:
                 on_open=self._opened,
                 on_frame=self._on_frame,
                 on_close=self._closed,
+                turns=self._turns,
             )
             conn.admission_key = key  # admitted (`_accept`): released when it closes
             return conn
@@ -399,7 +405,40 @@ class SchedulerServer:
         self._dispatch(codec.CONTROL[type(msg)](msg, conn.peer, asker))
 
     def _on_status_request(self, conn: PeerConnection, msg: Any, seq: int) -> None:
-        conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, self._status_body(), seq=seq))
+        if self._status_document is None or self._fresh_status() is not None:
+            body = self._status_body()
+            conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, body, seq=seq))
+            return
+        self._status_asked.append((conn, seq))  # answered when the document is built
+        if self._status_build is None:
+            loop = asyncio.get_running_loop()
+            self._status_build = (self._generation(), loop.time(), self._status_document())
+            loop.call_soon(self._build_status)
+
+    def _build_status(self) -> None:
+        """A slice of the status document; again on the next pass of the loop until done."""
+        assert self._status_build is not None
+        generation, started, steps = self._status_build
+        body = next(steps)
+        if body is None:
+            asyncio.get_running_loop().call_soon(self._build_status)
+            return
+        self._status_build = None
+        self._status_cache = (generation, started, body)
+        asked, self._status_asked = self._status_asked, []
+        for conn, seq in asked:
+            if not conn.closed:
+                conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, body, seq=seq))
+
+    def _fresh_status(self) -> bytes | None:
+        now, cached = asyncio.get_running_loop().time(), self._status_cache
+        if (
+            cached is not None
+            and cached[0] == self._generation()
+            and now - cached[1] < STATUS_REUSE_S
+        ):
+            return cached[2]
+        return None
 
     def _status_body(self) -> bytes:
         """The status document, encoded once for every request until the core changes."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from appliance.core import priority
 from appliance.core.gang import owed_s
+from appliance.core.line import Line
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
 from appliance.policy.model import Mode, SchedulerSettings
@@ -82,18 +83,16 @@ class Keep:
 Keeps = dict[str, list[Keep]]  # by GPU
 
 
-def keeps(s: NodeState) -> Keeps:
+def keeps(s: NodeState, line: Line) -> Keeps:
     """By GPU, the keeping for each lone client in mode `on` that let its GPU go idle and whose
-    requests come at a steady pace."""
+    requests come at a steady pace: O(paced lenders), read from `line`."""
     out: Keeps = {}
-    for c in s.clients.values():
-        g = s.gangs[c.gang]
-        if g.phase is not GangPhase.IDLE or g.lent_at is None or g.pace is None:
+    for uuid, g in line.paced_lenders():
+        if g.pace is None or s.gpu_mode(uuid) is not Mode.ON:
             continue
-        if not g.joint and s.gpu_mode(c.gpu) is Mode.ON:
-            kept = window(g.pace, g.arrivals[-1], s.gpus[c.gpu].drains, s.policy.scheduler)
-            if kept is not None:
-                out.setdefault(c.gpu, []).append(Keep(g, *kept))
+        kept = window(g.pace, g.arrivals[-1], s.gpus[uuid].drains, s.policy.scheduler)
+        if kept is not None:
+            out.setdefault(uuid, []).append(Keep(g, *kept))
     return out
 
 

@@ -29,10 +29,13 @@ up to the cut before it releases: one behind the cut asks for its GPU back to ge
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import priority, share
-from appliance.core.quota import EPSILON_S, QuotaAccount
+from appliance.core.quota import QuotaAccount
 from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
 
@@ -71,7 +74,7 @@ def line(s: NodeState) -> list[Gang]:
 
 
 def eligible(s: NodeState, g: Gang, now: float) -> bool:
-    """Whether g may be granted now: not waiting for its quota's next window."""
+    """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
     quota = account(s, g)
     if quota is None:
         return True
@@ -79,33 +82,39 @@ def eligible(s: NodeState, g: Gang, now: float) -> bool:
     return quota.may_start(s.policy.scheduler)
 
 
+def eligible_at(s: NodeState, g: Gang, now: float) -> bool:
+    """`eligible`, as a query: the account is looked at through a copy."""
+    quota = account(s, g)
+    if quota is None:
+        return True
+    ahead = replace(quota)
+    ahead.roll(now, s.policy.scheduler)
+    return ahead.may_start(s.policy.scheduler)
+
+
 def owed_s(s: NodeState, g: Gang, now: float) -> float:
     """How much of its guaranteed share (`share`) the gang's most owed member is still owed."""
     return max(share.owed_s(s.clients[m], now, s.policy.scheduler) for m in g.members)
 
 
-def turns(s: NodeState, now: float) -> list[Gang]:
-    """The eligible waiting gangs, in the order they are granted (`priority.line`)."""
-    waiting = sorted(
-        (g for g in s.gangs.values() if g.phase is GangPhase.WAITING), key=lambda g: g.ticket
-    )
-    ready = [g for g in waiting if eligible(s, g, now)]
-    owed = {g.key for g in ready if owed_s(s, g, now) > EPSILON_S}
-    return priority.line(ready, now, s.policy.scheduler, owed)
-
-
-Waiting = dict[str, list[Gang]]  # by GPU: the eligible gangs waiting for it
-
-
-def waiting_for(s: NodeState, now: float) -> Waiting:
-    """The eligible gangs waiting for each GPU, in the order they came (who a holder's turn
-    is measured against; the order of grants is `turns`)."""
-    by_gpu: Waiting = {}
-    for g in sorted(s.gangs.values(), key=lambda g: g.ticket):
-        if g.phase is GangPhase.WAITING and eligible(s, g, now):
-            for uuid in g.gpus:
-                by_gpu.setdefault(uuid, []).append(g)
-    return by_gpu
+def owed_at(s: NodeState, g: Gang, now: float) -> float:
+    """`owed_s` as a query: each share is looked at through a copy, billed up to now for a
+    member that holds (as `lock` bills it)."""
+    settings = s.policy.scheduler
+    most = 0.0
+    for m in g.members:
+        c = s.clients[m]
+        if c.guarantee is None:
+            continue
+        ahead = replace(c.guarantee)
+        if c.phase in (Phase.HOLDING, Phase.DRAINING) and g.phase in (
+            GangPhase.HOLDING,
+            GangPhase.DRAINING,
+        ):
+            ahead.bill(g.billed_until, now, settings)
+        ahead.roll(now, settings)
+        most = max(most, ahead.owed_s(settings))
+    return most
 
 
 def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
@@ -144,8 +153,12 @@ def label(g: Gang) -> str:
 class Gangs:
     """Membership and cuts; the lock (`lock.Lock`) decides when gangs hold and drop."""
 
-    def __init__(self, state: NodeState) -> None:
+    def __init__(
+        self, state: NodeState, *, refile: Callable[[Gang], None], forget: Callable[[str], None]
+    ) -> None:
         self._s = state
+        self._refile = refile  # `line.Line`: a gang changed what it is filed by
+        self._forget = forget
 
     # ------------------------------------------------------------ membership
 
@@ -153,6 +166,12 @@ class Gangs:
         c.gang = lone_key(c.id)
         self._s.gangs[c.gang] = Gang(key=c.gang, members={c.id}, gpus={c.gpu})
         self.refresh(self._s.gangs[c.gang])
+
+    def joined(self, c: Client) -> None:
+        """c asked for the lock for the first time: its job's key counts it (`left`)."""
+        if not c.asked:
+            c.asked = True
+            self._s.askers[gang_key(c)] += 1
 
     def hinted(self, e: ev.GangHint, now: float) -> list[act.Action]:
         c = self._s.clients.get(e.client_id)
@@ -166,7 +185,7 @@ class Gangs:
 
     def asked(self, c: Client, now: float) -> list[act.Action]:
         """c asks for its GPU's lock: it may join its job's gang, or make it one."""
-        c.asked = True
+        self.joined(c)
         key = gang_key(c)
         if c.gang == key:
             return []
@@ -182,6 +201,7 @@ class Gangs:
     def _join(self, g: Gang, c: Client) -> None:
         """A client of the gang's job asks for the first time: a member from now on."""
         del self._s.gangs[c.gang]  # its own gang never held anything: it had not asked
+        self._forget(c.gang)
         c.gang = g.key
         g.members.add(c.id)
         self.refresh(g)
@@ -201,12 +221,15 @@ class Gangs:
                 s.gpus[uuid].owners.discard(old.key)
                 s.gpus[uuid].owners.add(key)
             del s.gangs[old.key]
+            self._forget(old.key)
         for m in g.members:
             s.clients[m].gang = key
         s.gangs[key] = g
         s.gang_gpus.pop(key, None)
         self.refresh(g)
-        return self._merge_turns(g, lone, now)
+        out = self._merge_turns(g, lone, now)
+        self._refile(g)
+        return out
 
     def _merge_turns(self, g: Gang, lone: list[Gang], now: float) -> list[act.Action]:
         """The gang's phase from its parts: holding if a part held; all of it drops if a part
@@ -245,6 +268,7 @@ class Gangs:
         g.priority = max(self._s.clients[m].limits.priority for m in g.members)
         if not g.joint:
             g.quota = None
+            self._refile(g)
             return
         percent = min(self._s.clients[m].limits.core_percent for m in g.members)
         if percent >= 100:
@@ -253,6 +277,7 @@ class Gangs:
             g.quota = QuotaAccount(percent=percent, window_start=g.billed_until)
         else:
             g.quota.percent = percent
+        self._refile(g)
 
     def left(self, c: Client) -> list[act.Action]:
         """c is gone: out of its gang (whose GPU it alone used is freed), and out of a cut."""
@@ -263,6 +288,7 @@ class Gangs:
             for uuid in g.held:
                 s.gpus[uuid].owners.discard(g.key)
             del s.gangs[g.key]
+            self._forget(g.key)
         elif not any(s.clients[m].gpu == c.gpu for m in g.members):
             g.gpus.discard(c.gpu)
             g.asked.discard(c.gpu)
@@ -272,10 +298,11 @@ class Gangs:
         if g.members:
             self.refresh(g)
         key = gang_key(c)
-        if key in s.gang_gpus and not any(
-            x.asked and gang_key(x) == key for x in s.clients.values() if x.id != c.id
-        ):
-            del s.gang_gpus[key]
+        if c.asked:
+            s.askers[key] -= 1
+            if not s.askers[key]:
+                del s.askers[key]
+                s.gang_gpus.pop(key, None)
         if g.cut is None or c.id not in g.cut.expected:
             return []
         g.cut.expected.discard(c.id)
@@ -336,14 +363,14 @@ class Gangs:
         return g.phase is GangPhase.DRAINING and g.cut is not None
 
 
-def in_the_way(s: NodeState) -> list[Gang]:
+def in_the_way(s: NodeState, owning: Iterable[Gang]) -> list[Gang]:
     """Holding gangs that must drop now, not at the end of their quantum: they own a GPU that a
     gang holding only part of its GPUs (a member joined late, or asked for one more) waits
     for. That gang's members already run and may sit in a collective waiting for the member
     that waits, so every second of quantum left would idle both. Of two such gangs waiting for
     each other, only the younger drops."""
     growing = sorted(
-        (g for g in s.gangs.values() if g.phase is GangPhase.HOLDING and g.gpus - g.held),
+        (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
         key=lambda g: (g.granted_at, g.ticket),
     )
     out: dict[str, Gang] = {}

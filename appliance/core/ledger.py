@@ -148,22 +148,49 @@ class Ledger:
 
     def _others_footprint(self, c: Client) -> int:
         """What the other clients on c's ledger (same subject, same GPU) use or have reserved."""
-        subject = self._s.subject(c)
-        return sum(
-            x.footprint
-            for x in self._s.clients.values()
-            if x is not c and x.gpu == c.gpu and self._s.subject(x) == subject
-        )
+        key = self._s.ledger_of.get(c.id)
+        members = self._s.ledgers.get(key, set()) if key is not None else set()
+        return sum(self._s.clients[m].footprint for m in members if m != c.id)
+
+    def joined(self, c: Client) -> list[act.Action]:
+        """c registered: it shares its ledger's count. O(clients on that ledger)."""
+        key = (self._s.subject(c), c.gpu)
+        self._s.ledgers.setdefault(key, set()).add(c.id)
+        self._s.ledger_of[c.id] = key
+        return self._tell(key)
+
+    def left(self, c: Client) -> list[act.Action]:
+        """c is gone (already out of `clients`): one process fewer on its ledger."""
+        key = self._s.ledger_of.pop(c.id, None)
+        if key is None:
+            return []
+        members = self._s.ledgers[key]
+        members.discard(c.id)
+        if not members:
+            del self._s.ledgers[key]
+        return self._tell(key)
 
     def peer_updates(self) -> list[act.Action]:
-        """Tell each hook how many processes share its ledger, when that changed: while the
-        daemon is unreachable a hook may grow only to an equal share of a shared limit."""
-        pids: dict[tuple[str, str], set[int]] = {}
+        """Every client filed by its ledger again (what a subject is may have changed: pods,
+        policy), and told of a changed count: O(clients)."""
+        self._s.ledgers.clear()
+        self._s.ledger_of.clear()
         for c in self._s.clients.values():
-            pids.setdefault((self._s.subject(c), c.gpu), set()).add(c.ident.pid)
+            key = (self._s.subject(c), c.gpu)
+            self._s.ledgers.setdefault(key, set()).add(c.id)
+            self._s.ledger_of[c.id] = key
         out: list[act.Action] = []
-        for c in self._s.clients.values():
-            n = len(pids[(self._s.subject(c), c.gpu)])
+        for key in list(self._s.ledgers):
+            out += self._tell(key)
+        return out
+
+    def _tell(self, key: tuple[str, str]) -> list[act.Action]:
+        """Tell each hook of a ledger how many processes share it, when that changed: while
+        the daemon is unreachable a hook may grow only to an equal share of a shared limit."""
+        members = [self._s.clients[m] for m in sorted(self._s.ledgers.get(key, ()))]
+        n = len({c.ident.pid for c in members})
+        out: list[act.Action] = []
+        for c in members:
             if n != c.peers_told:
                 c.peers_told = n
                 out.append(act.PeersChanged(c.id, n))

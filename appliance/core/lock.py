@@ -40,25 +40,23 @@ dropped; status, `nvsharectl top` and the metrics read it.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority, share, terms
+from appliance.core import ahead, priority, share, terms, yielding
 from appliance.core import events as ev
 from appliance.core.gang import (
     Gangs,
-    Waiting,
     account,
-    eligible,
     gang_of,
     grantable,
     in_the_way,
+    owed_at,
     owed_s,
-    turns,
-    waiting_for,
 )
+from appliance.core.line import Line, Waiting
 from appliance.core.quota import EPSILON_S
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
-from appliance.policy.model import Mode
 
 log = logging.getLogger("nvshare.scheduler")
 
@@ -69,7 +67,8 @@ _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 class Lock:
     def __init__(self, state: NodeState) -> None:
         self._s = state
-        self.gangs = Gangs(state)
+        self.line = Line(state)
+        self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests
 
@@ -107,6 +106,7 @@ class Lock:
                 g.arrivals.append(now)
                 g.pace = ahead.pace(g.arrivals)
             self._enqueue(g, now)
+        self.line.refile(g)  # (it may wait for one more GPU)
         return []
 
     def released(self, e: ev.LockReleased, now: float) -> list[act.Action]:
@@ -128,6 +128,7 @@ class Lock:
         g = gang_of(self._s, c)
         if e.reason is ev.ReleaseReason.IDLE:
             g.lent_at = now  # it takes the GPU back at once from a lower priority
+            self.line.refile(g)
         out = self._settle(g, now)
         if c.requeue:
             c.requeue = False
@@ -138,6 +139,7 @@ class Lock:
         """Wait in line: behind everyone (`priority.line` orders the line)."""
         self._s.tickets += 1
         g.phase, g.requested_at, g.ticket = GangPhase.WAITING, now, self._s.tickets
+        # (its callers, `_want` and `_release`, file it again once it is all set)
 
     def leave(self, c: Client, now: float) -> tuple[bool, list[act.Action]]:
         """A client that is gone: out of its GPU's holders and its gang; True if it held."""
@@ -162,7 +164,7 @@ class Lock:
         return out + self._settle(gang_of(self._s, c), now)
 
     def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
-        return terms.grant(self._s, c, seq, waiting_for(self._s, now))
+        return terms.grant(self._s, c, seq, self.line.waiting(now))
 
     # ------------------------------------------------------------ a gang's turn
 
@@ -174,6 +176,7 @@ class Lock:
             return self._release(g, now)
         if g.phase is GangPhase.WAITING and Phase.WAITING not in phases:
             g.phase = GangPhase.IDLE
+            self.line.refile(g)
         return []
 
     def _release(self, g: Gang, now: float) -> list[act.Action]:
@@ -190,6 +193,7 @@ class Lock:
         self.gangs.turn_over(g)
         if any(self._s.clients[m].phase is Phase.WAITING for m in g.members):
             self._enqueue(g, now)
+        self.line.refile(g)
         return out
 
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
@@ -212,6 +216,7 @@ class Lock:
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:
             self._s.gpus[uuid].owners.add(g.key)
+        self.line.refile(g)
         log.debug("grant gpus %s -> gang %s", sorted(g.held), g.key)
         return self._grant_waiting_members(g, now)
 
@@ -268,6 +273,11 @@ class Lock:
                 c.guarantee.bill(g.billed_until, now, settings)
         g.billed_until = now
 
+    def _owed(self, g: Gang, now: float) -> float:
+        """What a holder is still owed of its share, billed up to now."""
+        self._bill(g, now)
+        return owed_s(self._s, g, now)
+
     def _end_hold(self, c: Client, now: float) -> None:
         self._s.gpus[c.gpu].holders.discard(c.id)
         c.usage.held_s += max(0.0, now - c.granted_at)
@@ -277,25 +287,24 @@ class Lock:
     def schedule(self, now: float) -> list[act.Action]:
         """Pass over late holders, drop spent quotas, grant whoever may run, and preempt for
         whoever waits; borrowers give way ahead of a steady lender's next request (`ahead`)."""
-        keeps = ahead.keeps(self._s)
+        keeps = ahead.keeps(self._s, self.line)
         out = [
             *self._pass_over_late_holders(now),
             *self._drop_spent_quotas(now),
             *self._reclaim_ahead(keeps, now),
             *self._grant_waiting(keeps, now),
         ]
-        waiting = waiting_for(self._s, now)  # who is left waiting, for the holders' turns
+        waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
         if dropped := self._preempt_for_waiters(waiting, now):
             out += dropped + self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-            waiting = waiting_for(self._s, now)
-        lending = terms.lending(self._s, waiting, keeps, now)
+        lending = terms.lending(self._s, self.line, waiting, keeps, now)
         return [*out, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
         deadline = self._s.policy.scheduler.drop_deadline_s
         out: list[act.Action] = []
-        for g in list(self._s.gangs.values()):
+        for g in list(self.line.owning.values()):
             if g.phase is not GangPhase.DRAINING or now < g.dropped_at + deadline - EPSILON_S:
                 continue
             out += self.gangs.force_cut(g)
@@ -327,7 +336,7 @@ class Lock:
         """A holder whose quota is spent drops, even if nobody waits."""
         settings = self._s.policy.scheduler
         out: list[act.Action] = []
-        for g in list(self._s.gangs.values()):
+        for g in list(self.line.owning.values()):
             quota = account(self._s, g)
             if g.phase is not GangPhase.HOLDING or quota is None:
                 continue
@@ -349,7 +358,7 @@ class Lock:
         keeps everyone behind it off its GPUs, and so does a GPU kept for a lender (`ahead`)."""
         blocked: set[str] = set()
         out: list[act.Action] = []
-        for g in [g for g in self._s.gangs.values() if g.phase is GangPhase.HOLDING]:
+        for g in [g for g in self.line.owning.values() if g.phase is GangPhase.HOLDING]:
             growing = g.gpus - g.held
             if growing and all(grantable(self._s, uuid, g) for uuid in growing):
                 g.held |= growing
@@ -357,10 +366,14 @@ class Lock:
                     self._s.gpus[uuid].owners.add(g.key)
             blocked |= g.gpus - g.held
             out += self._grant_waiting_members(g, now)
-        for g in turns(self._s, now):
+        if self.line.all_taken(blocked):
+            return out
+        for g in self.line.turns(now):
             kept = ahead.kept_from(self._s, keeps, g, now)
             if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
+                if self.line.all_taken(blocked):
+                    break  # everyone further back waits for a GPU taken here
                 continue
             out += self._grant(g, now)
         return out
@@ -369,60 +382,30 @@ class Lock:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
-        for g in in_the_way(self._s):
+        for g in in_the_way(self._s, list(self.line.owning.values())):
             out += self._drop(g, now, "gang")
         for uuid in self._s.gpus:
-            due = self._next_yield(uuid, waiting.get(uuid, []), now)
+            due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
         return out
 
-    def _next_yield(
-        self, uuid: str, waiters: list[Gang], now: float
-    ) -> tuple[float, Gang, str] | None:
-        """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
-        waits for it; None while nobody waits, in mode off, or while a holder still drains."""
-        if self._s.gpu_mode(uuid) is Mode.OFF:
-            return None
-        owners = [self._s.gangs[k] for k in self._s.gpus[uuid].owners]
-        if not waiters or any(o.phase is GangPhase.DRAINING for o in owners):
-            return None
-        owed = {w.key for w in waiters if owed_s(self._s, w, now) > EPSILON_S}
-        turns = [
-            (*self._turn(o, waiters, owed, now), o) for o in owners if o.phase is GangPhase.HOLDING
-        ]
-        if not turns:
-            return None
-        at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
-        return at, holder, why
-
-    def _turn(self, h: Gang, waiting: list[Gang], owed: set[str], now: float) -> tuple[float, str]:
-        """When holder h must drop for one of the waiters, and why: by priority and quantum,
-        sooner for a waiter owed its share, never while h is inside its own."""
-        settings = self._s.policy.scheduler
-        self._bill(h, now)
-        shortest = (h.granted_at + settings.quota_sample_interval_s, share.REQUEST)
-        turns = []
-        for w in priority.kinds(h, waiting, owed):
-            turn = priority.yield_at(h, w, quantum_s=self._quantum(h), settings=settings)
-            if w.key in owed or (h.share_grant and w.priority >= h.priority):
-                turn = min(turn, shortest)
-            turns.append(turn)
-        at, why = min(turns)
-        return max(at, now + owed_s(self._s, h, now)), why
-
-    def _quantum(self, g: Gang) -> float:
-        return min((self._s.time_quantum(u) for u in g.held), default=self._s.time_quantum(""))
-
     # ------------------------------------------------------------ deadlines
 
     def next_deadline(self, now: float) -> float | None:
-        """When to look again: a quantum, slice, quota, drop deadline or window running out."""
-        busy = [g for g in self._s.gangs.values() if g.phase is not GangPhase.IDLE]
-        times = [t for g in busy for t in self._deadlines(g, now)]
-        for uuid, waiters in waiting_for(self._s, now).items():
-            times += [due[0]] if (due := self._next_yield(uuid, waiters, now)) else []
-        times += ahead.deadlines(ahead.keeps(self._s), now)
+        """When to look again: a quantum, slice, quota, drop deadline or window running out.
+        A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
+        deadline (a window turning) is the top of the line's heap."""
+        times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
+        if (turn := self.line.next_turn()) is not None:
+            times.append(turn)  # a waiter's window turns: it may be owed again, or start
+        waiting = self.line.waiting(now)
+        for uuid in self._s.gpus:
+            owed = partial(owed_at, self._s, now=now)
+            times += (
+                [due[0]] if (due := yielding.next_yield(self._s, uuid, waiting, now, owed)) else []
+            )
+        times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
         return min(times) if times else None
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:
@@ -430,13 +413,6 @@ class Lock:
         quota = account(self._s, g)
         if g.phase is GangPhase.DRAINING:
             return [g.dropped_at + settings.drop_deadline_s]
-        if g.phase is GangPhase.WAITING:
-            # A waiter that has had its share is owed a new one when its window turns.
-            shares = [self._s.clients[m].guarantee for m in g.members]
-            times = [a.next_window(settings) for a in shares if a is not None]
-            if quota is not None and not eligible(self._s, g, now):
-                times.append(quota.next_window(settings))
-            return times
         if g.phase is GangPhase.HOLDING and quota is not None:
             # A grant lasts at least one sample interval, so a tiny budget cannot turn into
             # grant/drop ping-pong; otherwise the drop comes its drain before the budget ends.

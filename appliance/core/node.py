@@ -10,12 +10,29 @@ whose limits changed. The parts: `lock` (queues, modes, quanta, quotas), `ledger
 the real-time check), `admin` (nvsharectl's commands), `annotations.PodTable` (pods and what
 their annotations ask for), `unhooked` (GPU processes without the hook), `views` (what status
 and metrics show), `shown` (the GPU as a process is shown it).
+
+What each event costs (n clients, G GPUs, P distinct priorities waiting; "accounted" are gangs
+with a quota or a guaranteed share, "lenders" idle clients that let their GPU go idle; the
+lock's indexes are `line.Line`). No event a hook can send walks every client:
+- PriorityHint that changes nothing, GangHint: O(1).
+- LockRequested, LockReleased, Tick, PriorityHint, GangPosition: O(G x P + log n +
+  owning + accounted + members of the gangs involved + lenders that may be lent to); the lock
+  reads its line lazily and stops once every GPU anyone waits for is taken. A gang's first
+  forming (two GPUs asked for) looks at the job's clients once: O(n).
+- ClientRegistered, ClientGone: the above, plus O(clients on its ledger + clients asking for a
+  share on its GPU).
+- MemoryReserveRequested, MemoryReturned: O(clients on its ledger) (+ a schedule in mode auto).
+- GpuFreeMemory: O(n), once per NVML sample (what NVML shows every process holding).
+- PolicyChanged, PodSeen, PodRemoved, PodsListed, AdminLimitSet: O(n): every client's limits
+  may change, and every index that depends on them is rebuilt.
+- After each event, `next_deadline` (a query that writes nothing): O(owning + accounted +
+  G x P + paced lenders).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from appliance.core import actions as act
@@ -67,6 +84,7 @@ class NodeCore:
         self.admin = Admin(self.state, refresh=self._refresh_all)
         self.unhooked = UnhookedWatch(self.state)
         self._deadline: float | None = None
+        self._deadline_at: float | None = 0.0  # the time of the last event, until it is asked
         self._handlers: dict[type, Callable[[Any, float], list[act.Action]]] = {
             ev.ClientRegistered: self._on_registered,
             ev.ClientGone: self._on_gone,
@@ -93,17 +111,33 @@ class NodeCore:
     # ------------------------------------------------------------ public surface
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
+        self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)
         actions = self._handlers[type(event)](event, now)
-        self._deadline = self.lock.next_deadline(now)
+        self._deadline_at = now  # worked out when asked: the actions go out first
         if self._publish_due:
             actions += self._publish()
         return actions
 
     def next_deadline(self) -> float | None:
+        """When to call back with `Tick`, as of the last event: a query (it writes nothing),
+        O(owning + accounted + G x P + paced lenders)."""
+        if self._deadline_at is not None:
+            self._deadline = self.lock.next_deadline(self._deadline_at)
+            self._deadline_at = None
         return self._deadline
 
-    def status(self, now: float) -> views.StatusView:
-        return views.status(self.state, now)
+    def status(
+        self, now: float, clients: tuple[views.ClientView, ...] | None = None
+    ) -> views.StatusView:
+        return views.status(self.state, now, clients)
+
+    def client_rows(self, now: float) -> Iterator[views.ClientView]:
+        """Each connected client's status row, one at a time: a caller may stop between rows
+        and come back after other events (a client gone by then is left out)."""
+        for cid in list(self.state.clients):
+            c = self.state.clients.get(cid)
+            if c is not None:
+                yield views.client_view(self.state, c, now)
 
     def explain(self, query: views.ExplainQuery) -> views.ExplainView:
         return views.explain(self.state, query)
@@ -149,14 +183,15 @@ class NodeCore:
             env_core=e.env_core_percent,
         )
         s.clients[c.id] = c
+        s.gpus[c.gpu].clients.add(c.id)
         self.unhooked.forget(c.ident.pid, why=REGISTERED)
         c.pod_source = s.pod_of(c.ident)[1]
         self._refresh_limits(c, now)
         self.lock.gangs.registered(c)
-        share.rescale(s, c.gpu, now)
+        self._rescale(c.gpu, now)
         self._note_claim(c)
         s.counters["registrations"] += 1
-        peers = self.ledger.peer_updates()
+        peers = self.ledger.joined(c)
         log.info(
             "client %d registered: pid %d uid %d gpu %s pod %s limits %s",
             c.id,
@@ -174,8 +209,12 @@ class NodeCore:
         if c is None:
             return []
         self.admin.client_gone(c.ident.pid)
+        gpu = s.gpus[c.gpu]
+        gpu.clients.discard(c.id)
+        gpu.asking.discard(c.id)
+        s.lent_told.discard(c.id)
         held, out = self.lock.leave(c, now)
-        share.rescale(s, c.gpu, now)
+        self._rescale(c.gpu, now)
         s.retain_usage(c)
         s.counters["disconnects"] += 1
         log.info(
@@ -186,9 +225,9 @@ class NodeCore:
             format_bytes(c.reserved),
         )
         out += self.lock.schedule(now)
-        if c.gpu not in s.inventory and not any(x.gpu == c.gpu for x in s.clients.values()):
+        if c.gpu not in s.inventory and not gpu.clients:
             del s.gpus[c.gpu]  # a GPU NVML does not list is kept only while someone uses it
-        return out + self.ledger.peer_updates()
+        return out + self.ledger.left(c)
 
     def _gpu_facts(self, e: ev.ClientRegistered) -> GpuFacts:
         """A GPU's identity and size come from NVML; a GPU NVML does not list is known by the
@@ -249,12 +288,17 @@ class NodeCore:
 
     def _on_priority_hint(self, e: ev.PriorityHint, now: float) -> list[act.Action]:
         c = self.state.clients.get(e.client_id)
-        if c is None:
-            return []
+        if c is None or c.env_priority == e.priority:
+            return []  # (a hint said again costs nothing: O(1))
         c.env_priority = e.priority
         self._refresh_limits(c, now)  # (a priority is the daemon's alone: nothing to push)
         self.lock.gangs.refresh(self.state.gangs[c.gang])
         return self.lock.schedule(now)
+
+    def _rescale(self, uuid: str, now: float) -> None:
+        """Shares of a GPU scaled again; a gang whose member's share changed is filed again."""
+        for c in share.rescale(self.state, uuid, now):
+            self.lock.line.refile(self.state.gangs[c.gang])
 
     def _refresh_limits(self, c: Client, now: float) -> bool:
         """Recompute a client's limits; True when what its hook must enforce changed."""
@@ -265,6 +309,9 @@ class NodeCore:
             c.quota.percent = c.limits.core_percent
         else:
             c.quota = None
+        share.wants(self.state, c)
+        if c.gang in self.state.gangs:  # its quota or share may move its place in line
+            self.lock.line.refile(self.state.gangs[c.gang])
         enforced = self.state.enforced(c)
         changed = enforced != c.enforced
         c.enforced = enforced
@@ -283,7 +330,7 @@ class NodeCore:
             if c.enforced.mode is Mode.OFF:
                 out += self.lock.ungate(c, now)
         for uuid in s.gpus:
-            share.rescale(s, uuid, now)
+            self._rescale(uuid, now)
         for gang in s.gangs.values():
             self.lock.gangs.refresh(gang)
         self._publish_due = True

@@ -29,24 +29,39 @@ log = logging.getLogger("nvshare.scheduler")
 REQUEST = "request"  # the drop reason when a waiter is owed its share
 
 
-def rescale(s: NodeState, uuid: str, now: float) -> None:
-    """Give each client of a GPU its guaranteed percent: its request, scaled down so that
-    the GPU's requests fit in 100."""
-    clients = [c for c in s.clients.values() if c.gpu == uuid]
-    asking = [c for c in clients if c.limits.core_request > 0]
+def wants(s: NodeState, c: Client) -> bool:
+    """File c by whether it asks for a share (`Gpu.asking`); True when it stopped having one
+    (its share is gone)."""
+    gpu = s.gpus[c.gpu]
+    if c.limits.core_request > 0:
+        gpu.asking.add(c.id)
+        return False
+    gpu.asking.discard(c.id)
+    had, c.guarantee = c.guarantee is not None, None
+    return had
+
+
+def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
+    """Give each client of a GPU that asks for a share its guaranteed percent: its request,
+    scaled down so that the GPU's requests fit in 100. O(clients asking on that GPU). The
+    clients whose share is new or changed."""
+    gpu = s.gpus.get(uuid)
+    if gpu is None:
+        return []
+    asking = [s.clients[i] for i in sorted(gpu.asking)]
     total = sum(c.limits.core_request for c in asking)
     factor = min(1.0, 100.0 / total) if total else 1.0
     window = s.policy.scheduler.compute_window_s
-    for c in clients:
-        if c.limits.core_request <= 0:
-            c.guarantee = None
-            continue
+    new: list[Client] = []
+    for c in asking:
         if c.guarantee is None:
             c.guarantee = GuaranteeAccount(percent=0.0, window_start=now - now % window)
-        c.guarantee.percent = c.limits.core_request * factor
-    gpu = s.gpus.get(uuid)
-    if gpu is None or gpu.requested_percent == total:
-        return
+        percent = c.limits.core_request * factor
+        if c.guarantee.percent != percent:
+            c.guarantee.percent = percent
+            new.append(c)
+    if gpu.requested_percent == total:
+        return new
     gpu.requested_percent = total
     if total > 100:
         asked = ", ".join(f"client {c.id}: {c.limits.core_request}%" for c in asking)
@@ -58,6 +73,7 @@ def rescale(s: NodeState, uuid: str, now: float) -> None:
             asked,
             total,
         )
+    return new
 
 
 def owed_s(c: Client, now: float, settings: SchedulerSettings) -> float:

@@ -120,6 +120,8 @@ class Gpu:
     holders: set[int] = field(default_factory=set)  # clients holding its lock
     owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
     requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
+    clients: set[int] = field(default_factory=set)  # registered on it
+    asking: set[int] = field(default_factory=set)  # of those, the ones with a share (`share`)
     last_drop: str = ""  # why its last holder was told to drop, until the next grant
     # its holders' last drains, drop to release (`ahead`)
     drains: deque[float] = field(default_factory=lambda: deque(maxlen=DRAINS))
@@ -235,10 +237,19 @@ class NodeState:
     unhooked: dict[int, UnhookedProcess] = field(default_factory=dict)  # by pid
     gangs: dict[str, Gang] = field(default_factory=dict)  # by key; every client is in one
     gang_gpus: dict[str, set[str]] = field(default_factory=dict)  # key -> GPUs asked, pre-gang
+    askers: Counter[str] = field(default_factory=Counter)  # gang key -> its clients that asked
+    lent_told: set[int] = field(default_factory=set)  # clients whose hook was told it lends
+    # (subject, GPU) -> its clients (`ledger.Ledger.peer_updates`), and each client's
+    ledgers: dict[tuple[str, str], set[int]] = field(default_factory=dict)
+    ledger_of: dict[int, tuple[str, str]] = field(default_factory=dict)
     tickets: int = 0  # the last place in line given out
     cuts: int = 0  # the last cut id given out
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
     use: dict[str, GpuUse] = field(default_factory=dict)  # by uuid: NVML's last sample
+    # by uuid: (policy, facts, what `gpu_settings` made of them), asked on every event
+    settings_seen: dict[str, tuple[Policy, GpuFacts, tuple[Mode, float, int]]] = field(
+        default_factory=dict
+    )
 
     # ------------------------------------------------------------------ GPUs
 
@@ -251,14 +262,24 @@ class NodeState:
     def gpu_mode(self, uuid: str) -> Mode:
         modes = self.overrides.modes
         override = modes.get(uuid) or modes.get("")
-        return override or gpu_settings(self.policy, self.facts(uuid))[0]
+        return override or self._settings(uuid)[0]
 
     def time_quantum(self, uuid: str) -> float:
         tq = self.overrides.time_quantum_s
-        return tq or gpu_settings(self.policy, self.facts(uuid))[1]
+        return tq or self._settings(uuid)[1]
 
     def gpu_memory(self, uuid: str) -> int:
-        return gpu_settings(self.policy, self.facts(uuid))[2]
+        return self._settings(uuid)[2]
+
+    def _settings(self, uuid: str) -> tuple[Mode, float, int]:
+        """`gpu_settings`, worked out again only when the policy or the GPU's facts change."""
+        facts = self.facts(uuid)
+        seen = self.settings_seen.get(uuid)
+        if seen is not None and seen[0] is self.policy and seen[1] is facts:
+            return seen[2]
+        settings = gpu_settings(self.policy, facts)
+        self.settings_seen[uuid] = (self.policy, facts, settings)
+        return settings
 
     # --------------------------------------------------------------- clients
 
@@ -305,6 +326,8 @@ class NodeState:
         )
         kept.usage.add(c.usage)
         self.retained[uid] = kept
+        if len(self.retained) <= RETAINED_PODS:
+            return  # (who is connected is asked only when some pod must be forgotten)
         connected = {self.pod_uid(x) for x in self.clients.values()}
         for old in [u for u in self.retained if u not in connected]:
             if len(self.retained) <= RETAINED_PODS:

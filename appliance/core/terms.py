@@ -18,12 +18,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from appliance.core import actions as act
 from appliance.core import ahead, priority
-from appliance.core.gang import Waiting, eligible, gang_of, owed_s
-from appliance.core.quota import EPSILON_S
+from appliance.core.gang import eligible, gang_of
+from appliance.core.line import Line, Waiting
 from appliance.core.state import Client, Gang, NodeState, Phase
 from appliance.policy.model import Mode, SchedulerSettings
 
@@ -54,34 +52,55 @@ def changed(s: NodeState, waiting: Waiting) -> list[act.Action]:
     return out
 
 
-def idle_window(mine: Gang, waiters: Iterable[Gang], settings: SchedulerSettings) -> float:
-    """How long a holder of `mine` may sit idle with the lock, given who waits for its GPU."""
+def idle_window(others_wait: bool, settings: SchedulerSettings) -> float:
+    """How long a holder may sit idle with the lock, given whether others wait for its GPU."""
     handoff = settings.idle_handoff_s
-    if handoff >= MIN_IDLE_HANDOFF_S and any(w is not mine for w in waiters):
+    if handoff >= MIN_IDLE_HANDOFF_S and others_wait:
         return min(handoff, settings.idle_release_s)
     return settings.idle_release_s
 
 
 def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
-    return idle_window(gang_of(s, c), waiting.get(c.gpu, ()), s.policy.scheduler)
+    return idle_window(waiting.others(c.gpu, gang_of(s, c)), s.policy.scheduler)
 
 
-def lending(s: NodeState, waiting: Waiting, keeps: ahead.Keeps, now: float) -> list[act.Action]:
+def lending(
+    s: NodeState, line: Line, waiting: Waiting, keeps: ahead.Keeps, now: float
+) -> list[act.Action]:
     """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to each
-    one told so before for whom that has stopped being true."""
+    one told so before for whom that has stopped being true. O(told + candidates): only an
+    idle lender of a priority above all its GPU's holders (or, with no holder, the lender its
+    GPU is kept for) can be lent to."""
+    candidates = set(s.lent_told)
+    for uuid, gpu in s.gpus.items():
+        if gpu.owners:
+            top = max(s.gangs[k].priority for k in gpu.owners)
+            lenders = line.lenders_above(uuid, top)
+        else:
+            lenders = [k.lender for k in keeps.get(uuid, ()) if k.on(now)]
+        for g in lenders:
+            candidates |= g.members
     out: list[act.Action] = []
-    for c in s.clients.values():
+    for c in [s.clients[i] for i in sorted(candidates)]:
         if c.phase is Phase.HOLDING:
-            c.lent_told = False  # its grant took its hook out of lending
+            _tell(s, c, False)  # its grant took its hook out of lending
             continue
         g = gang_of(s, c)
         if g.lent_at is None and not c.lent_told:
             continue
         lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting, keeps, now)
         if lent != c.lent_told:
-            c.lent_told = lent
+            _tell(s, c, lent)
             out.append(act.Lent(c.id, lent))
     return out
+
+
+def _tell(s: NodeState, c: Client, lent: bool) -> None:
+    c.lent_told = lent
+    if lent:
+        s.lent_told.add(c.id)
+    else:
+        s.lent_told.discard(c.id)
 
 
 def _taken_back_at_once(
@@ -96,6 +115,5 @@ def _taken_back_at_once(
         return False
     if not owners and not any(k.lender is g and k.on(now) for k in keeps.get(c.gpu, ())):
         return False
-    asking = [*waiting.get(c.gpu, []), g]
-    owed = {w.key for w in asking if owed_s(s, w, now) > EPSILON_S}
-    return priority.line(asking, now, s.policy.scheduler, owed)[0] is g
+    asking = [*waiting.firsts(c.gpu), g]  # enough of the waiters to tell who comes first
+    return priority.line(asking, now, s.policy.scheduler, waiting.owed(asking))[0] is g

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections import Counter
@@ -222,8 +223,10 @@ def unhooked_view(s: NodeState, p: UnhookedProcess, now: float) -> UnhookedView:
     )
 
 
-def status(s: NodeState, now: float) -> StatusView:
-    clients = tuple(client_view(s, c, now) for c in s.clients.values())
+def status(s: NodeState, now: float, clients: tuple[ClientView, ...] | None = None) -> StatusView:
+    """`clients`: the client rows, built before (a slice at a time, `queries.Answers`)."""
+    if clients is None:
+        clients = tuple(client_view(s, c, now) for c in s.clients.values())
     return StatusView(
         gpus=tuple(gpu_view(s, uuid) for uuid in sorted(s.gpus)),
         clients=clients,
@@ -404,12 +407,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: _plain(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def from_json(cls: type[T], doc: Any) -> T:

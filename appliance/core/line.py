@@ -1,0 +1,364 @@
+"""The lock's indexes: who waits, who owns a GPU, who lent one, kept where they change.
+
+Why it exists: an event (a hand-off, a request, a tick) must cost the same with 16 or 2,000
+clients connected. The rules (`lock`, `priority`, `share`, `ahead`, `terms`) ask questions of
+the waiting and the holding gangs: who is next in line, is anyone else waiting for this GPU, who
+of a higher priority lent it, when must its holder give way. Answered by a pass over every gang,
+each event cost about 131,000 instructions per waiting client. Here each gang is filed once, when
+what it is filed by changes (`refile`), and the questions read the files:
+
+- **owning**: gangs holding or draining a GPU (a handful: one per GPU in mode `on`).
+- **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
+  ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
+  order, so a bucket in ticket order is in request order: its starved gangs
+  (`priority.starved`) are a prefix, its first gang the longest waiting. The order of grants
+  (`priority.line`) is then the buckets one after the other, read lazily: the lock stops reading
+  once every GPU anyone waits for is taken.
+- **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
+  guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
+  a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
+  window turns (a heap of those times); one whose quota is spent rests outside the line.
+- **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
+  (`priority.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  requests come at a steady pace (`ahead` keeps their GPU for their next request).
+
+Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
+O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
+questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
+(once a window, not once an event). Accounts are only looked at, through copies
+(`gang.eligible_at`, `gang.owed_at`): asking the line never bills or rolls anything.
+
+`check` compares every index with a pass over all gangs; the core tests call it after each event.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from appliance.core.gang import account, eligible_at, owed_at
+from appliance.core.quota import EPSILON_S
+from appliance.core.state import Gang, GangPhase, NodeState
+
+_OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
+# `priority.line`'s order: offender, not owed, not starved, -priority
+LineKey = tuple[bool, bool, bool, int]
+Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
+
+
+@dataclass(frozen=True, slots=True)
+class _Filing:
+    """What a waiting gang was filed by (what `_unfile` must find it by again)."""
+
+    ticket: int
+    priority: int
+    offender: bool
+    gpus: tuple[str, ...]
+    lent_at: float | None
+    eligible: bool  # its quota lets it start (`gang.eligible`)
+    owed: bool  # part of a member's share is owed to it (`share`)
+
+    @property
+    def cls(self) -> Class:
+        return (self.offender, self.owed, self.priority)
+
+
+class Bucket:
+    """Waiting gangs of one class, in ticket order; and those of them that lent their GPU,
+    by when."""
+
+    __slots__ = ("gangs", "lent", "order")
+
+    def __init__(self) -> None:
+        self.order: list[tuple[int, str]] = []  # (ticket, key), sorted
+        self.gangs: dict[str, Gang] = {}
+        self.lent: list[tuple[float, int, str]] = []  # (lent_at, ticket, key), sorted
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def add(self, g: Gang, f: _Filing) -> None:
+        insort(self.order, (f.ticket, g.key))
+        self.gangs[g.key] = g
+        if f.lent_at is not None:
+            insort(self.lent, (f.lent_at, f.ticket, g.key))
+
+    def remove(self, key: str, f: _Filing) -> None:
+        del self.order[bisect_left(self.order, (f.ticket, key))]
+        del self.gangs[key]
+        if f.lent_at is not None:
+            del self.lent[bisect_left(self.lent, (f.lent_at, f.ticket, key))]
+
+    def first(self) -> Gang:
+        return self.gangs[self.order[0][1]]
+
+    def first_lender(self, before: float) -> Gang | None:
+        """The gang that lent its GPU earliest, if that was at or before `before`."""
+        if self.lent and self.lent[0][0] <= before:
+            return self.gangs[self.lent[0][2]]
+        return None
+
+    def walk(self, starved: Callable[[Gang], bool], want: bool) -> Iterator[Gang]:
+        """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest).
+        The reader may take the gang it was just given out of the bucket (a grant)."""
+        i = 0
+        while i < len(self.order):
+            entry = self.order[i]
+            g = self.gangs[entry[1]]
+            if starved(g) != want:
+                if want:
+                    return  # past the starved prefix
+                i += 1
+                continue
+            yield g
+            if i < len(self.order) and self.order[i] == entry:
+                i += 1
+
+
+class Line:
+    """Every gang filed by what the lock asks of it (see the module's docstring)."""
+
+    def __init__(self, state: NodeState) -> None:
+        self._s = state
+        self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
+        self.owning: dict[str, Gang] = {}
+        self._filed: dict[str, _Filing] = {}  # every waiting gang
+        self._line: dict[Class, Bucket] = {}  # the eligible ones
+        self._by_gpu: dict[str, dict[Class, Bucket]] = {}
+        self._waited: dict[str, int] = {}  # GPU -> eligible gangs waiting for it
+        self._turns: list[tuple[float, int, str]] = []  # (a window turns, stamp, key): a heap
+        self._stamp: dict[str, int] = {}  # key -> the stamp of its live entry in _turns
+        self._stamps = 0
+        self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
+        self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
+        self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
+
+    # ------------------------------------------------------------ filing
+
+    def refile(self, g: Gang) -> None:
+        """File g again by what it is now: O(G + log n)."""
+        self._unfile(g.key)
+        if self._s.gangs.get(g.key) is not g:
+            return  # gone
+        if g.phase in _OWNING:
+            self.owning[g.key] = g
+        elif g.phase is GangPhase.WAITING:
+            self._file_waiting(g)
+        elif g.lent_at is not None and not g.joint:
+            gpu = self._s.clients[next(iter(g.members))].gpu
+            self._lenders.setdefault(gpu, {}).setdefault(g.priority, {})[g.key] = g
+            self._lent_by[g.key] = (gpu, g.priority)
+            if g.pace is not None:
+                self._paced[g.key] = (gpu, g)
+
+    def forget(self, key: str) -> None:
+        """A gang that no longer exists."""
+        self._unfile(key)
+
+    def _file_waiting(self, g: Gang) -> None:
+        s, now = self._s, self.now
+        eligible, owed, turn = True, False, None
+        if accounted(s, g):
+            eligible = eligible_at(s, g, now)
+            owed = owed_at(s, g, now) > EPSILON_S
+            turn = window_turn(s, g, now, eligible)
+        f = _Filing(
+            ticket=g.ticket,
+            priority=g.priority,
+            offender=g.offender,
+            gpus=tuple(g.gpus),
+            lent_at=g.lent_at,
+            eligible=eligible,
+            owed=owed,
+        )
+        self._filed[g.key] = f
+        if turn is not None:
+            self._stamps += 1
+            self._stamp[g.key] = self._stamps
+            heapq.heappush(self._turns, (turn, self._stamps, g.key))
+        if not eligible:
+            return  # rests until its quota's window turns
+        for uuid in f.gpus:
+            self._waited[uuid] = self._waited.get(uuid, 0) + 1
+            self._by_gpu.setdefault(uuid, {}).setdefault(f.cls, Bucket()).add(g, f)
+        self._line.setdefault(f.cls, Bucket()).add(g, f)
+
+    def _unfile(self, key: str) -> None:
+        self.owning.pop(key, None)
+        self._paced.pop(key, None)
+        self._stamp.pop(key, None)  # (its entry in _turns is skipped when it comes up)
+        if (lent := self._lent_by.pop(key, None)) is not None:
+            by_priority = self._lenders[lent[0]]
+            del by_priority[lent[1]][key]
+            if not by_priority[lent[1]]:
+                del by_priority[lent[1]]
+        f = self._filed.pop(key, None)
+        if f is None or not f.eligible:
+            return
+        for uuid in f.gpus:
+            self._waited[uuid] -= 1
+            if not self._waited[uuid]:
+                del self._waited[uuid]
+            _remove(self._by_gpu[uuid], key, f)
+        _remove(self._line, key, f)
+
+    def catch_up(self, now: float) -> None:
+        """File again the waiters one of whose windows has turned by `now` (the index follows
+        the clock; no account is touched)."""
+        self.now = max(self.now, now)
+        while self._turns and (
+            self._turns[0][0] <= now or self._stamp.get(self._turns[0][2]) != self._turns[0][1]
+        ):
+            _, stamp, key = heapq.heappop(self._turns)
+            if self._stamp.get(key) == stamp:
+                self.refile(self._s.gangs[key])
+
+    def next_turn(self) -> float | None:
+        """When the first window of a waiter turns (it may then be owed, or may start)."""
+        return self._turns[0][0] if self._turns else None
+
+    # ------------------------------------------------------------ the line
+
+    def turns(self, now: float) -> Iterator[Gang]:
+        """The eligible waiting gangs in the order they are granted (`priority.line`), read
+        lazily: O(P) to start, O(1) a gang."""
+        self.catch_up(now)
+        patience = now - self._s.policy.scheduler.starvation_limit_s
+
+        def starved(g: Gang) -> bool:
+            return g.requested_at <= patience
+
+        parts: list[tuple[LineKey, Bucket, bool]] = []
+        for (offender, owed, prio), bucket in self._line.items():
+            for want in (True, False):
+                parts.append(((offender, not owed, not want, -prio), bucket, want))
+        for _, bucket, want in sorted(parts, key=lambda part: part[0]):
+            yield from bucket.walk(starved, want)
+
+    def all_taken(self, blocked: set[str]) -> bool:
+        """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
+        return all(uuid in blocked for uuid in self._waited)
+
+    def paced_lenders(self) -> Iterator[tuple[str, Gang]]:
+        """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""
+        return iter(self._paced.values())
+
+    def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
+        """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""
+        by_priority = self._lenders.get(uuid, {})
+        return [g for p, gangs in by_priority.items() if p > priority for g in gangs.values()]
+
+    def waiting(self, now: float) -> Waiting:
+        self.catch_up(now)
+        return Waiting(self)
+
+    # ------------------------------------------------------------ the check
+
+    def check(self) -> None:
+        """Every index against a pass over all gangs (tests call it after every event)."""
+        s = self._s
+        self.catch_up(self.now)
+        owning = {k for k, g in s.gangs.items() if g.phase in _OWNING}
+        assert owning == self.owning.keys(), (owning, self.owning.keys())
+        waiting = {k: g for k, g in s.gangs.items() if g.phase is GangPhase.WAITING}
+        assert waiting.keys() == self._filed.keys(), (waiting.keys(), self._filed.keys())
+        for k, g in waiting.items():
+            f = self._filed[k]
+            now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
+            was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
+            assert now_filed == was, (k, now_filed, was)
+            owed = owed_at(s, g, self.now) > EPSILON_S
+            assert (f.eligible, f.owed) == (eligible_at(s, g, self.now), owed), k
+        lenders = {
+            k
+            for k, g in s.gangs.items()
+            if g.phase is GangPhase.IDLE and g.lent_at is not None and not g.joint
+        }
+        assert lenders == self._lent_by.keys(), (lenders, self._lent_by.keys())
+        for k in lenders:
+            g = s.gangs[k]
+            assert self._lent_by[k] == (s.clients[next(iter(g.members))].gpu, g.priority), k
+        paced = {k for k in lenders if s.gangs[k].pace is not None}
+        assert paced == self._paced.keys(), (paced, self._paced.keys())
+
+
+def accounted(s: NodeState, g: Gang) -> bool:
+    """A gang whose place in line moves with its windows: a quota, or a member's share."""
+    return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
+
+
+def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | None:
+    """When what a waiting gang is filed by may next change: a member's share window turns
+    (it is owed again), or, while its quota keeps it out, its quota's window."""
+    settings = s.policy.scheduler
+    times = []
+    for m in g.members:
+        if (share := s.clients[m].guarantee) is not None:
+            ahead = replace(share)
+            ahead.roll(now, settings)
+            times.append(ahead.next_window(settings))
+    quota = account(s, g)
+    if quota is not None and not eligible:
+        spent = replace(quota)
+        spent.roll(now, settings)
+        times.append(spent.next_window(settings))
+    return min(times, default=None)
+
+
+def _remove(buckets: dict[Class, Bucket], key: str, f: _Filing) -> None:
+    bucket = buckets[f.cls]
+    bucket.remove(key, f)
+    if not bucket:
+        del buckets[f.cls]
+
+
+class Waiting:
+    """Who waits for a GPU, as the rules ask it; reads the line as it is, writes nothing.
+    Each question O(P) for one GPU."""
+
+    def __init__(self, line: Line) -> None:
+        self._line = line
+
+    def any(self, uuid: str) -> bool:
+        """Whether an eligible gang waits for GPU `uuid`."""
+        return uuid in self._line._waited
+
+    def others(self, uuid: str, mine: Gang) -> bool:
+        """Whether an eligible gang other than `mine` waits for GPU `uuid`."""
+        waiting = self._line._waited.get(uuid, 0)
+        f = self._line._filed.get(mine.key)
+        if f is not None and f.eligible and uuid in f.gpus:
+            waiting -= 1
+        return waiting > 0
+
+    def firsts(self, uuid: str) -> list[Gang]:
+        """Enough of GPU `uuid`'s waiters to know who of them comes first in line: each
+        bucket's longest waiting."""
+        return [b.first() for b in self._line._by_gpu.get(uuid, {}).values()]
+
+    def rivals(self, uuid: str, holder: Gang) -> list[Gang]:
+        """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
+        (`priority.yield_at` depends on a waiter's priority, whether it lent the GPU before
+        the holder's grant, when it asked, and whether it is owed its share): each bucket's
+        longest waiting and its earliest lender."""
+        out: list[Gang] = []
+        for b in self._line._by_gpu.get(uuid, {}).values():
+            out.append(b.first())
+            if (lender := b.first_lender(holder.granted_at)) is not None:
+                out.append(lender)
+        return out
+
+    def owed(self, gangs: list[Gang]) -> set[str]:
+        """The keys of those of `gangs` (waiters, or a lender) still owed part of their
+        share: a waiter as filed, anyone else looked at through a copy."""
+        out = set()
+        for g in gangs:
+            f = self._line._filed.get(g.key)
+            owed = (
+                f.owed if f is not None else owed_at(self._line._s, g, self._line.now) > EPSILON_S
+            )
+            if owed:
+                out.add(g.key)
+        return out

@@ -1,0 +1,63 @@
+"""When a holder gives way: the earliest drop a GPU's waiters are owed.
+
+Apart from `lock` because the lock asks it twice: as a command, when it drops whoever's turn has
+come (holders billed up to now), and as a query, for its next deadline (nothing written). Both
+read the waiters through `line.Waiting`, which hands over enough of them to tell (each bucket's
+longest waiting and earliest lender, and the accounted ones) instead of all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from appliance.core import priority, share
+from appliance.core.line import Waiting
+from appliance.core.state import Gang, GangPhase, NodeState
+from appliance.policy.model import Mode
+
+
+def next_yield(
+    s: NodeState, uuid: str, waiting: Waiting, now: float, owed_of: Callable[[Gang], float]
+) -> tuple[float, Gang, str] | None:
+    """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
+    waits for it; None while nobody waits, in mode off, or while a holder still drains.
+    `owed_of(holder)`: what the holder is still owed of its share. O(holders of the GPU x
+    (P + accounted waiters of the GPU))."""
+    if s.gpu_mode(uuid) is Mode.OFF:
+        return None
+    owners = [s.gangs[k] for k in s.gpus[uuid].owners]
+    holding = [o for o in owners if o.phase is GangPhase.HOLDING]
+    if not holding or any(o.phase is GangPhase.DRAINING for o in owners):
+        return None
+    if not waiting.any(uuid):
+        return None
+    turns = []
+    for o in holding:
+        rivals = waiting.rivals(uuid, o)
+        turns.append((*turn(s, o, rivals, waiting.owed(rivals), now, owed_of(o)), o))
+    at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
+    return at, holder, why
+
+
+def turn(
+    s: NodeState, h: Gang, rivals: list[Gang], owed: set[str], now: float, owed_h: float
+) -> tuple[float, str]:
+    """When holder h must drop for one of the waiters (`rivals`), and why: by priority and
+    quantum, sooner for a waiter owed its share, never while h is inside its own (`owed_h` of
+    it is left)."""
+    settings = s.policy.scheduler
+    shortest = (h.granted_at + settings.quota_sample_interval_s, share.REQUEST)
+    quantum_s = quantum(s, h)
+    turns = []
+    for w in rivals:
+        at = priority.yield_at(h, w, quantum_s=quantum_s, settings=settings)
+        if w.key in owed or (h.share_grant and w.priority >= h.priority):
+            at = min(at, shortest)
+        turns.append(at)
+    at_, why = min(turns)
+    return max(at_, now + owed_h), why
+
+
+def quantum(s: NodeState, g: Gang) -> float:
+    """A gang's quantum: the shortest of its GPUs'."""
+    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))

@@ -1,0 +1,186 @@
+"""What an event costs the core does not grow with the clients connected, idle or waiting.
+
+Work is counted, not timed: the lines of the appliance's own code that run while the core
+handles one event (and answers `next_deadline`, as the engine asks after every event), traced
+with `sys.settrace`. A pass over every client or gang runs a line (or more) per client, so it
+shows as work that grows with n; an indexed structure does the same work at 20 clients and at
+400. The bound allows a little growth (a sorted insert, a dict that resized) and nothing like
+the 20x of a pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from appliance.core import actions as act
+from appliance.core import events as ev
+from appliance.core.gpus import GpuFacts
+from appliance.core.identity import ClientIdentity
+from appliance.core.node import NodeCore
+from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
+
+GPU = "GPU-00000000-0000-0000-0000-0000000000c0"
+SMALL, LARGE = 20, 400
+GROWTH = 1.5  # what the work at LARGE may be of the work at SMALL
+
+
+class Crowd:
+    """A core with n clients on one GPU in mode on: one holds, the rest wait (or idle)."""
+
+    def __init__(self, n: int, *, waiting: bool = True, policy: Policy | None = None) -> None:
+        settings = SchedulerSettings(mode=Mode.ON, time_quantum_s=3600)
+        policy = policy or Policy(scheduler=settings)
+        self.core = NodeCore(policy, inventory={GPU: GpuFacts(uuid=GPU, memory_total=80 << 30)})
+        self.now = 1000.0
+        self.n = 0
+        for _ in range(n):
+            self.register()
+        self.holder = 1
+        if waiting:
+            for cid in range(1, n + 1):
+                self.feed(ev.LockRequested(cid, 2))
+
+    def feed(self, event: ev.Event) -> list[act.Action]:
+        self.now += 0.001
+        out = self.core.handle(event, self.now)
+        self.core.next_deadline()
+        return out
+
+    def register(self) -> int:
+        self.n += 1
+        ident = ClientIdentity(pid=5000 + self.n, uid=1000, gid=1000)
+        self.feed(ev.ClientRegistered(self.n, 1, ident, GPU, 80 << 30))
+        return self.n
+
+    def work(self, event: ev.Event | Callable[[], Any]) -> int:
+        """Lines of the appliance run to handle `event` (and answer the next deadline)."""
+        lines = 0
+
+        def local(frame: FrameType, why: str, arg: Any) -> Any:
+            nonlocal lines
+            if why == "line":
+                lines += 1
+            return local
+
+        def tracer(frame: FrameType, why: str, arg: Any) -> Any:
+            return local if "/appliance/" in frame.f_code.co_filename else None
+
+        sys.settrace(tracer)
+        try:
+            if callable(event):
+                event()
+            else:
+                self.feed(event)
+        finally:
+            sys.settrace(None)
+        return lines
+
+
+def assert_flat(measure: Callable[[Crowd], int], **crowd: Any) -> None:
+    small, large = measure(Crowd(SMALL, **crowd)), measure(Crowd(LARGE, **crowd))
+    assert large <= small * GROWTH, (
+        f"{large} lines with {LARGE} clients against {small} with {SMALL}: the work grows "
+        "with the clients"
+    )
+
+
+def test_a_hand_off_costs_the_same_with_400_waiting_as_with_20() -> None:
+    def hand_off(c: Crowd) -> int:
+        return c.work(ev.LockReleased(c.holder, ev.ReleaseReason.IDLE))
+
+    assert_flat(hand_off)
+
+
+def test_joining_the_line_costs_the_same_however_long_it_is() -> None:
+    def back_of_the_line(c: Crowd) -> int:
+        c.feed(ev.LockReleased(c.holder, ev.ReleaseReason.IDLE))
+        return c.work(ev.LockRequested(c.holder, 3))
+
+    assert_flat(back_of_the_line)
+
+
+def test_a_tick_costs_the_same_however_many_wait() -> None:
+    assert_flat(lambda c: c.work(ev.Tick()))
+
+
+def test_registering_costs_the_same_beside_400_idle_or_waiting_clients() -> None:
+    assert_flat(lambda c: c.work(c.register))
+    assert_flat(lambda c: c.work(c.register), waiting=False)
+
+
+def test_a_waiter_leaving_costs_the_same_however_many_wait() -> None:
+    assert_flat(lambda c: c.work(ev.ClientGone(c.n // 2)))
+    assert_flat(lambda c: c.work(ev.ClientGone(c.holder)))
+
+
+def test_a_priority_hint_costs_the_same_however_many_wait() -> None:
+    assert_flat(lambda c: c.work(ev.PriorityHint(c.n // 2, -5)))
+
+
+def test_a_gang_hint_and_a_memory_request_cost_the_same_however_many_wait() -> None:
+    assert_flat(lambda c: c.work(ev.GangHint(c.n, "job")))
+    assert_flat(lambda c: c.work(ev.MemoryReserveRequested(c.n // 2, 5, 1 << 20, 0)))
+
+
+def test_idle_lenders_cost_a_hand_off_nothing() -> None:
+    """Clients that let the GPU go idle and stay away (lenders, `terms.lending`) are not
+    looked at on every event."""
+
+    def hand_off_beside_lenders(c: Crowd) -> int:
+        for cid in range(2, c.n + 1):
+            c.feed(ev.LockReleased(cid, ev.ReleaseReason.IDLE))  # gives up waiting
+        return c.work(ev.LockReleased(c.holder, ev.ReleaseReason.IDLE))
+
+    assert_flat(hand_off_beside_lenders)
+
+
+@pytest.mark.parametrize("accounts", [False, True])
+def test_a_hand_off_costs_the_same_with_priorities_quotas_and_shares(accounts: bool) -> None:
+    """A line of three priorities; with `accounts`, every client has a compute quota and a
+    guaranteed share (their windows turn while they wait)."""
+
+    def hand_off(c: Crowd) -> int:
+        for cid in range(2, c.n + 1, 3):
+            c.feed(ev.PriorityHint(cid, -1 - cid % 2))
+        c.now += 2.5  # windows turn: everyone waiting is owed its share again
+        c.feed(ev.Tick())
+        return c.work(ev.LockReleased(c.holder, ev.ReleaseReason.IDLE))
+
+    limits = Limits(core_percent=50, priority=0, core_request=1) if accounts else Limits()
+    policy = Policy(scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=3600), defaults=limits)
+    assert_flat(hand_off, policy=policy)
+
+
+def test_the_next_deadline_is_a_query_that_bills_nobody() -> None:
+    """Asked at a later time, the deadline leaves every account as it was."""
+    policy = Policy(
+        scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=2),
+        defaults=Limits(core_percent=50, priority=0, core_request=20),
+    )
+    c = Crowd(4, policy=policy)
+    s = c.core.state
+    c.now += 7.5  # windows have turned and the holder has held for a while
+    before = [
+        (replace(x.quota) if x.quota else None, replace(x.guarantee) if x.guarantee else None)
+        for x in s.clients.values()
+    ]
+    gangs = [(g.billed_until, g.phase) for g in s.gangs.values()]
+    assert c.core.lock.next_deadline(c.now) is not None
+    after = [(x.quota, x.guarantee) for x in s.clients.values()]
+    assert after == before
+    assert [(g.billed_until, g.phase) for g in s.gangs.values()] == gangs
+
+
+def test_a_priority_hint_said_again_costs_nothing() -> None:
+    """A hook flooding PRIORITY_HINT with the value it already sent makes the core do no
+    work: no limits resolved again, no schedule."""
+    c = Crowd(SMALL)
+    first = c.work(ev.PriorityHint(c.n, -1))
+    again = [c.work(ev.PriorityHint(c.n, -1)) for _ in range(3)]
+    assert max(again) * 4 < first, (first, again)
