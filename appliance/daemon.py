@@ -29,19 +29,19 @@ from appliance.core import events as ev
 from appliance.core.authority import Authority
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
-from appliance.gpu.backstop import BackstopLoop, KernelBackstop, holders
+from appliance.gpu.backstop import BackstopLoop, KernelBackstop
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
-from appliance.host.cgroup import cgroup_identity
+from appliance.host.cgroup import own_pod
 from appliance.host.process import ProcessIdentities
-from appliance.limit_log import LimitChangeLog, LimitContext
+from appliance.limit_log import LimitChangeLog, limit_context
 from appliance.limits_file import LimitsFile
 from appliance.metrics import ApplianceCollector
-from appliance.metrics_endpoint import serve_metrics
+from appliance.metrics_endpoint import start_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.probes import LoopProbes, serve_probes
+from appliance.probes import LoopProbes, start_probes
 from appliance.queries import Answers
 from appliance.server import SchedulerServer
 from appliance.socket_claim import SocketUnavailable
@@ -168,13 +168,8 @@ class Daemon:
     def _start_device_plugin(self, policy: Policy) -> None:
         from appliance.kube.deviceplugin import DevicePlugin
 
-        assert self.core is not None
-        core = self.core
-        settings = policy.device_plugin
-
-        assert self.engine is not None
-        engine = self.engine
-
+        engine, core, settings = self.engine, self.core, policy.device_plugin
+        assert engine is not None and core is not None
         plugin = DevicePlugin(
             gpus=self.nvml.inventory,
             health=self.nvml.healthy,
@@ -263,7 +258,7 @@ class Daemon:
             watching_pods=config.node_name is not None,
             authority=Authority(
                 admin_group=config.admin_group,
-                own_pod_uid=_own_pod(config),
+                own_pod_uid=own_pod(config.proc_root),
                 daemon_uid=os.geteuid(),
             ),
             remembered=limits_file.read_previous(),
@@ -316,18 +311,9 @@ class Daemon:
         return sink
 
     def _start_backstop(self) -> None:
-        assert self.engine is not None and self.core is not None
         engine, core = self.engine, self.core
-
-        def snapshot() -> tuple[bool, int, list[Any]]:
-            def read() -> tuple[bool, int, list[Any]]:
-                memory = core.state.policy.memory
-                clients = holders(core.status(engine.now()))
-                return memory.kernel_backstop, memory.backstop_allowance_bytes, clients
-
-            return engine.read(read, timeout_s=1.0)  # never holds up a shutdown for long
-
-        self._backstop_loop = BackstopLoop(self.backstop, snapshot)
+        assert engine is not None and core is not None
+        self._backstop_loop = BackstopLoop.following(self.backstop, engine, core)
         self._backstop_loop.start()
         self._threads.append(self._backstop_loop)
 
@@ -406,42 +392,16 @@ class Daemon:
         return 0
 
     def _start_metrics(self, policy: Policy) -> None:
-        engine = self.engine
-        assert engine is not None
-        answers = self.answers
-        assert answers is not None
+        engine, answers = self.engine, self.answers
+        assert engine is not None and answers is not None
         self.registry.register(ApplianceCollector(lambda: engine.read(answers.status)))
         probes = LoopProbes(engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
-        try:
-            serve_metrics(
-                address=policy.metrics.address,
-                registry=self.registry,
-                health=probes.health,
-                readiness=probes.readiness,
-            )
-            log.info("metrics on http://%s/metrics", policy.metrics.address)
-        except OSError as exc:
-            # Scheduling matters more than metrics: keep serving hooks, say so loudly.
-            log.error(
-                "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
-                "address or metrics.enabled to false",
-                policy.metrics.address,
-                exc.strerror or exc,
-            )
+        start_metrics(policy.metrics.address, self.registry, probes.health, probes.readiness)
 
     def _start_probes(self, address: str) -> None:
         assert self.engine is not None
         probes = LoopProbes(self.engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
-        try:
-            serve_probes(address=address, health=probes.health, readiness=probes.readiness)
-            log.info("probes on http://%s/healthz and /readyz", address)
-        except OSError as exc:
-            log.error(
-                "probes not served: cannot listen on %s (%s); kubelet will find this pod "
-                "unhealthy. Give --probe-address a free address",
-                address,
-                exc.strerror or exc,
-            )
+        start_probes(address, probes.health, probes.readiness)
 
     def _not_ready(self) -> list[str]:
         """Why the daemon is not doing its whole job yet (/readyz; on the event loop)."""
@@ -480,14 +440,6 @@ class Daemon:
             await self.server.stop()
 
 
-def _own_pod(config: DaemonConfig) -> str | None:
-    """The daemon's own pod (an operator's `kubectl exec` into it is the node's admin)."""
-    try:
-        return cgroup_identity(os.getpid(), proc_root=config.proc_root).pod_uid
-    except (OSError, ProcessLookupError):
-        return None
-
-
 def run_daemon(config: DaemonConfig) -> int:
     logging.basicConfig(
         level=logging.DEBUG if config.debug else logging.INFO,
@@ -495,21 +447,3 @@ def run_daemon(config: DaemonConfig) -> int:
         stream=sys.stderr,
     )
     return asyncio.run(Daemon(config).run())
-
-
-def limit_context(core: NodeCore, client_id: int) -> LimitContext | None:
-    """Who a client is and what set its limits, for the log line of a limit change."""
-    c = core.state.clients.get(client_id)
-    if c is None:
-        return None
-    pod, source = core.state.pod_of(c.ident)
-    who = f"client {c.id} (pid {c.ident.pid})"
-    if pod is not None:
-        claimed = ", claimed" if source == "claimed" else ""
-        who = f"pod {pod.namespace}/{pod.name} (client {c.id}, pid {c.ident.pid}{claimed})"
-    sources = c.limits.sources
-    return LimitContext(
-        who=who,
-        memory_source=sources.get("memory", "default"),
-        core_source=sources.get("core", "default"),
-    )

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.core import actions as act
 from appliance.core.limits import HookLimits
 from appliance.policy.quantity import format_bytes
+
+if TYPE_CHECKING:
+    from appliance.core.node import NodeCore
 
 log = logging.getLogger("nvshare.limits")
 
@@ -95,3 +98,21 @@ class LimitChangeLog:
         if len(self._told) > 2 * self._live() + 64:  # clients that left: forget them
             for gone in [c for c in self._told if self._context(c) is None]:
                 del self._told[gone]
+
+
+def limit_context(core: NodeCore, client_id: int) -> LimitContext | None:
+    """Who a client is and what set its limits, for the log line of a limit change."""
+    c = core.state.clients.get(client_id)
+    if c is None:
+        return None
+    pod, source = core.state.pod_of(c.ident)
+    who = f"client {c.id} (pid {c.ident.pid})"
+    if pod is not None:
+        claimed = ", claimed" if source == "claimed" else ""
+        who = f"pod {pod.namespace}/{pod.name} (client {c.id}, pid {c.ident.pid}{claimed})"
+    sources = c.limits.sources
+    return LimitContext(
+        who=who,
+        memory_source=sources.get("memory", "default"),
+        core_source=sources.get("core", "default"),
+    )

@@ -6,6 +6,7 @@ scrapers and kubelet without either costing the scheduler much, whoever connects
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from appliance.listen import BoundedConnections, DualStack, bind, split_address
 from appliance.probes import Reasons, http_answer
+
+log = logging.getLogger("nvshare.metrics")
 
 
 class Exposition:
@@ -100,3 +103,20 @@ def serve_metrics(
     )
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+def start_metrics(
+    address: str, registry: CollectorRegistry, health: Reasons, readiness: Reasons
+) -> None:
+    """`serve_metrics`, where an address that cannot be served is said loudly, not fatal:
+    scheduling matters more than metrics."""
+    try:
+        serve_metrics(address=address, registry=registry, health=health, readiness=readiness)
+        log.info("metrics on http://%s/metrics", address)
+    except OSError as exc:
+        log.error(
+            "metrics disabled: cannot serve on %s (%s); set metrics.address to a free "
+            "address or metrics.enabled to false",
+            address,
+            exc.strerror or exc,
+        )

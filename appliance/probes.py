@@ -120,3 +120,17 @@ def serve_probes(*, address: str, health: Reasons, readiness: Reasons) -> ProbeS
     )
     threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
     return server
+
+
+def start_probes(address: str, health: Reasons, readiness: Reasons) -> None:
+    """`serve_probes`, where an address that cannot be served is said loudly, not fatal."""
+    try:
+        serve_probes(address=address, health=health, readiness=readiness)
+        log.info("probes on http://%s/healthz and /readyz", address)
+    except OSError as exc:
+        log.error(
+            "probes not served: cannot listen on %s (%s); kubelet will find this pod "
+            "unhealthy. Give --probe-address a free address",
+            address,
+            exc.strerror or exc,
+        )

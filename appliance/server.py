@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import itertools
 import json
 import logging
 import pwd
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from typing import Any
 from appliance import codec, framing, socket_dirs
 from appliance import protocol as p
 from appliance import protocol_view as pv
+from appliance.accept import Acceptor, Role
 from appliance.admission import FILES_IN_RESERVE, Admission
 from appliance.connection import Bounds, Budget, PeerConnection, Turns
 from appliance.core import actions as act
@@ -45,7 +44,7 @@ from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.identity import ClientIdentity
 from appliance.core.shown import MemoryView
-from appliance.host.peer import identify, peer_credentials, where_it_runs
+from appliance.host.peer import identify
 from appliance.host.pidns import pids_seen_by
 from appliance.policy.model import ConnectionSettings
 from appliance.socket_claim import SocketClaim, claim_sockets
@@ -54,16 +53,10 @@ log = logging.getLogger("nvshare.server")
 
 STATUS_REUSE_S = 0.1
 SWEEP_S = 1.0
-ACCEPTS_PER_TURN = 256
 
 QueryHandler = Callable[[Mapping[str, Any]], Any]  # a request -> a view; raises QueryError
 ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
 Handler = Callable[[PeerConnection, Any, int], None]
-
-
-class Role(enum.Enum):
-    HOOK = "hook socket"
-    CONTROL = "control socket"
 
 
 BOUNDS = {Role.HOOK: Bounds(max_body=512), Role.CONTROL: Bounds(max_body=64 << 10)}
@@ -105,9 +98,7 @@ class SchedulerServer:
         self._claim: SocketClaim | None = None
         self._ids = itertools.count(1)
         self._numbers = itertools.count(1)
-        self._listening: list[socket.socket] = []
-        self._adopting: set[asyncio.Task[None]] = set()
-        self._keys: dict[int, tuple[float, tuple[str, str]]] = {}  # pid -> (until, admission key)
+        self._acceptor = Acceptor(self.admission, self._factory, proc_root=proc_root)
         self._sweeper: asyncio.TimerHandle | None = None
         self._status_cache: tuple[int, float, bytes] | None = None
         self._status_document = status_document  # built a slice at a time, if given
@@ -146,9 +137,7 @@ class SchedulerServer:
         loop = asyncio.get_running_loop()
         try:
             for role, bound in ((Role.HOOK, self._claim.hook), (Role.CONTROL, self._claim.control)):
-                bound.sock.setblocking(False)
-                loop.add_reader(bound.sock.fileno(), self._accept, role, bound.sock)
-                self._listening.append(bound.sock)
+                self._acceptor.listen(role, bound.sock)
         except BaseException:
             self._claim.release()
             raise
@@ -158,11 +147,7 @@ class SchedulerServer:
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        loop = asyncio.get_running_loop()
-        for sock in self._listening:
-            loop.remove_reader(sock.fileno())
-            sock.close()  # the server's own accept loop (`_accept`) owns them
-        self._listening.clear()
+        self._acceptor.close()
         for conn in list(self._connections.values()):  # registered or not: nobody waits
             conn.close()
         await asyncio.sleep(0)  # their transports close on the loop's next turn
@@ -184,71 +169,6 @@ class SchedulerServer:
 
     # ----------------------------------------------------------------- connections
 
-    def _accept(self, role: Role, listener: socket.socket) -> None:
-        """Accept what waits, `ACCEPTS_PER_TURN` at most, and refuse at once, before asyncio
-        makes anything of it, a connection its user or pod may not open now (`admission`).
-
-        One process connecting and closing in a loop keeps the listen backlog full, and the
-        kernel gives a freed slot to whoever asks first, seldom a program that has just
-        started. Refusing costs the daemon an accept, SO_PEERCRED and a close (the cgroup is
-        read once a second per pid), so it drains the backlog faster than one churner fills
-        it, and programs starting meanwhile find room.
-        """
-        loop = asyncio.get_running_loop()
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of files: say so once a minute, try again in a second
-                self.admission.notes.warn(
-                    "accept",
-                    "cannot accept connections: %s (%d open); retrying every second",
-                    exc,
-                    self.admission.count,
-                )
-                loop.remove_reader(listener.fileno())
-                loop.call_later(1.0, self._resume, role, listener)
-                return
-            try:
-                pid, uid, _ = peer_credentials(sock)
-            except OSError:
-                pid = uid = -1
-            key = self._admission_key(pid, uid, loop.time())
-            refusal = self.admission.admit(key)
-            if refusal is not None:
-                _refuse(sock, refusal)
-                continue
-            sock.setblocking(False)
-            task = loop.create_task(self._adopt(role, sock, key))
-            self._adopting.add(task)
-            task.add_done_callback(self._adopting.discard)
-
-    def _resume(self, role: Role, listener: socket.socket) -> None:
-        if listener in self._listening:
-            asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, role, listener)
-
-    def _admission_key(self, pid: int, uid: int, now: float) -> tuple[str, str]:
-        """Whose connection budget a connection draws on: its pod's, else its user's."""
-        known = self._keys.get(pid)
-        if known is not None and known[0] > now:
-            return known[1]
-        cgroup = where_it_runs(pid, proc_root=self.proc_root) if pid > 0 else None
-        pod = cgroup.pod_uid if cgroup is not None else None
-        key = ("pod", pod) if pod else ("uid", str(uid))
-        if len(self._keys) > 4096:
-            self._keys = {p: k for p, k in self._keys.items() if k[0] > now}
-        self._keys[pid] = (now + 1.0, key)
-        return key
-
-    async def _adopt(self, role: Role, sock: socket.socket, key: tuple[str, str]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.connect_accepted_socket(self._factory(role, key), sock=sock)
-        except OSError:
-            self.admission.release(key)
-            sock.close()
-
     def _factory(self, role: Role, key: tuple[str, str]) -> Callable[[], PeerConnection]:
         def make() -> PeerConnection:
             conn = PeerConnection(
@@ -261,7 +181,7 @@ class SchedulerServer:
                 on_close=self._closed,
                 turns=self._turns,
             )
-            conn.admission_key = key  # admitted (`_accept`): released when it closes
+            conn.admission_key = key  # admitted (`Acceptor`): released when it closes
             return conn
 
         return make
@@ -468,16 +388,6 @@ class SchedulerServer:
             return
         reply = p.JsonBody(p.MsgType.QUERY_REPLY, views.to_json(answer))
         conn.send_raw(framing.encode(reply, seq=seq))
-
-
-def _refuse(sock: socket.socket, why: str) -> None:
-    """Tell a refused peer why, if its buffer takes it now, and close."""
-    try:
-        frame = framing.encode(p.Result(p.Status.PERMISSION, 0, f"{why}; try again later"))
-        sock.send(frame, socket.MSG_DONTWAIT)
-    except OSError:
-        pass
-    sock.close()
 
 
 def _who(pid: int, uid: int) -> str:

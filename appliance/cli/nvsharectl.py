@@ -402,21 +402,7 @@ def policy_show(ctx: click.Context, as_json: bool) -> None:
         f"{', '.join(view.files) or 'none'})"
     )
     for path, (value, source) in sorted(view.values.items()):
-        click.echo(f"{path} = {json.dumps(value)}    # {_said_by(view, path, source)}")
-
-
-def _said_by(view: PolicyView, path: str, source: str) -> str:
-    losers = view.overridden.get(path, ())
-    return f"{source} (overrides {', '.join(losers)})" if losers else source
-
-
-def _explain_layers(view: PolicyView) -> None:
-    click.echo(f"# files in merge order (a later one wins): {', '.join(view.files) or 'none'}")
-    set_here = {path: said for path, said in view.values.items() if said[1] != "default"}
-    if not set_here:
-        click.echo("# no file sets anything: every value is the built-in default")
-    for path, (value, source) in sorted(set_here.items()):
-        click.echo(f"{path} = {json.dumps(value)}    # {_said_by(view, path, source)}")
+        click.echo(f"{path} = {json.dumps(value)}    # {status_view.said_by(view, path, source)}")
 
 
 @policy.command("explain")
@@ -430,7 +416,7 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
     which file won each field the policy files set, and which files it overrode.
     """
     if pid is None and pod is None:
-        _explain_layers(from_json(PolicyView, _query(ctx, "policy")))
+        status_view.explain_layers(from_json(PolicyView, _query(ctx, "policy")))
         return
     _target(pid, pod, wire=False)
     view = from_json(ExplainView, _query(ctx, "explain", pid=pid, pod=pod))

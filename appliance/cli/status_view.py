@@ -13,6 +13,7 @@ A client of a GPU in mode off is not gated: it never asks for the lock, so it is
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from appliance.core.views import (
     ClientView,
     GpuView,
     PolicyStatus,
+    PolicyView,
     StatusView,
     UnhookedView,
 )
@@ -250,3 +252,21 @@ def wide_lines(status: StatusView) -> list[str]:
 def echo(status: StatusView, *, wide: bool, width: int) -> None:
     for line in wide_lines(status) if wide else lines(status, width):
         click.echo(line)
+
+
+# ------------------------------------------------------------------ policy explain
+
+
+def said_by(view: PolicyView, path: str, source: str) -> str:
+    losers = view.overridden.get(path, ())
+    return f"{source} (overrides {', '.join(losers)})" if losers else source
+
+
+def explain_layers(view: PolicyView) -> None:
+    """Which file won each field the policy files set, and which files it overrode."""
+    click.echo(f"# files in merge order (a later one wins): {', '.join(view.files) or 'none'}")
+    set_here = {path: said for path, said in view.values.items() if said[1] != "default"}
+    if not set_here:
+        click.echo("# no file sets anything: every value is the built-in default")
+    for path, (value, source) in sorted(set_here.items()):
+        click.echo(f"{path} = {json.dumps(value)}    # {said_by(view, path, source)}")

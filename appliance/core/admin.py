@@ -222,27 +222,9 @@ class Admin:
         if e.target is None:
             missing = "name a --pid, or a --pod as NAMESPACE/NAME; nothing changed"
             return [reply(Outcome.INVALID, missing)]
-        if (problem := _limit_problem(e.limits)) is not None:
-            return [reply(Outcome.INVALID, f"{problem}; nothing changed")]
-        if e.target.kind == "pod":
-            namespace, _, name = e.target.name.partition("/")
-            if (problem := pod_name_problem(namespace, name)) is not None:
-                return [reply(Outcome.INVALID, f"{problem[:200]}; nothing changed")]
         matched = self._s.reached(e.target)
-        if e.target.kind == "pid" and not matched:
-            message = (
-                f"no connected client has pid {e.target.name}; nothing changed (a pid override "
-                "is kept only while that process is connected)"
-            )
-            return [reply(Outcome.NOT_FOUND, message)]
-        clearing = e.clear_memory or e.clear_core
-        if e.target.kind == "pod" and not matched and not clearing and not self._s.pods_nameable():
-            message = (
-                f"no process can be of pod {e.target.name}: this daemon watches no pods (no "
-                "--node-name) and its policy trusts no uid's pod claims (trust.podClaimUids); "
-                "nothing changed"
-            )
-            return [reply(Outcome.NOT_FOUND, message)]
+        if (refused := self._refusal(e, e.target, matched)) is not None:
+            return [reply(*refused)]
         stored = self._s.overrides.limits
         current = stored.get(e.target, Limits())
         memory = None if e.clear_memory else (e.limits.memory_bytes or current.memory_bytes)
@@ -271,6 +253,32 @@ class Admin:
         reach = _reach(matched, watching_pods=self._s.watching_pods)
         message = f"{e.target}: {change}; {reach}{_env_note(matched)}"
         return [reply(Outcome.DONE, message), *pushed]
+
+    def _refusal(
+        self, e: ev.AdminLimitSet, target: LimitTarget, matched: list[Client]
+    ) -> tuple[Outcome, str] | None:
+        """Why an override for `target` cannot be kept, or None."""
+        if (problem := _limit_problem(e.limits)) is not None:
+            return Outcome.INVALID, f"{problem}; nothing changed"
+        if target.kind == "pod":
+            namespace, _, name = target.name.partition("/")
+            if (problem := pod_name_problem(namespace, name)) is not None:
+                return Outcome.INVALID, f"{problem[:200]}; nothing changed"
+        if target.kind == "pid" and not matched:
+            message = (
+                f"no connected client has pid {target.name}; nothing changed (a pid override "
+                "is kept only while that process is connected)"
+            )
+            return Outcome.NOT_FOUND, message
+        clearing = e.clear_memory or e.clear_core
+        if target.kind == "pod" and not matched and not clearing and not self._s.pods_nameable():
+            message = (
+                f"no process can be of pod {target.name}: this daemon watches no pods (no "
+                "--node-name) and its policy trusts no uid's pod claims (trust.podClaimUids); "
+                "nothing changed"
+            )
+            return Outcome.NOT_FOUND, message
+        return None
 
     def client_gone(self, pid: int) -> None:
         """A pid override dies with its process: a later process reusing the pid starts clean."""

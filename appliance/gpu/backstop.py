@@ -28,10 +28,15 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from appliance.core.gpus import GpuFacts
 from appliance.core.views import BackstopView, StatusView
 from appliance.gpu.nvml import MemoryLimitRefused, Nvml
+
+if TYPE_CHECKING:
+    from appliance.core.node import NodeCore
+    from appliance.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +257,20 @@ class BackstopLoop:
         self._stopping = threading.Event()
         self._woken = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def following(cls, backstop: KernelBackstop, engine: Engine, core: NodeCore) -> BackstopLoop:
+        """A loop that reads the policy and the clients from the core, on the event loop."""
+
+        def snapshot() -> tuple[bool, int, list[Holder]]:
+            def read() -> tuple[bool, int, list[Holder]]:
+                memory = core.state.policy.memory
+                clients = holders(core.status(engine.now()))
+                return memory.kernel_backstop, memory.backstop_allowance_bytes, clients
+
+            return engine.read(read, timeout_s=1.0)  # never holds up a shutdown for long
+
+        return cls(backstop, snapshot)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kernel-backstop", daemon=True)

@@ -17,6 +17,7 @@ cgroup v1 lists one line per hierarchy ("4:memory:/kubepods/..."), v2 one line (
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,3 +170,12 @@ def _unit(paths: list[str]) -> str | None:
         if units:
             return units[-1]
     return None
+
+
+def own_pod(proc_root: Path) -> str | None:
+    """This process's own pod UID, if it runs in one (an operator's `kubectl exec` into the
+    daemon's pod is the node's admin)."""
+    try:
+        return cgroup_identity(os.getpid(), proc_root=proc_root).pod_uid
+    except (OSError, ProcessLookupError):
+        return None
