@@ -109,10 +109,14 @@ def test_a_rendered_deploy_validates_its_policy_and_says_what_it_skipped() -> No
     ) in r.stderr
     assert "<stdin>: skipped what is not a ConfigMap: Namespace nvshare-system," in r.stderr
     assert "DaemonSet nvshare-node" in r.stderr
-    broken = rendered.stdout.replace("perPod: 256", "perPod: lots")
+    live = "    #   perPod: 256"  # the default file shows every setting commented out
+    assert live in rendered.stdout
+    broken = rendered.stdout.replace("    # connections:", "    connections:").replace(
+        live, "      perPod: lots"
+    )
     r = validate("-", stdin=broken)
-    assert r.returncode == 1
-    assert "<stdin>: nvshare-policy data[policy.yaml]:" in r.stderr  # two ConfigMaps: named
+    assert r.returncode == 1, r.stderr
+    assert "<stdin>: nvshare-policy data[00-default.yaml]:" in r.stderr  # two ConfigMaps: named
     assert "/connections/perPod" in r.stderr
 
 
