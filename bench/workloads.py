@@ -11,7 +11,7 @@ interpreter (`*-nvs-ROLE`) so policy rules can tell them apart by executable:
   compiled       the same model, forward only, under torch.compile(mode="reduce-overhead") (CUDA
                  graphs), .item() each step
   infer:ARRIVAL:MS[:graph]
-                 requests of about MS ms of GPU work (1024-wide fp16 layers), `steady` (one every
+                 requests of about MS ms of GPU work (4096-wide fp16 layers), `steady` (one every
                  50 ms) or `poisson` (exponential gaps, mean 50 ms, fixed seed); `graph` replays
                  the request as a captured CUDA graph; latency from submission to its result
 
@@ -24,13 +24,16 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              step shape, and mixed pairs in both start orders: split and longest stall
   modes      two `train:item` in modes on / auto / off: combined rate against one alone
   quotas     `train:item` at coreLimit 25 / 50 / 75, `compiled` at 30, and a 25/75 pair:
-             throughput share over the first 1 s and the whole run
+             throughput share over the first 1 s, the first 8 s and the whole run
+             (--quota-seconds), against the same loop alone; with the mean SM clock of
+             each run, so a share of work can be told from a share of time
   priorities an inference loop at priority high beside `train:item` at low (steady and Poisson,
              eager and graph), and beside a trainer that lowers itself (NVSHARE_GPU_PRIORITY);
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
+                               [--quota-seconds 20] [--infer steady:1,poisson:8:graph,...]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -46,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,8 @@ from _daemon import BenchDaemon, machine, percentile
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ = "5s"
+QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
+INFER = ["steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph"]  # ARRIVAL:MS[:graph]
 RULES = """
 rules:
   - {name: high, match: {executable: '*-nvs-hi*'}, priority: high}
@@ -171,9 +177,9 @@ def infer(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> No
     import torch
 
     _, arrival, work_ms, *graph = spec.split(":")
-    depth = max(1, round(float(work_ms) / 0.25))  # about 0.25 ms a 32x1024 @ 1024x4096 layer
-    layers = [torch.randn(1024, 1024, device="cuda", dtype=torch.float16) / 32] * depth
-    x = torch.randn(256, 1024, device="cuda", dtype=torch.float16)
+    depth = max(1, round(float(work_ms) / 0.25))  # about 0.25 ms a 4096^3 fp16 layer on an H100
+    layers = [torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64] * depth
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
 
     def forward() -> Any:
         y = x
@@ -240,8 +246,34 @@ def interpreter(role: str) -> str:
     return named
 
 
+class SmClock:
+    """GPU 0's SM clock sampled every 50 ms while the workers run (a GPU running at low duty
+    can clock higher, and then does more work per second of GPU time than it does alone)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self._mhz: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self._mhz.append(self._nvml.nvmlDeviceGetClockInfo(self._gpu, self._nvml.NVML_CLOCK_SM))
+
+    def mean(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return round(sum(self._mhz) / max(1, len(self._mhz)))
+
+
 def run(policy: str | None, roles: list[Role], seconds: float) -> dict[str, Any]:
-    """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon)."""
+    """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon).
+    Each role's result also carries `sm_mhz`, the mean SM clock while they ran."""
     daemon = BenchDaemon(policy + RULES) if policy is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -258,10 +290,12 @@ def run(policy: str | None, roles: list[Role], seconds: float) -> dict[str, Any]
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
                 raise RuntimeError(f"workers did not start: {[p.poll() for p in procs.values()]}")
             time.sleep(0.01)
+        clock = SmClock()
         (tmp / "go").touch()
         for p in procs.values():
             p.wait(seconds + 120)
-        return {r.name: json.loads((tmp / r.name).read_text()) for r in roles}
+        mhz = clock.mean()
+        return {r.name: json.loads((tmp / r.name).read_text()) | {"sm_mhz": mhz} for r in roles}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -366,7 +400,26 @@ def section_modes(seconds: float) -> dict[str, Any]:
 
 
 def section_quotas(seconds: float) -> dict[str, Any]:
-    solo = alone_rates({"t": "train:item", "c": "compiled"}, seconds)
+    """Shares of work as a user measures them: steps in the first 1 s, 8 s and the whole run
+    against the same loop alone over the same spans. `time_share_*` divides out the clock: the
+    share of GPU time the work took, if the loop's speed follows the SM clock."""
+    long = QUOTA_SECONDS
+    solo = {
+        base: run(on_policy(), [Role(base, spec)], long)[base]
+        for base, spec in (("t", "train:item"), ("c", "compiled"))
+    }
+    spans = {"1s": 1.0, "8s": 8.0, "whole": None}
+
+    def shares(r: dict[str, Any], base: str) -> dict[str, Any]:
+        work = {k: 100 * rate(r, v) / rate(solo[base], v) for k, v in spans.items()}
+        clocked = solo[base]["sm_mhz"] / max(1, r["sm_mhz"])
+        return {
+            **{f"share_{k}": round(w, 1) for k, w in work.items()},
+            **{f"time_share_{k}": round(w * clocked, 1) for k, w in work.items()},
+            "sm_mhz": r["sm_mhz"],
+            "solo_sm_mhz": solo[base]["sm_mhz"],
+        }
+
     out: dict[str, Any] = {}
     for pct, spec, base in (
         (25, "train:item", "t"),
@@ -375,46 +428,42 @@ def section_quotas(seconds: float) -> dict[str, Any]:
         (30, "compiled", "c"),
     ):
         name = f"q{pct}{base}"
-        r = run(on_policy(), [Role(name, spec)], seconds)[name]
-        solo_first = rate(run(on_policy(), [Role(base, spec)], 1.5)[base], 1.0)
-        out[name] = {
-            "limit": pct,
-            "share_first_1s": round(100 * rate(r, 1.0) / solo_first, 1),
-            "share_whole_run": round(100 * rate(r) / solo[base], 1),
-        }
+        out[name] = {"limit": pct, **shares(run(on_policy(), [Role(name, spec)], long)[name], base)}
     pair = run(on_policy(), [Role("q25a", "train:item"), Role("q75a", "train:item")], seconds)
-    out["25+75"] = {n: round(100 * rate(r) / solo["t"], 1) for n, r in pair.items()}
+    out["25+75"] = {n: shares(r, "t") for n, r in pair.items()}
     return out
 
 
 def section_priorities(seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
-    for arrival in ("steady", "poisson"):
-        for work in ("1", "5"):
-            for graph in ("", ":graph"):
-                spec = f"infer:{arrival}:{work}{graph}"
-                alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
-                row: dict[str, Any] = {"alone_p99_ms": round(alone["p99_ms"], 3)}
-                cases = {
-                    "on": (on_policy(), [Role("hii", spec), Role("lot", "train:item")]),
-                    "on_self_lowered": (
-                        on_policy(),
-                        [
-                            Role("inf", spec),
-                            Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"}),
-                        ],
-                    ),
-                    "off": (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")]),
-                }
-                for case, (policy, roles) in cases.items():
-                    pair = run(policy, roles, seconds)
-                    inf, trn = (pair[r.name] for r in roles)
-                    row[case] = {
-                        "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
-                        "trainer_of_solo": round(rate(trn) / train_solo, 2),
-                    }
-                out[spec] = row
+    for request in INFER:
+        spec = f"infer:{request}"
+        alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
+        row: dict[str, Any] = {
+            "alone_p50_ms": round(alone["p50_ms"], 3),
+            "alone_p99_ms": round(alone["p99_ms"], 3),
+        }
+        cases = {
+            "on": (on_policy(), [Role("hii", spec), Role("lot", "train:item")]),
+            "on_self_lowered": (
+                on_policy(),
+                [
+                    Role("inf", spec),
+                    Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"}),
+                ],
+            ),
+            "off": (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")]),
+        }
+        for case, (policy, roles) in cases.items():
+            pair = run(policy, roles, seconds)
+            inf, trn = (pair[r.name] for r in roles)
+            row[case] = {
+                "p99_ms": round(latency(inf)["p99_ms"], 3),
+                "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
+                "trainer_of_solo": round(rate(trn) / train_solo, 2),
+            }
+        out[spec] = row
     return out
 
 
@@ -434,11 +483,16 @@ SECTIONS = {
 
 
 def main() -> int:
+    global QUOTA_SECONDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
+    ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
     args = ap.parse_args()
+    QUOTA_SECONDS = args.quota_seconds
+    INFER[:] = args.infer.split(",")
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),

@@ -819,8 +819,10 @@ def graph_memory() -> None:
         )
         check(
             f"graph memory: PyTorch {key} below the limit: no failure the hook causes",
-            r.get(unit, 0) > 0
-            and (r.get("failures") == 0 or 0 < r.get("failures", 0) <= natively.get("failures", 0)),
+            (r.get(unit, 0) > 0 and r.get("failures") == 0)
+            or 0 < r.get("failures", 0) <= natively.get("failures", 0)
+            # dies without the hook too (PyTorch's own limit with this backend): nothing to add
+            or (r.get("failures") == -1 and natively.get("failures") == -1),
             json.dumps(r)[:500]
             + (f"; without the hook: {json.dumps(natively)[:300]}" if natively else ""),
         )
