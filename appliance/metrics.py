@@ -266,12 +266,12 @@ def _client_time(clients: Sequence[ClientView]) -> Iterator[Metric]:
     )
     window_used = GaugeMetricFamily(
         "nvshare_client_core_window_usage_ms",
-        "How much of a full compute-quota bucket is spent, debt included (over the limit: debt)",
+        "Compute-quota time billed in the current window, debt included",
         labels=CLIENT_LABELS,
     )
     window_limit = GaugeMetricFamily(
         "nvshare_client_core_window_limit_ms",
-        "A full compute-quota bucket: the limit's share of one compute window",
+        "Compute-quota budget of a window",
         labels=CLIENT_LABELS,
     )
     for c in clients:

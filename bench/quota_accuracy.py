@@ -33,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "ld_hook" / "build"
 WINDOW_S = 2.0
 POLICY = (
-    "scheduler: {mode: 'on', computeWindow: 2s, quotaSampleInterval: 50ms, "
-    "carryOverPercent: 25, dropTailBillingPercent: 70}"
+    "scheduler: {mode: 'on', computeWindow: 2s, quotaSampleInterval: 50ms}"  # the rest: defaults
 )
 # kernel time (at least, and up to this much more at random), kernels per synchronise
 WORKLOADS = {"pytorch": (2000, 1000, 5), "graph": (20000, 10000, 2), "kernel": (1000, 200, 1)}
@@ -49,17 +48,21 @@ SCENARIOS: list[tuple[str, str, tuple[int, ...]]] = [
 ]
 
 
+SPANS = {"first 1 s": (0.0, 1.0), "first 8 s": (0.0, 8.0), "steady": None}
+
+
 @dataclass(frozen=True)
 class Row:
     scenario: str
     limit: int
-    share: float  # of the same work alone and unlimited
+    share: dict[str, float]  # per span, of the same work alone and unlimited
 
 
 def run_clients(
     workload: str, limits: tuple[int, ...], seconds: float, tree: Path | None
 ) -> dict[int, float]:
-    """Busy time per client (by limit) over the steady-state windows."""
+    """Busy time per client (by limit) over each span: from the start (the first kernel
+    launched), and the steady state (whole windows after the first two)."""
     launch_us, jitter_us, batch = WORKLOADS[workload]
     d = BenchDaemon(POLICY, tree=tree)
     trace = Path(tempfile.mkdtemp(prefix="nvs-quota-")) / "trace"
@@ -92,27 +95,41 @@ def run_clients(
         for proc in procs.values():
             proc.communicate(timeout=seconds + 60)
         pids = {proc.pid: limit for limit, proc in procs.items()}
-        begin = start + int(2 * WINDOW_S * 1e9)
-        end = begin + int((int(seconds / WINDOW_S) - 3) * WINDOW_S * 1e9)
-        busy = dict.fromkeys(limits, 0.0)
-        for line in trace.read_text().splitlines():
-            pid, _dev, t0, t1 = (int(x) for x in line.split())
-            if pid in pids:
-                busy[pids[pid]] += max(0, min(t1, end) - max(t0, begin)) / 1e9
-        return {limit: b / ((end - begin) / 1e9) for limit, b in busy.items()}
+        kernels = [tuple(int(x) for x in line.split()) for line in trace.read_text().splitlines()]
+        first = min((t0 for pid, _d, t0, _t1 in kernels if pid in pids), default=start)
+        steady = start + int(2 * WINDOW_S * 1e9)
+        spans = {
+            name: (first + int(a * 1e9), first + int(b * 1e9))
+            if ab
+            else (steady, steady + int((int(seconds / WINDOW_S) - 3) * WINDOW_S * 1e9))
+            for name, ab in SPANS.items()
+            for a, b in [ab or (0, 0)]
+        }
+        out: dict[int, dict[str, float]] = {limit: {} for limit in limits}
+        for name, (begin, end) in spans.items():
+            busy = dict.fromkeys(limits, 0.0)
+            for pid, _dev, t0, t1 in kernels:
+                if pid in pids:
+                    busy[pids[pid]] += max(0, min(t1, end) - max(t0, begin)) / 1e9
+            for limit, b in busy.items():
+                out[limit][name] = b / ((end - begin) / 1e9)
+        return out
     finally:
         d.stop()
 
 
 def scenarios(seconds: float, tree: Path | None) -> list[Row]:
     rows = []
-    alone: dict[str, float] = {}
+    alone: dict[str, dict[str, float]] = {}
     for name, workload, limits in SCENARIOS:
         if workload not in alone:
             alone[workload] = run_clients(workload, (100,), seconds, tree)[100]
         busy = run_clients(workload, limits, seconds, tree)
-        rows += [Row(name, limit, busy[limit] / alone[workload]) for limit in limits]
-        print(f"  {name}: " + ", ".join(f"{r.share * 100:.1f}%" for r in rows[-len(limits) :]))
+        rows += [
+            Row(name, limit, {k: v / alone[workload][k] for k, v in busy[limit].items()})
+            for limit in limits
+        ]
+        print(f"  {name}: " + ", ".join(f"{r.share}" for r in rows[-len(limits) :]), flush=True)
     return rows
 
 
@@ -128,20 +145,12 @@ def main() -> None:
     if args.before:
         print(f"before ({args.before}):")
         before = scenarios(args.seconds, args.before)
-    header = "| scenario | limit | measured | error |"
-    rule = "|---|---:|---:|---:|"
-    if before:
-        header += " before | before error |"
-        rule += "---:|---:|"
-    print(header)
-    print(rule)
+    trees = [("", now)] + ([("before, ", before)] if before else [])
+    print("| scenario | limit | " + " | ".join(f"{t}{s}" for t, _ in trees for s in SPANS) + " |")
+    print("|---|---:|" + "---:|" * len(SPANS) * len(trees))
     for i, r in enumerate(now):
-        measured = r.share * 100
-        line = f"| {r.scenario} | {r.limit} | {measured:.1f} | {measured - r.limit:+.1f} |"
-        if before:
-            b = before[i]
-            line += f" {b.share * 100:.1f} | {b.share * 100 - b.limit:+.1f} |"
-        print(line)
+        cells = [f"{rows[i].share[s] * 100:.1f}" for _, rows in trees for s in SPANS]
+        print(f"| {r.scenario} | {r.limit} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def line(s: NodeState) -> list[Gang]:
 
 
 def eligible(s: NodeState, g: Gang, now: float) -> bool:
-    """Whether g may be granted now: not waiting for its quota to fill (rolls it)."""
+    """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
     quota = account(s, g)
     if quota is None:
         return True
@@ -273,13 +273,8 @@ class Gangs:
         percent = min(self._s.clients[m].limits.core_percent for m in g.members)
         if percent >= 100:
             g.quota = None
-        elif g.quota is None:  # its members' buckets, not a full one: no burst as it forms
-            own = [q for m in g.members if (q := self._s.clients[m].quota) is not None]
-            g.quota = QuotaAccount(
-                percent=percent,
-                at=max((q.at for q in own), default=g.billed_until),
-                allowance_s=min((q.allowance_s for q in own), default=0.0),
-            )
+        elif g.quota is None:
+            g.quota = QuotaAccount(percent=percent, window_start=g.billed_until)
         else:
             g.quota.percent = percent
         self._refile(g)

@@ -36,11 +36,11 @@ NO_LOCK_TIME = LockTime(0.0, 0.0, {})
 
 @dataclass(frozen=True, slots=True)
 class QuotaUse:
-    """Where a compute quota's bucket stands (`core.quota`)."""
+    """A compute quota's current window."""
 
     window_s: float
-    budget_s: float  # a full bucket: the limit's share of one window
-    used_s: float  # how much of a full bucket is spent, debt included (over budget_s: debt)
+    budget_s: float
+    used_s: float  # billed so far in this window, debt carried in included
     drain_s: float  # the client's expected drop-to-release time
 
 
@@ -67,8 +67,8 @@ def lock_time(c: Client, now: float) -> LockTime:
 
 
 def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
-    """Where the quota of c's gang (its own, for a lone client) stands now, without touching
-    the account."""
+    """Where the quota window of c's gang (its own, for a lone client) stands now, without
+    touching the account."""
     g = s.gangs[c.gang]
     quota = account(s, g)
     if quota is None:
@@ -81,7 +81,7 @@ def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
     return QuotaUse(
         window_s=settings.compute_window_s,
         budget_s=preview.budget_s(settings),
-        used_s=round(preview.used_s(settings), 6),
+        used_s=round(preview.used_s, 6),
         drain_s=round(preview.drain_s, 6),
     )
 

@@ -291,7 +291,7 @@ def accounted(s: NodeState, g: Gang) -> bool:
 
 def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | None:
     """When what a waiting gang is filed by may next change: a member's share window turns
-    (it is owed again), or, while its quota keeps it out, when its bucket has filled enough."""
+    (it is owed again), or, while its quota keeps it out, its quota's window."""
     settings = s.policy.scheduler
     times = []
     for m in g.members:
@@ -303,7 +303,7 @@ def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | No
     if quota is not None and not eligible:
         spent = replace(quota)
         spent.roll(now, settings)
-        times.append(spent.ready_at(settings))
+        times.append(spent.next_window(settings))
     return min(times, default=None)
 
 

@@ -30,7 +30,7 @@ gang's members' shares, each on its own GPU, count for the gang).
 
 Compute quotas (`quota.QuotaAccount`) bill the time a gang holds the lock (a lone client's
 account is its own); a quota holder is dropped early enough for its drain to end on its budget,
-and a gang whose bucket is spent waits for it to fill (`quota`: a share over any span).
+and a gang whose budget is spent waits for its next window.
 
 Every client's lock time is accounted exactly here (`state.LockUsage`): how long it held the lock
 (from the grant to the release, the drain included), how long it waited for it, and why it was

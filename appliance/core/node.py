@@ -305,7 +305,7 @@ class NodeCore:
         c.limits = self.state.resolve(c, with_env=True)
         if c.limits.core_percent < 100:
             if c.quota is None:
-                c.quota = QuotaAccount(percent=c.limits.core_percent, at=now)
+                c.quota = QuotaAccount(percent=c.limits.core_percent, window_start=now)
             c.quota.percent = c.limits.core_percent
         else:
             c.quota = None

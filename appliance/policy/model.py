@@ -62,8 +62,8 @@ class SchedulerSettings:
     time_quantum_s: float = 30.0
     compute_window_s: float = 2.0
     quota_sample_interval_s: float = 0.05
-    carry_over_percent: int = 100
-    drop_tail_billing_percent: int = 100
+    carry_over_percent: int = 25
+    drop_tail_billing_percent: int = 70
     idle_release_s: float = 1.0
     drop_deadline_s: float = 5.0
     preempt_after_s: float = 1.0  # a higher priority waits at most this slice of a holder's
