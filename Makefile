@@ -34,7 +34,7 @@ sim: deps venv
 	$(BIN)/python tests/kube/sim_seed_004.py
 
 test: deps venv hook lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --maxprocesses 4
 
 deps:
 	@missing=""; for pair in $(APT_NEEDS); do cmd=$${pair%%:*}; pkg=$${pair##*:}; \
