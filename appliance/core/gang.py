@@ -7,7 +7,8 @@ and rank 0's all-reduce then stalls until a quantum runs out. So the lock is gra
 all of a gang's GPUs at once or none (`lock`).
 
 Who is one gang (the key):
-- the processes of one pod, by the pod UID the kernel shows in their cgroup;
+- the processes of one pod, by the pod UID the kernel shows in their cgroup, once the pod watch
+  knows that pod;
 - where the cgroup shows no pod: the processes of one user that name the same job, by
   `NVSHARE_GANG` or else torch.distributed's rendezvous (`TORCHELASTIC_RUN_ID`, `MASTER_ADDR`,
   `MASTER_PORT`, which torchrun, `mp.spawn` scripts and launchers built on them set for every
@@ -40,9 +41,12 @@ from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
 
 
-def gang_key(c: Client) -> str:
-    """The job a client belongs to, by the rules above."""
-    if c.ident.pod_uid:
+def gang_key(s: NodeState, c: Client) -> str:
+    """The job a client belongs to, by the rules above: its pod only once the pod watch knows
+    it (a cgroup named like a pod proves nothing before), and fixed once it asked (`job`)."""
+    if c.job:
+        return c.job
+    if s.pod_of(c.ident)[1] == "cgroup":
         return f"pod:{c.ident.pod_uid}"
     if c.gang_hint:
         return f"uid:{c.ident.uid}:{c.gang_hint}"
@@ -171,7 +175,8 @@ class Gangs:
         """c asked for the lock for the first time: its job's key counts it (`left`)."""
         if not c.asked:
             c.asked = True
-            self._s.askers[gang_key(c)] += 1
+            c.job = gang_key(self._s, c)
+            self._s.askers[c.job] += 1
 
     def hinted(self, e: ev.GangHint, now: float) -> list[act.Action]:
         c = self._s.clients.get(e.client_id)
@@ -186,7 +191,7 @@ class Gangs:
     def asked(self, c: Client, now: float) -> list[act.Action]:
         """c asks for its GPU's lock: it may join its job's gang, or make it one."""
         self.joined(c)
-        key = gang_key(c)
+        key = c.job
         if c.gang == key:
             return []
         if key in self._s.gangs:
@@ -210,7 +215,7 @@ class Gangs:
         """The job's clients asked for two GPUs: their lone gangs become one, which keeps
         what they hold and their place in line."""
         s = self._s
-        lone = [s.gangs[c.gang] for c in s.clients.values() if c.asked and gang_key(c) == key]
+        lone = [s.gangs[c.gang] for c in s.clients.values() if c.asked and c.job == key]
         g = Gang(key=key)
         for old in lone:
             g.members |= old.members
@@ -297,7 +302,7 @@ class Gangs:
                 s.gpus[c.gpu].owners.discard(g.key)
         if g.members:
             self.refresh(g)
-        key = gang_key(c)
+        key = c.job
         if c.asked:
             s.askers[key] -= 1
             if not s.askers[key]:

@@ -96,6 +96,7 @@ class Client:
     lent_told: bool = False  # its hook was told its idle GPU is lent (`terms.lending`)
     gang: str = ""  # the key of the gang it takes the lock with (`core.gang`)
     gang_hint: str = ""  # the job it names (NVSHARE_GANG, torch.distributed's rendezvous)
+    job: str = ""  # its gang's key (`gang.gang_key`), fixed when it first asks
     asked: bool = False  # it has asked for the lock at least once
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
@@ -311,9 +312,10 @@ class NodeState:
         return f"{pod.namespace}/{pod.name}" + (" (claimed)" if source == "claimed" else "")
 
     def pod_uid(self, c: Client) -> str | None:
-        """The UID of c's pod (by kernel identity, else as claimed), None outside pods."""
+        """The UID of c's pod (by kernel identity and known to the pod watch, else as
+        claimed), None outside pods or in one the watch has not shown yet."""
         pod, _ = self.pod_of(c.ident)
-        return pod.uid if pod is not None else c.ident.pod_uid
+        return pod.uid if pod is not None else None
 
     def retain_usage(self, c: Client) -> None:
         """A client of a pod leaves: its lock time stays with the pod."""
@@ -339,12 +341,11 @@ class NodeState:
 
     def subject_of(self, ident: ClientIdentity) -> str:
         """Whose ledger a process draws on: its pod (by kernel identity, else as claimed), else
-        its own."""
+        its own. A cgroup naming a pod the pod watch has not shown is no pod: any process
+        able to make a cgroup of that name would otherwise draw on the pod's budget."""
         pod, _ = self.pod_of(ident)
         if pod is not None:
             return f"pod:{pod.uid}"
-        if ident.pod_uid:
-            return f"pod:{ident.pod_uid}"
         return f"pid:{ident.pid}"
 
     def reached(self, target: LimitTarget) -> list[Client]:
@@ -393,7 +394,8 @@ class NodeState:
 
     def remembered_limit(self, ident: ClientIdentity) -> Limits | None:
         """For a client whose cgroup names a pod the pod watch has not listed yet (just after a
-        restart): the memory limit the previous daemon published for that pod, if any."""
+        restart): the memory limit the previous daemon published for that pod, if any. It can
+        only lower what the client's uid and unit give it (`limits.resolve_limits`)."""
         if not ident.pod_uid or ident.pod_uid not in self.pods.remembered:
             return None
         memory = self.pods.remembered[ident.pod_uid]
