@@ -250,6 +250,7 @@ class Gangs:
                     first.ticket,
                     first.requested_at,
                 )
+                g.waiting_since = first.waiting_since
             return []
         g.granted_at = min(o.granted_at for o in holding)
         g.quantum_from = min(o.quantum_from for o in holding)
