@@ -387,7 +387,7 @@ class Lock:
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
         for g in in_the_way(self._s, list(self.line.owning.values())):
-            out += self._drop(g, now, "gang")
+            out += self._drop(g, now, priority.GANG)
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:

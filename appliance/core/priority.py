@@ -43,6 +43,9 @@ from appliance.policy.model import SchedulerSettings
 PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
 QUANTUM = "quantum"
 QUOTA = "quota"  # the drop reason when a holder's own compute quota is spent
+GANG = "gang"  # the drop reason when a gang holding part of its GPUs needs this one
+RECLAIM = "reclaim"  # ... when a borrower gives way ahead of its lender's steady request
+CUT_SHORT = (PREEMPTED, RECLAIM, GANG)  # higher claims (`cut_short`)
 
 
 def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
@@ -54,13 +57,14 @@ def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
 
 def cut_short(g: Gang, now: float, why: str, settings: SchedulerSettings) -> bool:
     """Whether a turn that ends now for `why` was too short to count as the gang's own: taken
-    by another's claim (a higher priority, a lender's pace, a share, a gang) before it held as
-    long as it had waited for the turn, and before the slice any holder has
-    (`scheduler.preemptAfter`). Its starvation clock then runs on (`starved`). Not its own
-    quota, nor a quantum: an equal that lent its GPU takes back at most the rest of its own
-    quantum (`lent_back`), and keeps its place ahead of the borrower."""
+    by a higher claim (a higher priority, its lender's pace, a gang that holds part of its
+    GPUs) before it held as long as it had waited for the turn, and before the slice any
+    holder has (`scheduler.preemptAfter`). Its starvation clock then runs on (`starved`). Not
+    its own quota, an equal's quantum (an equal that lent its GPU takes back at most the rest
+    of its own quantum, `lent_back`) nor a share (shares are bounded by 100 % of a window):
+    those turns go round."""
     held, waited = now - g.granted_at, g.granted_at - g.requested_at
-    return why not in (QUOTA, QUANTUM) and held < min(waited, settings.preempt_after_s)
+    return why in CUT_SHORT and held < min(waited, settings.preempt_after_s)
 
 
 def line(

@@ -120,7 +120,7 @@ class Gpu:
     facts: GpuFacts
     holders: set[int] = field(default_factory=set)  # clients holding its lock
     owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
-    requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
+    requested_percent: int = 0  # its tenants' guaranteed shares together, before scaling
     clients: set[int] = field(default_factory=set)  # registered on it
     asking: set[int] = field(default_factory=set)  # of those, the ones with a share (`share`)
     last_drop: str = ""  # why its last holder was told to drop, until the next grant
