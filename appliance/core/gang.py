@@ -369,21 +369,43 @@ class Gangs:
         return g.phase is GangPhase.DRAINING and g.cut is not None
 
 
-def in_the_way(s: NodeState, owning: Iterable[Gang]) -> list[Gang]:
+def touched(c: Client) -> bool:
+    """Whether NVML has shown c's process on c's GPU: it has a context there. A hook
+    connection is only a claim; a second connection of a process on a GPU it never used (any
+    GPU of the node) must not take that GPU from its holder at once."""
+    return c.nvml_used is not None
+
+
+def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[Gang], float | None]:
     """Holding gangs that must drop now, not at the end of their quantum: they own a GPU that a
     gang holding only part of its GPUs (a member joined late, or asked for one more) waits
-    for. That gang's members already run and may sit in a collective waiting for the member
-    that waits, so every second of quantum left would idle both. Of two such gangs waiting for
-    each other, only the younger drops."""
+    for, and NVML shows that member's process on that GPU (`touched`). That gang's members
+    already run and may sit in a collective waiting for the member that waits, so every second
+    of quantum left would idle both. Of two such gangs waiting for each other, only the younger
+    drops. A member NVML does not show there (no NVML, a sample not yet taken, or no context
+    at all) has the holder drop at the end of its quantum instead, as any waiter would.
+    Returns those due now, and when the next one is due."""
     growing = sorted(
         (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
         key=lambda g: (g.granted_at, g.ticket),
     )
     out: dict[str, Gang] = {}
+    later: float | None = None
     for i, g in enumerate(growing):
         older = {o.key for o in growing[:i]}
         for uuid in g.gpus - g.held:
+            shown = any(touched(s.clients[m]) for m in g.members if s.clients[m].gpu == uuid)
             for key in s.gpus[uuid].owners - older - {g.key}:
-                if s.gangs[key].phase is GangPhase.HOLDING:
-                    out[key] = s.gangs[key]
-    return list(out.values())
+                o = s.gangs[key]
+                if o.phase is not GangPhase.HOLDING:
+                    continue
+                at = now if shown else o.quantum_from + _quantum(s, o)
+                if at <= now:
+                    out[key] = o
+                elif later is None or at < later:
+                    later = at
+    return list(out.values()), later
+
+
+def _quantum(s: NodeState, g: Gang) -> float:
+    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))

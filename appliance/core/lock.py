@@ -386,7 +386,7 @@ class Lock:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
-        for g in in_the_way(self._s, list(self.line.owning.values())):
+        for g in in_the_way(self._s, list(self.line.owning.values()), now)[0]:
             out += self._drop(g, now, priority.GANG)
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
@@ -401,6 +401,8 @@ class Lock:
         A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
         deadline (a window turning) is the top of the line's heap."""
         times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
+        if (grows := in_the_way(self._s, list(self.line.owning.values()), now)[1]) is not None:
+            times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
