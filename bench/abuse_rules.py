@@ -20,8 +20,13 @@ No sockets and no GPU: the figures are the scheduler's decisions, exactly, not w
   the victim's limit (as its last request shows it), lends, asks again 2 ms later: how long the
   victim held the GPU, and when it first had a turn of its own (at least 0.1 s).
 
+- churn: a 1 GiB pod (a trusted claim) of two hooked fake-CUDA programs allocating 16-192 MiB
+  and freeing in turns, one random script: how many allocations are refused while what both
+  hold would leave room (the real daemon and hook of each checkout).
+
 "Before" imports the appliance of another checkout (`--before DIR`: e.g. `git archive ad6fdaa
-| tar -x -C DIR`).
+| tar -x -C DIR`, `make -C DIR/ld_hook build/libnvshare.so build/fake/libcuda.so.1
+build/fake/libnvidia-ml.so.1 build/probe`).
 
     .venv/bin/python bench/abuse_rules.py --before DIR [--out FILE]
 """
@@ -292,6 +297,82 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+def pod_churn(tree: Path, steps: int = 3000, seed: int = 7) -> dict[str, Any]:
+    """Two hooked fake-CUDA programs of one 1 GiB pod (a trusted claim, no pod watch) allocate
+    and free in turns (the same random script before and after); of the allocations refused,
+    how many would have fit beside what both hold. The daemon and hook of `tree`."""
+    import random
+
+    from _daemon import BenchDaemon
+
+    policy = (
+        f"trust: {{podClaimUids: [{os.getuid()}]}}\n"
+        "rules:\n- name: pod\n  match: {namespace: team, podName: churn}\n  memoryLimit: 1Gi\n"
+    )
+    d = BenchDaemon(policy, tree=tree)
+    build = tree / "ld_hook" / "build"
+    env = {
+        **os.environ,
+        "NVSHARE_SOCKET_DIR": str(d.socket_dir),
+        "LD_PRELOAD": str(build / "libnvshare.so"),
+        "LD_LIBRARY_PATH": str(build / "fake"),
+        "NVSHARE_FAKE_GPU_UUID": "GPU-bench000-0000-0000-0000-000000000000",
+        "NVSHARE_POD_NAMESPACE": "team",
+        "NVSHARE_POD_NAME": "churn",
+    }
+    probes = [
+        subprocess.Popen(
+            [str(build / "probe"), "run"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+
+    def do(pr: subprocess.Popen[str], line: str) -> str:
+        assert pr.stdin is not None and pr.stdout is not None
+        pr.stdin.write(line + "\n")
+        pr.stdin.flush()
+        return pr.stdout.readline().strip()
+
+    rng = random.Random(seed)
+    held: list[list[tuple[str, int]]] = [[], []]
+    refused = with_room = allocs = 0
+    try:
+        for pr in probes:
+            assert do(pr, "init").startswith("ok")
+        for _ in range(steps):
+            i = rng.randrange(2)
+            if held[i] and rng.random() < 0.45:
+                handle, size = held[i].pop(rng.randrange(len(held[i])))
+                do(probes[i], f"free {handle}")
+                continue
+            size = rng.choice((16, 32, 64, 128, 192)) << 20
+            allocs += 1
+            answer = do(probes[i], f"alloc mem {size}")
+            if answer.startswith("ok"):
+                held[i].append((answer.split()[1], size))
+                continue
+            refused += 1
+            if sum(sz for h in held for _, sz in h) + size <= GiB:
+                with_room += 1
+    finally:
+        for pr in probes:
+            pr.kill()
+            pr.wait()
+            for f in (pr.stdin, pr.stdout):
+                if f is not None:
+                    f.close()
+        d.stop()
+    return {
+        "allocations": allocs,
+        "refused": refused,
+        "refused_with_room_percent": round(100 * with_room / allocs, 1),
+    }
+
+
 def measure(tree: Path) -> dict[str, Any]:
     """Every scenario, against the appliance of `tree`, in a process of its own."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -338,6 +419,13 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         "victim_held_s",
     )
     row("", "victim's first turn of its own, after (s; bound 7)", "starvation", "first_own_turn_s")
+    row(
+        "1 GiB pod, two hooked programs allocating and freeing (real daemon and hook)",
+        "allocations",
+        "churn",
+        "allocations",
+    )
+    row("", "refused while room remained (% of allocations)", "churn", "refused_with_room_percent")
     return rows
 
 
@@ -353,6 +441,7 @@ def main() -> None:
     if args.before is None:
         parser.error("--before DIR is needed (a checkout to compare with)")
     before, after = measure(args.before.resolve()), measure(ROOT)
+    before["churn"], after["churn"] = pod_churn(args.before.resolve()), pod_churn(ROOT)
     lines = [
         "## Scheduling rules (fake clock, `bench/abuse_rules.py`)",
         "",
