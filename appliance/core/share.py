@@ -14,12 +14,12 @@ nobody waits while the GPU is free, so one client alone gets all of it (work-con
 The windows of all accounts fall on one grid (multiples of the window), so every client's share
 starts again at the same instant.
 
-Requests count per tenant, not per connection: the requests of one tenant's clients on a GPU
-(its pod, as the pod watch knows it, else its Unix user) are summed and capped at
-`annotations.maxCoreRequest` (or at the largest one request of them, where a policy rule gave
-more), and its clients share that in proportion. Ten connections of a pod annotated 10 get 10
-together, not 100. The tenants' requests that sum to more than 100 are then scaled down in
-proportion, and said so in the log, status and metrics.
+Requests count per pod, not per connection: the requests of one pod's clients on a GPU (a pod
+the pod watch knows) are summed and capped at `annotations.maxCoreRequest` (or at the largest
+one request of them, where a policy rule gave more), and its clients share that in proportion.
+Outside pods a request comes from the policy's rules alone, and counts per client. Ten
+connections of a pod annotated 10 get 10 together, not 100. The requests that, so cut, sum to
+more than 100 are then scaled down in proportion, and said so in the log, status and metrics.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def wants(s: NodeState, c: Client) -> bool:
 
 
 def tenant(s: NodeState, c: Client) -> str:
-    """Whose requests c's counts with: its pod's (as the pod watch knows it), else its user's."""
+    """Whose requests c's counts with: its pod's (as the pod watch knows it); outside pods its
+    own (a request there comes from the policy's rules, the operator's word, not a tenant's)."""
     pod = s.pod_uid(c)
-    return f"pod:{pod}" if pod is not None else f"uid:{c.ident.uid}"
+    return f"pod:{pod}" if pod is not None else f"client:{c.id}"
 
 
 def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:

@@ -132,10 +132,3 @@ def test_ten_connections_of_a_pod_share_its_capped_request_and_a_victim_keeps_th
     simulate(h, sims, 30.0)
     # Beyond the pod's 10 %, burst goes round the waiters a quantum each (one of 11 here).
     assert share(sims[victim], start, start + 30.0) > 0.05  # before: nothing in 30 s
-
-
-def test_a_users_processes_share_one_capped_request_like_a_pods() -> None:
-    h = by_uid({1: Limits(core_request=30)})  # the cap (50) is more than one process asks
-    for _ in range(4):
-        h.register(uid=1)
-    assert [c.core_guaranteed for c in h.core.status(h.now).clients] == [12.5] * 4
