@@ -97,13 +97,14 @@ class Acceptor:
             asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, role, listener)
 
     def _admission_key(self, pid: int, uid: int, now: float) -> tuple[str, str]:
-        """Whose connection budget a connection draws on: its pod's, else its user's."""
+        """Whose connection budget a connection draws on: its pod's, if the pod watch knows
+        that pod, else its user's."""
         known = self._keys.get(pid)
         if known is not None and known[0] > now:
             return known[1]
         cgroup = where_it_runs(pid, proc_root=self._proc_root) if pid > 0 else None
         pod = cgroup.pod_uid if cgroup is not None else None
-        key = ("pod", pod) if pod else ("uid", str(uid))
+        key = ("pod", pod) if pod and self._admission.pod_known(pod) else ("uid", str(uid))
         if len(self._keys) > 4096:
             self._keys = {other: k for other, k in self._keys.items() if k[0] > now}
         self._keys[pid] = (now + 1.0, key)

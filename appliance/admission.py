@@ -7,8 +7,10 @@ second, each failure logged with a traceback, and a new CUDA process ran unregis
 - the daemon raises its own open-files limit at start (`raise_open_files`) and keeps
   `FILES_IN_RESERVE` of them for its own use (/proc reads, the policy, metrics);
 - the processes of one pod may hold `connections.perPod` connections, those of one user outside
-  pods `connections.perUid` (policy); past a cap, or past the daemon's total, a new connection
-  gets an error frame saying which cap and is closed;
+  pods `connections.perUid` (policy); a process whose cgroup names a pod the pod watch does not
+  know is its user's (whoever can make a cgroup of that name would fill the pod's cap); past a
+  cap, or past the daemon's total, a new connection gets an error frame saying which cap and
+  is closed;
 - each user outside pods, and each pod, may open `connections.newPerSecond` new connections a
   second, sustained, and a burst up to its cap at once (a token bucket); past that, a new
   connection is refused on its cgroup alone. One process connecting and closing in a loop
@@ -74,6 +76,10 @@ class EveryMinute:
         log.warning(message + extra, *args)
 
 
+def _no_pod(uid: str) -> bool:
+    return False
+
+
 class Admission:
     def __init__(
         self,
@@ -84,6 +90,9 @@ class Admission:
     ) -> None:
         self.total = total
         self._caps = caps
+        # Whether the pod watch knows a pod UID (the daemon sets it): a cgroup naming a pod it
+        # does not know counts as its user's, not as that pod's.
+        self.pod_known: Callable[[str], bool] = _no_pod
         self._clock = clock
         self._open: Counter[tuple[str, str]] = Counter()
         self._tokens: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (tokens, at)

@@ -288,6 +288,7 @@ class Daemon:
             proc_root=config.proc_root,
             gpus=lambda: NodeGpus.of(inventory.values(), core.state.policy),
         )
+        self.server.admission.pod_known = core.state.pods.pods.__contains__
         narrated = LimitChangeLog(
             self.server.send,
             context=lambda client_id: limit_context(core, client_id),

@@ -12,7 +12,8 @@
  *
  * Reservations: the daemon's grants carry the client's whole reservation, and that absolute
  * figure is what the ledger keeps, so a grant can never be counted twice. A surplus goes back at
- * once when it exceeds 256 MiB and otherwise after a second without allocations.
+ * once when it exceeds 256 MiB (64 MiB on a ledger shared with other processes) and otherwise
+ * after a second without allocations.
  */
 #include <string.h>
 
@@ -25,6 +26,10 @@
 #include "log.h"
 
 #define RETURN_THRESHOLD (256ull << 20)
+/* On a ledger shared with other processes: what one frees and keeps reserved, its peers are
+ * refused (a 1 GiB pod churned by two processes was refused a tenth of its allocations while
+ * room remained), so a surplus goes back at once past a chunk's worth. */
+#define SHARED_RETURN_THRESHOLD (64ull << 20)
 #define IDLE_SURPLUS_NS 1000000000ull
 
 struct ledger {
@@ -76,6 +81,12 @@ static uint64_t effective_limit(const struct nvs_gpu *g, const struct ledger *l)
 static int over(uint64_t limit, uint64_t held, uint64_t bytes)
 {
     return limit != 0 && (held > limit || bytes > limit - held);
+}
+
+/* With l->mu held: how much unused reservation this process may keep before it goes back. */
+static uint64_t return_threshold(const struct ledger *l)
+{
+    return l->peers > 1 ? SHARED_RETURN_THRESHOLD : RETURN_THRESHOLD;
 }
 
 /* With l->mu held: hand back every byte of reservation not backing usage. 1 = a frame queued. */
@@ -157,7 +168,8 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
     }
     /* Granted, then refused here (a lower limit of the environment's, or granted less than
      * asked): a large grant goes back now, not after a second, so the pod's others can use it. */
-    int queued = r != CUDA_SUCCESS && l->reserved > l->usage + RETURN_THRESHOLD && return_surplus(g, l);
+    int queued = r != CUDA_SUCCESS && l->reserved > l->usage + return_threshold(l) &&
+                 return_surplus(g, l);
     if (r == CUDA_SUCCESS) {
         l->usage += bytes;
         if (l->usage > l->usage_hwm) l->usage_hwm = l->usage;
@@ -188,7 +200,7 @@ void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes)
     struct ledger *l = ledger_of(g);
     nvs_lock(&l->mu);
     l->usage = bytes > l->usage ? 0 : l->usage - bytes;
-    int queued = l->reserved > l->usage && l->reserved - l->usage > RETURN_THRESHOLD &&
+    int queued = l->reserved > l->usage && l->reserved - l->usage > return_threshold(l) &&
                  return_surplus(g, l);
     nvs_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);

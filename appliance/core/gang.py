@@ -7,7 +7,8 @@ and rank 0's all-reduce then stalls until a quantum runs out. So the lock is gra
 all of a gang's GPUs at once or none (`lock`).
 
 Who is one gang (the key):
-- the processes of one pod, by the pod UID the kernel shows in their cgroup;
+- the processes of one pod, by the pod UID the kernel shows in their cgroup, once the pod watch
+  knows that pod;
 - where the cgroup shows no pod: the processes of one user that name the same job, by
   `NVSHARE_GANG` or else torch.distributed's rendezvous (`TORCHELASTIC_RUN_ID`, `MASTER_ADDR`,
   `MASTER_PORT`, which torchrun, `mp.spawn` scripts and launchers built on them set for every
@@ -40,9 +41,12 @@ from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
 
 
-def gang_key(c: Client) -> str:
-    """The job a client belongs to, by the rules above."""
-    if c.ident.pod_uid:
+def gang_key(s: NodeState, c: Client) -> str:
+    """The job a client belongs to, by the rules above: its pod only once the pod watch knows
+    it (a cgroup named like a pod proves nothing before), and fixed once it asked (`job`)."""
+    if c.job:
+        return c.job
+    if s.pod_of(c.ident)[1] == "cgroup":
         return f"pod:{c.ident.pod_uid}"
     if c.gang_hint:
         return f"uid:{c.ident.uid}:{c.gang_hint}"
@@ -171,7 +175,8 @@ class Gangs:
         """c asked for the lock for the first time: its job's key counts it (`left`)."""
         if not c.asked:
             c.asked = True
-            self._s.askers[gang_key(c)] += 1
+            c.job = gang_key(self._s, c)
+            self._s.askers[c.job] += 1
 
     def hinted(self, e: ev.GangHint, now: float) -> list[act.Action]:
         c = self._s.clients.get(e.client_id)
@@ -186,7 +191,7 @@ class Gangs:
     def asked(self, c: Client, now: float) -> list[act.Action]:
         """c asks for its GPU's lock: it may join its job's gang, or make it one."""
         self.joined(c)
-        key = gang_key(c)
+        key = c.job
         if c.gang == key:
             return []
         if key in self._s.gangs:
@@ -210,7 +215,7 @@ class Gangs:
         """The job's clients asked for two GPUs: their lone gangs become one, which keeps
         what they hold and their place in line."""
         s = self._s
-        lone = [s.gangs[c.gang] for c in s.clients.values() if c.asked and gang_key(c) == key]
+        lone = [s.gangs[c.gang] for c in s.clients.values() if c.asked and c.job == key]
         g = Gang(key=key)
         for old in lone:
             g.members |= old.members
@@ -245,6 +250,7 @@ class Gangs:
                     first.ticket,
                     first.requested_at,
                 )
+                g.waiting_since = first.waiting_since
             return []
         g.granted_at = min(o.granted_at for o in holding)
         g.quantum_from = min(o.quantum_from for o in holding)
@@ -297,7 +303,7 @@ class Gangs:
                 s.gpus[c.gpu].owners.discard(g.key)
         if g.members:
             self.refresh(g)
-        key = gang_key(c)
+        key = c.job
         if c.asked:
             s.askers[key] -= 1
             if not s.askers[key]:
@@ -363,21 +369,43 @@ class Gangs:
         return g.phase is GangPhase.DRAINING and g.cut is not None
 
 
-def in_the_way(s: NodeState, owning: Iterable[Gang]) -> list[Gang]:
+def touched(c: Client) -> bool:
+    """Whether NVML has shown c's process on c's GPU: it has a context there. A hook
+    connection is only a claim; a second connection of a process on a GPU it never used (any
+    GPU of the node) must not take that GPU from its holder at once."""
+    return c.nvml_used is not None
+
+
+def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[Gang], float | None]:
     """Holding gangs that must drop now, not at the end of their quantum: they own a GPU that a
     gang holding only part of its GPUs (a member joined late, or asked for one more) waits
-    for. That gang's members already run and may sit in a collective waiting for the member
-    that waits, so every second of quantum left would idle both. Of two such gangs waiting for
-    each other, only the younger drops."""
+    for, and NVML shows that member's process on that GPU (`touched`). That gang's members
+    already run and may sit in a collective waiting for the member that waits, so every second
+    of quantum left would idle both. Of two such gangs waiting for each other, only the younger
+    drops. A member NVML does not show there (no NVML, a sample not yet taken, or no context
+    at all) has the holder drop at the end of its quantum instead, as any waiter would.
+    Returns those due now, and when the next one is due."""
     growing = sorted(
         (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
         key=lambda g: (g.granted_at, g.ticket),
     )
     out: dict[str, Gang] = {}
+    later: float | None = None
     for i, g in enumerate(growing):
         older = {o.key for o in growing[:i]}
         for uuid in g.gpus - g.held:
+            shown = any(touched(s.clients[m]) for m in g.members if s.clients[m].gpu == uuid)
             for key in s.gpus[uuid].owners - older - {g.key}:
-                if s.gangs[key].phase is GangPhase.HOLDING:
-                    out[key] = s.gangs[key]
-    return list(out.values())
+                o = s.gangs[key]
+                if o.phase is not GangPhase.HOLDING:
+                    continue
+                at = now if shown else o.quantum_from + _quantum(s, o)
+                if at <= now:
+                    out[key] = o
+                elif later is None or at < later:
+                    later = at
+    return list(out.values()), later
+
+
+def _quantum(s: NodeState, g: Gang) -> float:
+    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))

@@ -17,7 +17,7 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.gpus import GpuUse
 from appliance.core.lock import Lock
-from appliance.core.state import Client, NodeState
+from appliance.core.state import Client, NodeState, Phase
 from appliance.policy.model import Backing, Mode, RealtimeCheckMode
 from appliance.policy.quantity import format_bytes
 
@@ -209,7 +209,10 @@ class Ledger:
                 utilization_percent=e.utilization.get(uuid),
                 sampled_at=now,
             )
-        return self._observed(e.processes)
+        out, shown = self._observed(e.processes)
+        if shown:  # a waiting gang member's context on its GPU is now known (`gang.touched`)
+            out += self._lock.schedule(now)
+        return out
 
     def _realtime_refuses(self, c: Client, need: int, now: float) -> bool:
         rt = self._s.policy.realtime_check
@@ -262,14 +265,19 @@ class Ledger:
         override = self._s.pods.overrides_of(pod)
         return None if override is None else override.realtime_check
 
-    def _observed(self, processes: Mapping[str, Mapping[int, int]]) -> list[act.Action]:
+    def _observed(
+        self, processes: Mapping[str, Mapping[int, int]]
+    ) -> tuple[list[act.Action], bool]:
         """Tell each hook what NVML shows its process holding, so that memory which never
-        passed an allocation call (module globals, heaps, stacks) counts against its limit."""
+        passed an allocation call (module globals, heaps, stacks) counts against its limit.
+        True where a waiting client was shown on its GPU for the first time."""
         out: list[act.Action] = []
+        shown = False
         for c in self._s.clients.values():
             used = processes.get(c.gpu, {}).get(c.ident.pid)
             if used is None:
                 continue
+            shown |= c.nvml_used is None and c.phase is Phase.WAITING
             c.nvml_used = used
             limit = c.limits.memory_bytes
             if limit is not None and used > limit + CONTEXT_ALLOWANCE_BYTES:
@@ -277,4 +285,4 @@ class Ledger:
             if c.nvml_told is None or abs(used - c.nvml_told) >= OBSERVED_STEP_BYTES:
                 c.nvml_told = used
                 out.append(act.MemoryObserved(c.id, used, CONTEXT_ALLOWANCE_BYTES))
-        return out
+        return out, shown

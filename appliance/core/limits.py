@@ -127,6 +127,10 @@ def _own(limits: _Layers, memory: int, core: int, priority: int | None) -> None:
         limits.priority, limits.sources["priority"] = priority, "env NVSHARE_GPU_PRIORITY"
 
 
+def _lower(memory: int | None, than: int | None) -> bool:
+    return memory is not None and (than is None or memory < than)
+
+
 def resolve_limits(
     *,
     policy: Policy,
@@ -166,7 +170,8 @@ def resolve_limits(
     if annotations is not None:
         limits.over(annotations.memory_bytes, annotations.core_percent, "annotation")
         limits.over_scheduling(annotations, "annotation")
-    if remembered is not None:
+    if remembered is not None and _lower(remembered.memory_bytes, limits.memory):
+        # Lower only: a cgroup naming a pod proves nothing until the pod watch lists the pod.
         limits.over(remembered.memory_bytes, None, "last published for its pod (not listed yet)")
     if admin is not None:
         limits.over(admin.memory_bytes, admin.core_percent, "nvsharectl limit set")

@@ -228,7 +228,7 @@ class Line:
         patience = now - self._s.policy.scheduler.starvation_limit_s
 
         def starved(g: Gang) -> bool:
-            return g.requested_at <= patience
+            return g.waiting_since <= patience
 
         parts: list[tuple[LineKey, Bucket, bool]] = []
         for (offender, owed, prio), bucket in self._line.items():

@@ -136,9 +136,12 @@ class Lock:
         return out + self.schedule(now)
 
     def _enqueue(self, g: Gang, now: float) -> None:
-        """Wait in line: behind everyone (`priority.line` orders the line)."""
-        self._s.tickets += 1
-        g.phase, g.requested_at, g.ticket = GangPhase.WAITING, now, self._s.tickets
+        """Wait in line: behind everyone (`priority.line` orders the line); or, after a turn a
+        higher priority cut short, at its place in line with its starvation clock running on."""
+        if not g.cut_short:
+            self._s.tickets += 1
+            g.ticket, g.waiting_since = self._s.tickets, now
+        g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False
         # (its callers, `_want` and `_release`, file it again once it is all set)
 
     def leave(self, c: Client, now: float) -> tuple[bool, list[act.Action]]:
@@ -242,6 +245,7 @@ class Lock:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
         g.share_cut = why == share.REQUEST and not g.share_grant
+        g.cut_short = priority.cut_short(g, now, why, self._s.policy.scheduler)
         for uuid in g.held:
             self._s.gpus[uuid].last_drop = why
         self._s.counters[f"drops_{why}"] += 1
@@ -344,7 +348,7 @@ class Lock:
             quota.roll(now, settings)
             min_hold = g.granted_at + settings.quota_sample_interval_s
             if quota.hold_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
-                out += self._drop(g, now, "quota")
+                out += self._drop(g, now, priority.QUOTA)
         return out
 
     def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
@@ -382,8 +386,8 @@ class Lock:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
-        for g in in_the_way(self._s, list(self.line.owning.values())):
-            out += self._drop(g, now, "gang")
+        for g in in_the_way(self._s, list(self.line.owning.values()), now)[0]:
+            out += self._drop(g, now, priority.GANG)
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:
@@ -397,6 +401,8 @@ class Lock:
         A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
         deadline (a window turning) is the top of the line's heap."""
         times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
+        if (grows := in_the_way(self._s, list(self.line.owning.values()), now)[1]) is not None:
+            times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)

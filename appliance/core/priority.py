@@ -19,7 +19,12 @@ A holder gives way to a waiter (`yield_at`):
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
-  waits at most the starvation limit plus a quantum (and a drain).
+  waits at most the starvation limit plus a quantum (and a drain). The wait counts time without
+  a turn of its own: a turn another cut short before it was as long as the wait for it or the
+  slice any holder has (`cut_short`: a borrower's near-zero slice) leaves its clock running and
+  its place in line kept (`Gang.waiting_since`), whoever lent it the turn; otherwise a `high`
+  tenant that lends its idle GPU and asks again a moment later would reset its victim's clock
+  with every lend.
 
 The lock is granted to gangs (`core.gang`; a client on one GPU is a gang of one), so these
 rules order and compare gangs: a gang's priority is its members' highest.
@@ -37,11 +42,29 @@ from appliance.policy.model import SchedulerSettings
 
 PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
 QUANTUM = "quantum"
+QUOTA = "quota"  # the drop reason when a holder's own compute quota is spent
+GANG = "gang"  # the drop reason when a gang holding part of its GPUs needs this one
+RECLAIM = "reclaim"  # ... when a borrower gives way ahead of its lender's steady request
+CUT_SHORT = (PREEMPTED, RECLAIM, GANG)  # higher claims (`cut_short`)
 
 
 def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
-    """Whether a waiting gang has waited past the starvation limit."""
-    return now >= g.requested_at + settings.starvation_limit_s
+    """Whether a waiting gang has gone without a turn of its own past the starvation limit:
+    the clock (`Gang.waiting_since`) runs from its request on, through any turn a higher
+    priority cut short, whoever lent it that turn."""
+    return now >= g.waiting_since + settings.starvation_limit_s
+
+
+def cut_short(g: Gang, now: float, why: str, settings: SchedulerSettings) -> bool:
+    """Whether a turn that ends now for `why` was too short to count as the gang's own: taken
+    by a higher claim (a higher priority, its lender's pace, a gang that holds part of its
+    GPUs) before it held as long as it had waited for the turn, and before the slice any
+    holder has (`scheduler.preemptAfter`). Its starvation clock then runs on (`starved`). Not
+    its own quota, an equal's quantum (an equal that lent its GPU takes back at most the rest
+    of its own quantum, `lent_back`) nor a share (shares are bounded by 100 % of a window):
+    those turns go round."""
+    held, waited = now - g.granted_at, g.granted_at - g.requested_at
+    return why in CUT_SHORT and held < min(waited, settings.preempt_after_s)
 
 
 def line(
@@ -56,7 +79,7 @@ def line(
     patience = now - settings.starvation_limit_s  # who asked before this is starved
     return sorted(
         waiters,
-        key=lambda g: (g.offender, g.key not in owed, g.requested_at > patience, -g.priority),
+        key=lambda g: (g.offender, g.key not in owed, g.waiting_since > patience, -g.priority),
     )
 
 
@@ -94,7 +117,7 @@ def yield_at(
     if lent_back(holder, waiter, quantum_s):
         return min(holder.granted_at, quantum_over), QUANTUM  # the lender's quantum
     if waiter.priority < holder.priority:
-        starving_at = waiter.requested_at + settings.starvation_limit_s
+        starving_at = waiter.waiting_since + settings.starvation_limit_s
         return max(quantum_over, starving_at), QUANTUM
     return quantum_over, QUANTUM
 
@@ -107,6 +130,6 @@ def kinds(holder: Gang, waiting: Iterable[Gang], owed: Collection[str]) -> list[
         lender = w.lent_at is not None and holder.granted_at >= w.lent_at
         key = (w.priority, borrowed(holder, w), lender, w.key in owed)
         seen = first.get(key)
-        if seen is None or w.requested_at < seen.requested_at:
+        if seen is None or w.waiting_since < seen.waiting_since:
             first[key] = w
     return list(first.values())

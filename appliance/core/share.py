@@ -12,8 +12,14 @@ quantum) share it among those who want it, each up to its cap (the compute quota
 nobody waits while the GPU is free, so one client alone gets all of it (work-conserving).
 
 The windows of all accounts fall on one grid (multiples of the window), so every client's share
-starts again at the same instant. Requests of one GPU's clients that sum to more than 100 are
-scaled down in proportion, and said so in the log, status and metrics.
+starts again at the same instant.
+
+Requests count per pod, not per connection: the requests of one pod's clients on a GPU (a pod
+the pod watch knows) are summed and capped at `annotations.maxCoreRequest` (or at the largest
+one request of them, where a policy rule gave more), and its clients share that in proportion.
+Outside pods a request comes from the policy's rules alone, and counts per client. Ten
+connections of a pod annotated 10 get 10 together, not 100. The requests that, so cut, sum to
+more than 100 are then scaled down in proportion, and said so in the log, status and metrics.
 """
 
 from __future__ import annotations
@@ -41,22 +47,40 @@ def wants(s: NodeState, c: Client) -> bool:
     return had
 
 
+def tenant(s: NodeState, c: Client) -> str:
+    """Whose requests c's counts with: its pod's (as the pod watch knows it); outside pods its
+    own (a request there comes from the policy's rules, the operator's word, not a tenant's)."""
+    pod = s.pod_uid(c)
+    return f"pod:{pod}" if pod is not None else f"client:{c.id}"
+
+
 def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
     """Give each client of a GPU that asks for a share its guaranteed percent: its request,
-    scaled down so that the GPU's requests fit in 100. O(clients asking on that GPU). The
-    clients whose share is new or changed."""
+    cut to its tenant's cap (see above), scaled down so that the GPU's requests fit in 100.
+    O(clients asking on that GPU). The clients whose share is new or changed."""
     gpu = s.gpus.get(uuid)
     if gpu is None:
         return []
     asking = [s.clients[i] for i in sorted(gpu.asking)]
-    total = sum(c.limits.core_request for c in asking)
+    tenants: dict[str, list[Client]] = {}
+    for c in asking:
+        tenants.setdefault(tenant(s, c), []).append(c)
+    cap = s.policy.annotations.max_core_request
+    cut: dict[int, float] = {}  # client id -> its part of its tenant's capped request
+    total = 0
+    for clients in tenants.values():
+        asked = sum(c.limits.core_request for c in clients)
+        allowed = min(asked, max(cap, *(c.limits.core_request for c in clients)))
+        total += allowed
+        for c in clients:
+            cut[c.id] = c.limits.core_request * allowed / asked
     factor = min(1.0, 100.0 / total) if total else 1.0
     window = s.policy.scheduler.compute_window_s
     new: list[Client] = []
     for c in asking:
         if c.guarantee is None:
             c.guarantee = GuaranteeAccount(percent=0.0, window_start=now - now % window)
-        percent = c.limits.core_request * factor
+        percent = cut[c.id] * factor
         if c.guarantee.percent != percent:
             c.guarantee.percent = percent
             new.append(c)
@@ -64,13 +88,13 @@ def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
         return new
     gpu.requested_percent = total
     if total > 100:
-        asked = ", ".join(f"client {c.id}: {c.limits.core_request}%" for c in asking)
+        shares = ", ".join(f"client {c.id}: {round(cut[c.id], 2):g}%" for c in asking)
         log.warning(
-            "GPU %s: guaranteed shares (coreRequest) sum to %d%% (%s); each is scaled by "
-            "100/%d to fit",
+            "GPU %s: guaranteed shares (coreRequest) sum to %d%% (%s, each tenant's cut to "
+            "its cap); each is scaled by 100/%d to fit",
             uuid,
             total,
-            asked,
+            shares,
             total,
         )
     return new

@@ -96,6 +96,7 @@ class Client:
     lent_told: bool = False  # its hook was told its idle GPU is lent (`terms.lending`)
     gang: str = ""  # the key of the gang it takes the lock with (`core.gang`)
     gang_hint: str = ""  # the job it names (NVSHARE_GANG, torch.distributed's rendezvous)
+    job: str = ""  # its gang's key (`gang.gang_key`), fixed when it first asks
     asked: bool = False  # it has asked for the lock at least once
     pod_source: str = ""  # "cgroup", "claimed" or ""
     peers_told: int = 1  # processes on its ledger, as the hook last heard it
@@ -119,7 +120,7 @@ class Gpu:
     facts: GpuFacts
     holders: set[int] = field(default_factory=set)  # clients holding its lock
     owners: set[str] = field(default_factory=set)  # gangs it is granted to (`Gang.key`)
-    requested_percent: int = 0  # its clients' guaranteed shares together, before scaling
+    requested_percent: int = 0  # its tenants' guaranteed shares together, before scaling
     clients: set[int] = field(default_factory=set)  # registered on it
     asking: set[int] = field(default_factory=set)  # of those, the ones with a share (`share`)
     last_drop: str = ""  # why its last holder was told to drop, until the next grant
@@ -157,6 +158,11 @@ class Gang:
     phase: GangPhase = GangPhase.IDLE
     ticket: int = 0  # its place in line
     requested_at: float = 0.0
+    # The starvation clock (`priority.starved`): when it asked, kept with its place in line
+    # across turns a higher priority cut short (`cut_short`), so that a grant of a near-zero
+    # slice does not set it back.
+    waiting_since: float = 0.0
+    cut_short: bool = False
     granted_at: float = 0.0
     dropped_at: float = 0.0
     billed_until: float = 0.0
@@ -311,9 +317,10 @@ class NodeState:
         return f"{pod.namespace}/{pod.name}" + (" (claimed)" if source == "claimed" else "")
 
     def pod_uid(self, c: Client) -> str | None:
-        """The UID of c's pod (by kernel identity, else as claimed), None outside pods."""
+        """The UID of c's pod (by kernel identity and known to the pod watch, else as
+        claimed), None outside pods or in one the watch has not shown yet."""
         pod, _ = self.pod_of(c.ident)
-        return pod.uid if pod is not None else c.ident.pod_uid
+        return pod.uid if pod is not None else None
 
     def retain_usage(self, c: Client) -> None:
         """A client of a pod leaves: its lock time stays with the pod."""
@@ -339,12 +346,11 @@ class NodeState:
 
     def subject_of(self, ident: ClientIdentity) -> str:
         """Whose ledger a process draws on: its pod (by kernel identity, else as claimed), else
-        its own."""
+        its own. A cgroup naming a pod the pod watch has not shown is no pod: any process
+        able to make a cgroup of that name would otherwise draw on the pod's budget."""
         pod, _ = self.pod_of(ident)
         if pod is not None:
             return f"pod:{pod.uid}"
-        if ident.pod_uid:
-            return f"pod:{ident.pod_uid}"
         return f"pid:{ident.pid}"
 
     def reached(self, target: LimitTarget) -> list[Client]:
@@ -393,7 +399,8 @@ class NodeState:
 
     def remembered_limit(self, ident: ClientIdentity) -> Limits | None:
         """For a client whose cgroup names a pod the pod watch has not listed yet (just after a
-        restart): the memory limit the previous daemon published for that pod, if any."""
+        restart): the memory limit the previous daemon published for that pod, if any. It can
+        only lower what the client's uid and unit give it (`limits.resolve_limits`)."""
         if not ident.pod_uid or ident.pod_uid not in self.pods.remembered:
             return None
         memory = self.pods.remembered[ident.pod_uid]

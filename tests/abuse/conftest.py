@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 from daemon.conftest import BIN
 from hook.conftest import Probe, Variant, built, plain, probes, start_probe  # noqa: F401
+from kube import manifests
+from kube.fakeapi import FakeApiServer
 
 from appliance import protocol as p
 from appliance import socket_dirs
@@ -179,6 +182,41 @@ def hooked(start_probe: Any, plain: Variant, stage: Stage) -> Any:  # noqa: F811
         return started
 
     return start
+
+
+@contextmanager
+def listed_pods(stage: Stage, **pods: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Pods of node-1 in a fake API server (name -> annotations) that the stage's daemon
+    watches; their UIDs by name. A cgroup naming a pod counts only once the watch lists it."""
+    api = FakeApiServer().start()
+    api.add_node("node-1")
+    made = {
+        name: api.add_pod(name, namespace="team", node="node-1", annotations=annotations)
+        for name, annotations in pods.items()
+    }
+    api.load_rbac(list(manifests.rendered()))
+    kubeconfig = api.write_kubeconfig(
+        stage.base / "kubeconfig", namespace="nvshare-system", service_account="nvshare-node"
+    )
+    stage.args = ["--node-name", "node-1"]
+    stage.env = {"KUBECONFIG": kubeconfig}
+    try:
+        yield {name: str(pod["metadata"]["uid"]) for name, pod in made.items()}
+    finally:
+        stage.stop()
+        api.stop()
+
+
+def wait_listed(stage: Stage, probe: Probe, memory: int) -> None:
+    """Wait until a probe of a listed pod has that pod's annotated memory limit."""
+    probe.ok("info")  # its first use of the GPU registers it
+    eventually(
+        lambda: any(
+            c["pid"] == probe.proc.pid and c["memory_limit"] == memory
+            for c in stage.status()["clients"]
+        ),
+        "the pod watch lists the pod",
+    )
 
 
 def eventually(check: Any, what: str, timeout: float = 20.0) -> Any:

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import Stage, eventually
+from .conftest import GiB, Stage, eventually, listed_pods, wait_listed
 
-CHURNER_POD = "0c0c0c0c-1111-4222-8333-444455556666"
-HONEST_POD = "0d0d0d0d-1111-4222-8333-444455556666"
+MEMORY = "nvshare.com/gpu-memory-limit"
 PROGRAMS = 15
 
 # Connects and closes in a loop, from several threads, until killed; says "churning" once its
@@ -48,10 +47,16 @@ threads[0].join()
 
 
 @pytest.fixture
+def pods(stage: Stage) -> Iterator[dict[str, str]]:
+    with listed_pods(stage, churner={MEMORY: "1Gi"}, honest={}) as uids:
+        yield uids
+
+
+@pytest.fixture
 def churner(stage: Stage) -> Iterator[Any]:
     started: list[subprocess.Popen[str]] = []
 
-    def start() -> None:
+    def start(pod: str) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-c", CHURN, str(stage.socket_dir / "scheduler.sock")],
             stdin=subprocess.PIPE,
@@ -59,7 +64,7 @@ def churner(stage: Stage) -> Iterator[Any]:
             text=True,
         )
         started.append(proc)
-        stage.proc.pod(proc.pid, CHURNER_POD)
+        stage.proc.pod(proc.pid, pod)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -76,12 +81,16 @@ def churner(stage: Stage) -> Iterator[Any]:
 
 
 def test_programs_starting_under_connection_churn_all_register(
-    stage: Stage, hooked: Any, churner: Any
+    stage: Stage, hooked: Any, churner: Any, pods: dict[str, str]
 ) -> None:
     stage.start()
-    churner()
+    churner_pod = pods["churner"]
+    listed = hooked(pod=churner_pod)  # a program of its pod, to see the watch list the pod
+    listed.ok("init")
+    wait_listed(stage, listed, GiB)
+    churner(churner_pod)
     programs = [
-        hooked(pod=HONEST_POD if n % 2 else None, NVSHARE_DAEMON_TIMEOUT_MS="5000")
+        hooked(pod=pods["honest"] if n % 2 else None, NVSHARE_DAEMON_TIMEOUT_MS="5000")
         for n in range(PROGRAMS)
     ]
     for program in programs:
@@ -97,4 +106,4 @@ def test_programs_starting_under_connection_churn_all_register(
         lambda: pids <= {c["pid"] for c in stage.status()["clients"]}, "every program registered"
     )
     # past its burst (or its cap of connections not yet closed), refused, and said once
-    assert stage.output().count(f"refusing connections: pod {CHURNER_POD}") == 1
+    assert stage.output().count(f"refusing connections: pod {churner_pod}") == 1

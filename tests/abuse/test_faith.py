@@ -83,3 +83,34 @@ def test_a_gang_member_on_a_made_up_gpu_is_refused_and_drops_no_one(
     victim_id = next(c["id"] for c in stage.status()["clients"] if c["pid"] == victim.proc.pid)
     assert [g["holders"] for g in stage.status()["gpus"] if g["uuid"] == GPU] == [[victim_id]]
     assert isinstance(answer, p.Result) and "is not a GPU of this node" in answer.message
+
+
+GPU1 = "GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"  # a second GPU the policy declares
+
+
+def test_a_gang_member_on_a_gpu_it_never_used_drops_no_one_at_once(
+    stage: Stage, hooked: Any
+) -> None:
+    # One process, two connections, the second on a real GPU of the node on which it has no
+    # context: it used to make a gang holding part of its GPUs and drop the victim at once
+    # (issue 24 item 4: TQ 2 s, the victim held 0.031 s of 12.9 s). Now the victim keeps its
+    # quantum, as against any waiter.
+    stage.policy = (
+        "scheduler: {mode: 'on', timeQuantum: 30s}\n"
+        f"gpus:\n- match: {{uuid: {GPU}}}\n  memory: 16Gi\n"
+        f"- match: {{uuid: {GPU1}}}\n  memory: 16Gi\n"
+    )
+    stage.start()
+    victim = hooked(NVSHARE_IDLE_RELEASE_MS="3600000", NVSHARE_FAKE_GPU_UUID=GPU1)
+    victim.ok("init")
+    victim.ok("launch 1")  # it holds GPU1
+    first = stage.registered()
+    assert isinstance(first.request(p.LockRequest()), p.LockGrant)  # GPU 0, free
+    second = stage.hook()
+    answer = second.request(p.Register(pid=0, gpu_uuid=GPU1, gpu_total_mem=16 * GiB))
+    assert isinstance(answer, p.Registered)
+    second.send(p.LockRequest())  # its job now holds part of its GPUs: a late join
+    time.sleep(1.0)  # the quantum is 30 s: whoever holds GPU1 now took it by a drop
+    doc = stage.status()
+    victim_id = next(c["id"] for c in doc["clients"] if c["pid"] == victim.proc.pid)
+    assert [g["holders"] for g in doc["gpus"] if g["uuid"] == GPU1] == [[victim_id]]

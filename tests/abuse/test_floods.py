@@ -19,6 +19,8 @@ from pathlib import Path
 from daemon.driven import GPU, Peer, daemon, register, until
 
 from appliance import protocol as p
+from appliance.core import events as ev
+from appliance.core.annotations import PodInfo
 from appliance.core.node import NodeCore
 
 from .conftest import FakeProc
@@ -56,6 +58,7 @@ def test_a_flood_of_hints_and_lock_churn_waits_for_an_honest_tenant(tmp_path: Pa
     async def main() -> None:
         async with daemon(tmp_path, proc_root=proc_root.root) as (server, engine):
             core: NodeCore = engine._core
+            engine.dispatch(ev.PodSeen(PodInfo(POD, "team", "flood", "node-1")))  # listed
             flooder = subprocess.Popen(
                 [sys.executable, "-c", FLOODER, str(server.path), str(CONNECTIONS), GPU],
                 stdin=subprocess.PIPE,

@@ -158,3 +158,30 @@ def test_a_local_user_making_a_pod_slice_of_its_own_is_not_that_pod(
     thief.ok(f"alloc mem {900 * MiB}")  # its own 1Gi, not team/small's ledger
     victim.ok(f"alloc mem {900 * MiB}")
     assert limit_of(stage, victim.proc.pid) == GiB
+
+
+def test_a_pod_the_watch_has_not_shown_gets_no_more_than_its_uid(
+    stage: Stage, cluster: tuple[FakeApiServer, dict[str, str]], hooked: Any
+) -> None:
+    # After a restart, before the API server lists the node's pods, a cgroup naming team/big
+    # (40Gi, last published) is only a cgroup: its uid's 1Gi holds, not the pod's 40Gi; once
+    # the watch shows the pod on this node, the process is the pod.
+    api, uids = cluster
+    stage.policy += (
+        f"rules:\n- name: per-user\n  match: {{uid: {os.getuid()}}}\n  memoryLimit: 1Gi\n"
+    )
+    stage.start()
+    first = hooked(pod=uids["big"], NVSHARE_DAEMON_TIMEOUT_MS="1000")
+    first.ok("init")
+    first.ok("info")
+    eventually(lambda: limit_of(stage, first.proc.pid) == 40 * GiB, "big's annotation")
+    stage.stop()
+    api.hold_lists()  # the new daemon's pod watch gets no list until released
+    stage.start()
+    named = hooked(pod=uids["big"], NVSHARE_FAKE_GPU_MEM=str(64 * GiB))
+    named.ok("init")
+    assert named.do(f"alloc mem {2 * GiB}") == OOM  # before: 40Gi, the last published
+    assert limit_of(stage, named.proc.pid) == GiB
+    api.release_lists()
+    eventually(lambda: limit_of(stage, named.proc.pid) == 40 * GiB, "listed: the pod's 40Gi")
+    named.ok(f"alloc mem {2 * GiB}")

@@ -9,12 +9,13 @@ import pytest
 
 from appliance.core import actions as act
 from appliance.core import events as ev
+from appliance.core.annotations import PodInfo
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import HookLimits
 from appliance.core.node import NodeCore
 from appliance.core.state import NodeState
-from appliance.policy.model import Policy
+from appliance.policy.model import AnnotationPolicy, Policy
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -22,6 +23,7 @@ GPU = "GPU-00000000-0000-0000-0000-000000000001"
 # A state change asked by root on the host, as the socket server would name it.
 ADMIN = ev.Requester(ident=ClientIdentity(pid=1, uid=0, gid=0))
 A = TypeVar("A")
+POLICY_OFF = AnnotationPolicy()  # (a pod listed without annotations has nothing to judge)
 
 
 @dataclass
@@ -66,10 +68,14 @@ class Harness:
         env_core: int = 0,
         groups: frozenset[str] = frozenset(),
         nvml: bool = True,
+        listed: bool = True,
         **ident: Any,
     ) -> int:
         """Register a client; with `nvml`, NVML lists its GPU with `total` bytes (else the GPU
-        is known only by what the hook says)."""
+        is known only by what the hook says). A `pod_uid` is a pod the pod watch lists (as
+        "ns/<uid>", no annotations) unless it listed it already, or `listed` is False."""
+        if pod_uid and listed and pod_uid not in self.state.pods.pods:
+            self.state.pods.seen(PodInfo(pod_uid, "ns", pod_uid, "node"), POLICY_OFF)
         if nvml:
             self.state.inventory.setdefault(gpu, GpuFacts(uuid=gpu, memory_total=total))
         cid = self.next_id

@@ -127,7 +127,7 @@ def test_a_starved_waiter_is_not_kept_off() -> None:
     low = s.gangs[s.clients[p.low].gang]
     assert ahead.kept_from(s, ahead.keeps(s, p.h.core.lock.line), low, p.h.now)
     # (the starvation bound comes first, as it does against any higher priority)
-    low.requested_at = p.h.now - s.policy.scheduler.starvation_limit_s
+    low.waiting_since = p.h.now - s.policy.scheduler.starvation_limit_s
     assert not ahead.kept_from(s, ahead.keeps(s, p.h.core.lock.line), low, p.h.now)
 
 

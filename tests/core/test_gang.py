@@ -32,8 +32,20 @@ def harness(**settings: float) -> Harness:
 
 
 def job(h: Harness, pod: str, gpus: tuple[str, ...] = (GPU0, GPU1)) -> list[int]:
-    """One process per GPU of one pod (torchrun's ranks)."""
-    return [h.register(pod_uid=pod, gpu=gpu) for gpu in gpus]
+    """One process per GPU of one pod (torchrun's ranks), each with a context on its GPU, as
+    NVML shows it."""
+    ranks = [h.register(pod_uid=pod, gpu=gpu) for gpu in gpus]
+    shown(h, *ranks)
+    return ranks
+
+
+def shown(h: Harness, *clients: int) -> None:
+    """NVML shows these clients' processes on their GPUs (`gang.touched`)."""
+    processes: dict[str, dict[int, int]] = {}
+    for cid in clients:
+        c = h.state.clients[cid]
+        processes.setdefault(c.gpu, {})[c.ident.pid] = 1 << 20
+    h.feed(ev.GpuFreeMemory(samples={}, processes=processes))
 
 
 def ask(h: Harness, *clients: int) -> list[act.Action]:
@@ -241,11 +253,33 @@ def test_a_member_asking_for_a_new_gpu_waits_for_it_keeping_what_it_holds() -> N
     other = h.register(gpu=GPU2)
     ask(h, other)
     new = h.register(pod_uid="g", gpu=GPU2)
+    shown(h, new)
     assert granted(ask(h, new)) == set()
     assert h.state.gangs["pod:g"].held == {GPU0, GPU1}
     assert of(h.sent, act.Drop, other)  # at once: the gang may be waiting for `new`
     assert granted(h.feed(ev.LockReleased(other, ev.ReleaseReason.DROPPED))) == {new}
     assert h.state.gangs["pod:g"].held == {GPU0, GPU1, GPU2}
+
+
+def test_a_member_nvml_does_not_show_on_its_gpu_takes_it_at_the_holders_quantum() -> None:
+    # Issue 24 item 4: one process, a second hook connection on a GPU it never made a context
+    # on, used to make its gang hold part of its GPUs and drop the GPU's holder at once.
+    h = harness()
+    (holder,) = job(h, "g", (GPU0,))
+    ask(h, holder)
+    victim = h.register(gpu=GPU1)
+    shown(h, victim)
+    ask(h, victim)
+    h.advance(1.0)
+    claim = h.register(pod_uid="g", gpu=GPU1)  # no context there: NVML does not show it
+    assert granted(ask(h, claim)) == set()
+    assert h.state.gangs["pod:g"].held == {GPU0}
+    assert not of(h.sent, act.Drop, victim)  # not at once
+    assert not of(h.advance(TQ - 1.0 - 0.01), act.Drop, victim)
+    assert of(h.advance(0.02), act.Drop, victim)  # at the end of its quantum, as for anyone
+    assert granted(h.feed(ev.LockReleased(victim, ev.ReleaseReason.DROPPED))) == {claim}
+    shown(h, claim)  # it does use the GPU after all: from now on a member like any other
+    assert h.state.gangs["pod:g"].held == {GPU0, GPU1}
 
 
 def test_the_gang_keeps_the_gpus_its_members_asked_for_in_its_last_turn() -> None:

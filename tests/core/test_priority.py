@@ -10,6 +10,7 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.annotations import PRIORITY, PodInfo
 from appliance.core.node import ANNOTATION_WARNING, NodeCore
+from appliance.core.state import Phase
 from appliance.core.views import ExplainQuery
 from appliance.policy.model import (
     AnnotationPolicy,
@@ -113,6 +114,45 @@ def test_starvation_is_bounded_when_higher_priorities_keep_the_gpu_busy() -> Non
             break
     assert granted_at is not None
     assert granted_at - 1000.0 <= SETTINGS.starvation_limit_s + SETTINGS.time_quantum_s
+
+
+def test_a_high_lender_taking_back_every_lend_at_once_still_starves_its_victim() -> None:
+    # Issue 24 item 6: the high one lets the GPU go idle just before the victim's starvation
+    # limit (as the victim's last request shows it) and asks again 2 ms later; the victim,
+    # granted as a borrower, loses the GPU at once. Such turns are not its own: its clock runs
+    # on, and the bound (the starvation limit, then a quantum) holds.
+    h = by_uid({1: LOW, 2: HIGH})
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockRequested(low, 1))
+    asked = last_ask = h.now
+    seqs = iter(range(2, 1000))
+    lends = 0
+
+    def holding(cid: int) -> bool:
+        return h.state.clients[cid].phase is Phase.HOLDING
+
+    while not holding(low) and h.now - asked < 60:
+        lend_at = last_ask + SETTINGS.starvation_limit_s - 0.5
+        for d in drops(h.advance(max(0.0, min(0.5, lend_at - h.now)))):
+            assert d == high  # told to drop, it does, and asks again
+            h.feed(ev.LockReleased(high, ev.ReleaseReason.DROPPED))
+            h.feed(ev.LockRequested(high, next(seqs)))
+        if h.now < lend_at or not holding(high):
+            continue
+        if low in grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))):
+            h.advance(0.002)
+            if drops(h.feed(ev.LockRequested(high, next(seqs)))) != [low]:
+                break  # it kept its turn
+            lends += 1
+            h.feed(ev.LockRequested(low, next(seqs)))  # its hook asks again at once
+            h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+            last_ask = h.now
+    assert holding(low)
+    assert lends >= 1
+    assert h.now - asked <= SETTINGS.starvation_limit_s + SETTINGS.time_quantum_s
+    h.feed(ev.LockRequested(high, next(seqs)))
+    assert drops(h.advance(SETTINGS.time_quantum_s - 0.1)) == []  # a whole quantum of its own
 
 
 def test_an_idle_holder_lends_the_gpu_and_takes_it_back_at_once() -> None:

@@ -5,6 +5,7 @@ conservation, requests over 100 scaled down and reported, and where a request co
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -113,3 +114,21 @@ def test_metrics_show_priorities_requests_and_their_scaling() -> None:
     assert value(text, "nvshare_client_priority", client_id=str(a), **labels) == 100
     assert value(text, "nvshare_client_priority", client_id=str(b), **labels) == 0
     assert value(text, "nvshare_scheduler_drops_total", reason="request") == 0
+
+
+def test_ten_connections_of_a_pod_share_its_capped_request_and_a_victim_keeps_the_rest() -> None:
+    # Issue 24 item 5: with the cap at 10, ten connections of one pod used to add up to 100 %
+    # (the victim: one kernel in 15 s). The cap is the pod's, not each connection's.
+    capped = AnnotationPolicy(max_core_request=10)
+    tq2 = replace(SEED, time_quantum_s=2.0)  # the issue's
+    h = Harness(NodeCore(Policy(scheduler=tq2, annotations=capped)))
+    h.feed(ev.PodSeen(PodInfo("greedy", "ml", "greedy", "node-1", {}, {CORE_REQUEST: "10"})))
+    greedy = [h.register(pod_uid="greedy") for _ in range(10)]
+    victim = h.register(uid=2000)
+    assert sum(c.core_guaranteed for c in h.core.status(h.now).clients) == pytest.approx(10)
+    assert h.core.status(h.now).gpus[0].core_requested == 10
+    sims = {cid: Simulated(0.004) for cid in [*greedy, victim]}
+    start = h.now
+    simulate(h, sims, 30.0)
+    # Beyond the pod's 10 %, burst goes round the waiters a quantum each (one of 11 here).
+    assert share(sims[victim], start, start + 30.0) > 0.05  # before: nothing in 30 s

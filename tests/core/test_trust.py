@@ -82,15 +82,39 @@ def test_a_process_in_one_pod_claiming_another_is_its_own_pod() -> None:
     assert ledger_of(h.state, thief) == f"pod:{A_UID}"
 
 
+# ------------------------------------------------------------------ pods the watch has not shown
+
+
+def test_a_cgroup_naming_a_pod_the_watch_has_not_shown_is_its_uid_until_it_does() -> None:
+    # A cgroup named like the kubelet's proves nothing until the pod watch knows the pod: until
+    # then no annotation, no pod ledger and no pod gang key applies (the drill:
+    # tests/abuse/test_identity.py).
+    per_user = Rule(name="per-user", match=RuleMatch(uid=1001), limits=Limits(memory_bytes=GiB))
+    h = make(Policy(memory=MemorySettings(chunk_bytes=2 * MiB), rules=(per_user,)))
+    ghost = h.register(pid=10, uid=1001, pod_uid=B_UID, listed=False)
+    second = h.register(pid=11, uid=1001, pod_uid=B_UID, listed=False)
+    assert h.enforced(ghost).memory_bytes == GiB  # its uid's rule, not team/big's 40Gi
+    assert ledger_of(h.state, ghost) == "pid:10"
+    assert granted(h, ghost, 900 * MiB) == 900 * MiB
+    assert granted(h, second, 900 * MiB) == 900 * MiB  # two ledgers, not one of the pod's
+    h.feed(ev.LockRequested(ghost, 1))
+    assert h.state.clients[ghost].job == "pid:10"  # no pod gang key either
+    assert h.core.status(h.now).clients[0].pod == "-"
+    out = h.feed(ev.PodSeen(POD_B))  # the watch shows it on this node: now it is the pod
+    assert [x.limits.memory_bytes for x in of(out, act.LimitsChanged, ghost)] == [40 * GiB]
+    assert ledger_of(h.state, ghost) == ledger_of(h.state, second) == f"pod:{B_UID}"
+    assert [x.processes for x in of(out, act.PeersChanged, ghost)] == [2]
+
+
 # ------------------------------------------------------------------ after a restart
 
 
 def test_a_pod_not_listed_yet_waits_under_its_uid_with_its_last_published_limit() -> None:
     h = make(remembered={A_UID: GiB, B_UID: 40 * GiB})
-    a = h.register(pod_uid=A_UID)
-    b = h.register(pod_uid=B_UID)
+    a = h.register(pid=10, pod_uid=A_UID, listed=False)
+    b = h.register(pod_uid=B_UID, listed=False)
     assert h.enforced(a).memory_bytes == GiB
-    assert ledger_of(h.state, a) == f"pod:{A_UID}"
+    assert ledger_of(h.state, a) == "pid:10"  # its own until the watch shows the pod
     assert granted(h, a, 2 * GiB) == 0  # not B's budget, not the GPU's
     assert granted(h, b, 30 * GiB) == 30 * GiB
     out = h.feed(ev.PodSeen(POD_A))  # the watch lists it: the API's word from now on

@@ -107,7 +107,7 @@ def test_metrics_show_gpu_time_per_client_and_pod_and_nvmls_view() -> None:
         )
     )
     text = scrape(h)
-    la = {"client_id": "1", "gpu_uuid": GPU, "namespace": "", "pod": "uid-a"}
+    la = {"client_id": "1", "gpu_uuid": GPU, "namespace": "ns", "pod": "uid-a"}
     lb = {"client_id": "2", "gpu_uuid": GPU, "namespace": "", "pod": ""}
     gpu = {"gpu_uuid": GPU, "gpu_index": ""}
     assert value(text, "nvshare_client_lock_held_seconds_total", **la) == 30.5
@@ -119,7 +119,7 @@ def test_metrics_show_gpu_time_per_client_and_pod_and_nvmls_view() -> None:
     assert value(text, "nvshare_client_nvml_used_bytes", **lb, host_pid="11") is None
     assert value(text, "nvshare_client_managed_allocated_bytes", **la) == 0
     assert value(text, "nvshare_client_memory_refusals_total", **la) == 3
-    assert value(text, "nvshare_pod_lock_held_seconds_total", namespace="", pod="uid-a") == 30.5
+    assert value(text, "nvshare_pod_lock_held_seconds_total", namespace="ns", pod="uid-a") == 30.5
     assert value(text, "nvshare_scheduler_memory_refusals_total", decided_by="hook") == 3
     assert value(text, "nvshare_gpu_utilization_ratio", **gpu) == 0.37
     assert value(text, "nvshare_gpu_memory_used_bytes", **gpu) == 20 * GiB
@@ -135,8 +135,8 @@ def test_no_limit_is_no_sample_and_departed_clients_take_their_series_along() ->
     h.feed(ev.ClientGone(a))
     text = scrape(h)
     assert 'client_id="1"' not in text
-    assert value(text, "nvshare_pod_lock_held_seconds_total", namespace="", pod="uid-a") == 2
-    assert value(text, "nvshare_pod_clients", namespace="", pod="uid-a") == 0
+    assert value(text, "nvshare_pod_lock_held_seconds_total", namespace="ns", pod="uid-a") == 2
+    assert value(text, "nvshare_pod_clients", namespace="ns", pod="uid-a") == 0
 
 
 def test_series_are_bounded_and_what_is_left_out_is_counted() -> None:

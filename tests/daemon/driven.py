@@ -84,6 +84,7 @@ async def daemon(
         generation=lambda: engine.generation,
         proc_root=proc_root,
     )
+    server.admission.pod_known = core.state.pods.pods.__contains__  # as the daemon wires it
     engine.connect(server.send, *SchedulerServer.ACTIONS)
     await server.start()
     try:
