@@ -43,8 +43,9 @@ import logging
 from functools import partial
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority, share, terms, yielding
+from appliance.core import ahead, priority, terms, yielding
 from appliance.core import events as ev
+from appliance.core.drops import DropReason
 from appliance.core.gang import (
     Gangs,
     account,
@@ -209,9 +210,9 @@ class Lock:
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         last = {self._s.gpus[u].last_drop for u in g.gpus}
-        g.share_cut, g.share_grant = False, share.REQUEST in last
+        g.share_cut, g.share_grant = False, DropReason.REQUEST in last
         for uuid in g.gpus:
-            self._s.gpus[uuid].last_drop = ""
+            self._s.gpus[uuid].last_drop = None
         g.granted_at = g.billed_until = now
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:
@@ -238,10 +239,10 @@ class Lock:
         log.debug("grant gpu %s -> client %d (pid %d)", c.gpu, c.id, c.ident.pid)
         return self.grant_message(c, c.request_seq, now)
 
-    def _drop(self, g: Gang, now: float, why: str) -> list[act.Action]:
+    def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
-        g.share_cut = why == share.REQUEST and not g.share_grant
+        g.share_cut = why is DropReason.REQUEST and not g.share_grant
         for uuid in g.held:
             self._s.gpus[uuid].last_drop = why
         self._s.counters[f"drops_{why}"] += 1
@@ -344,13 +345,13 @@ class Lock:
             quota.roll(now, settings)
             min_hold = g.granted_at + settings.quota_sample_interval_s
             if quota.hold_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
-                out += self._drop(g, now, "quota")
+                out += self._drop(g, now, DropReason.QUOTA)
         return out
 
     def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
         out: list[act.Action] = []
         for g in ahead.borrowers_due(self._s, keeps, now):
-            out += self._drop(g, now, ahead.RECLAIM)
+            out += self._drop(g, now, DropReason.RECLAIM)
         return out
 
     def _grant_waiting(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
@@ -383,7 +384,7 @@ class Lock:
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
         for g in in_the_way(self._s, list(self.line.owning.values())):
-            out += self._drop(g, now, "gang")
+            out += self._drop(g, now, DropReason.GANG)
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:

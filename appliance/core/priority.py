@@ -32,11 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
+from appliance.core.drops import DropReason
 from appliance.core.state import Gang
 from appliance.policy.model import SchedulerSettings
 
-PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
-QUANTUM = "quantum"
+PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
+QUANTUM = DropReason.QUANTUM
 
 
 def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
@@ -84,7 +85,7 @@ def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
 
 def yield_at(
     holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
-) -> tuple[float, str]:
+) -> tuple[float, DropReason]:
     """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
     and why."""
     if waiter.priority > holder.priority and not holder.full_quantum:
