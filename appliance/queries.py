@@ -4,7 +4,8 @@ The answers are the core's typed views (`appliance.core.views`), with what only 
 knows added to status: how the policy directory's hot reload is doing and whether NVML is
 there. The metrics collector reads the same status, so `nvsharectl status` and /metrics never
 disagree. Everything here runs on the loop (the socket server calls it there; other threads go
-through `Engine.read`), so the core is never read halfway through a change.
+through `Engine.read` and `Engine.read_steps`), so the core is never read halfway through a
+change; status is built a slice at a time, so no grant waits long behind it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,26 @@ class Answers:
                 dataclasses.replace(row, backstop=self._backstop_for(row.gpu, row.pid))
                 for row in rows
             )
+        )
+
+    def status_in_slices(
+        self, slice_s: float = STATUS_SLICE_S
+    ) -> Iterator[views.StatusView | None]:
+        """`status` built a slice of time at a time, as `status_document` builds its rows:
+        None after each slice, then the view. What a metrics scrape reads (`Engine.read_steps`):
+        the loop never spends more than a slice on it in one go, and the exposition (every
+        series formatted) happens on the scraper's thread, off the loop."""
+        now, clients = self._clock(), []
+        started = time.perf_counter()
+        for row in self._core.client_rows(now):
+            clients.append(row)
+            if time.perf_counter() - started >= slice_s:
+                yield None
+                started = time.perf_counter()
+        node = self._core.status(now, tuple(clients))
+        yield None
+        yield dataclasses.replace(
+            node, policy=self.policy_status(), nvml=self._nvml, backstop=self._backstop()
         )
 
     def status_document(self, slice_s: float = STATUS_SLICE_S) -> Iterator[bytes | None]:

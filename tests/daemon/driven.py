@@ -62,7 +62,7 @@ class Peer:
 @asynccontextmanager
 async def daemon(
     tmp_path: Path, *, proc_root: Path = Path("/proc"), status_slice_s: float = STATUS_SLICE_S
-) -> AsyncIterator[tuple[SchedulerServer, Engine]]:
+) -> AsyncIterator[tuple[SchedulerServer, Engine, Answers]]:
     """`status_slice_s`: the status document's work per pass of the loop (0: a row a pass)."""
     loop = asyncio.get_running_loop()
     core = NodeCore(Policy(scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=3600)))
@@ -87,7 +87,7 @@ async def daemon(
     engine.connect(server.send, *SchedulerServer.ACTIONS)
     await server.start()
     try:
-        yield server, engine
+        yield server, engine, answers
     finally:
         while OPEN:
             OPEN.pop().close()
