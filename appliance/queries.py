@@ -68,9 +68,7 @@ class Answers:
             )
         )
 
-    def status_in_slices(
-        self, slice_s: float = STATUS_SLICE_S
-    ) -> Iterator[views.StatusView | None]:
+    def status_slices(self, slice_s: float = STATUS_SLICE_S) -> Iterator[views.StatusView | None]:
         """`status` built a slice of time at a time, as `status_document` builds its rows:
         None after each slice, then the view. What a metrics scrape reads (`Engine.read_steps`):
         the loop never spends more than a slice on it in one go, and the exposition (every

@@ -108,7 +108,7 @@ def test_events_are_handled_while_a_scrape_reads_status(tmp_path: Path) -> None:
             seen: list[int] = []  # the events handled by each step of the scrape
 
             def steps() -> Iterator[StatusView | None]:
-                for step in answers.status_in_slices(slice_s=0.0):  # a row a pass
+                for step in answers.status_slices(slice_s=0.0):  # a row a pass
                     seen.append(engine.generation)
                     yield step
 
