@@ -34,7 +34,25 @@ and a gang whose budget is spent waits for its next window.
 
 Every client's lock time is accounted exactly here (`state.LockUsage`): how long it held the lock
 (from the grant to the release, the drain included), how long it waited for it, and why it was
-dropped; status, `nvsharectl top` and the metrics read it.
+dropped (`drops.DropReason`); status, `nvsharectl top` and the metrics read it.
+
+The state machine, per gang (`state.GangPhase`; each member's `state.Phase` follows):
+IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`-> IDLE (or
+WAITING again when a member asked meanwhile); a holder whose members all release early goes
+HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
+gangs merge into one (it keeps their turn). After each event,
+`schedule` runs its phases in this order, each asking one rule: pass over late holders (the
+drop deadline) -> drop spent quotas (`quota`) -> reclaim ahead of a steady lender (`ahead`)
+-> grant in line order (`line`, ordered by `priority` and `share`; `gang.grantable`) ->
+preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `share`,
+quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
+`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
+indexes the phases keep after every event of the core tests).
+
+Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
+requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
+gangs involved), never a pass over all waiting clients; `leave`: the same plus its gang's
+members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
 """
 
 from __future__ import annotations
@@ -286,8 +304,8 @@ class Lock:
     # ------------------------------------------------------------ scheduling
 
     def schedule(self, now: float) -> list[act.Action]:
-        """Pass over late holders, drop spent quotas, grant whoever may run, and preempt for
-        whoever waits; borrowers give way ahead of a steady lender's next request (`ahead`)."""
+        """The phases of a decision, in order (the module's docstring): pass over late
+        holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
         keeps = ahead.keeps(self._s, self.line)
         out = [
             *self._pass_over_late_holders(now),
