@@ -89,10 +89,13 @@ def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
 
 def pod_views(s: NodeState, clients: tuple[ClientView, ...]) -> tuple[PodView, ...]:
     """Every pod with a connected client or a departed one's lock time, by UID."""
-    uids = list(dict.fromkeys([*s.retained, *(c.pod_uid for c in clients if c.pod_uid)]))
+    by_pod: dict[str, list[ClientView]] = {}  # one pass over the clients, not one per pod
+    for c in clients:
+        if c.pod_uid:
+            by_pod.setdefault(c.pod_uid, []).append(c)
     out = []
-    for uid in uids:
-        mine = [c for c in clients if c.pod_uid == uid]
+    for uid in dict.fromkeys([*s.retained, *by_pod]):
+        mine = by_pod.get(uid, [])
         kept = s.retained.get(uid)
         usage = LockUsage()
         if kept is not None:
