@@ -25,6 +25,7 @@ from appliance.policy.watch import PolicyWatcher
 Query = Callable[[Mapping[str, Any]], Any]  # a request's JSON -> a view; raises QueryError
 STATUS_SLICE_S = 0.001  # status work done before the loop handles other events again
 _ROWS = "\x00client rows\x00"  # where the rows go in the document
+_PODS = "\x00pods\x00"  # and the pods
 
 
 class Answers:
@@ -89,7 +90,9 @@ class Answers:
     def status_document(self, slice_s: float = STATUS_SLICE_S) -> Iterator[bytes | None]:
         """`status` as the JSON nvsharectl gets, built a slice of time at a time: None after
         each slice (the loop handles other events, then comes back), then the document. With
-        thousands of clients the whole takes tens of milliseconds, none of it in one piece."""
+        thousands of clients the whole takes tens of milliseconds, none of it in one piece:
+        the client rows and the pods (one per client, on a busy node) are encoded in slices
+        and spliced into the rest."""
         now, clients, rows = self._clock(), [], []
         started = time.perf_counter()
         for row in self._core.client_rows(now):
@@ -100,12 +103,22 @@ class Answers:
                 started = time.perf_counter()
         node = self._core.status(now, tuple(clients))  # the GPUs' queues, the pods
         yield None
-        whole = dataclasses.replace(node, clients=(), policy=self.policy_status(), nvml=self._nvml)
-        doc = views.to_json(whole)
-        doc["clients"] = _ROWS
-        head, tail = json.dumps(doc, sort_keys=True).split(json.dumps(_ROWS), 1)
+        pods: list[str] = []
+        started = time.perf_counter()
+        for pod in node.pods:
+            pods.append(json.dumps(views.to_json(pod), sort_keys=True))
+            if time.perf_counter() - started >= slice_s:
+                yield None
+                started = time.perf_counter()
+        rest = dataclasses.replace(
+            node, clients=(), pods=(), policy=self.policy_status(), nvml=self._nvml
+        )
+        doc = views.to_json(rest)
+        doc["clients"], doc["pods"] = _ROWS, _PODS
+        text = json.dumps(doc, sort_keys=True).replace(json.dumps(_PODS), _listed(pods), 1)
+        head, tail = text.split(json.dumps(_ROWS), 1)
         yield None
-        yield "".join([head, "[", ", ".join(rows), "]", tail]).encode("utf-8")
+        yield "".join([head, _listed(rows), tail]).encode("utf-8")
 
     def policy_status(self) -> views.PolicyStatus:
         w = self._watcher
@@ -129,3 +142,8 @@ class Answers:
 
     def policy(self) -> views.PolicyView:
         return views.policy_view(self._watcher.last_good or Policy(), self._policy_dir)
+
+
+def _listed(encoded: list[str]) -> str:
+    """A JSON list of items already encoded, as `json.dumps` writes one."""
+    return "[" + ", ".join(encoded) + "]"

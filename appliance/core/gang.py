@@ -140,7 +140,11 @@ def queue(s: NodeState, uuid: str) -> list[int]:
     """The clients waiting for a GPU, in the order their gangs will be granted."""
     out: list[int] = []
     for g in line(s):
-        if uuid in g.gpus:
+        if uuid not in g.gpus:
+            continue
+        if not g.joint:  # (most are lone clients: no sort of one)
+            out += [m for m in g.members if s.clients[m].gpu == uuid]
+        else:
             out += sorted(m for m in g.members if s.clients[m].gpu == uuid)
     return out
 
