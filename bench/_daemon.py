@@ -51,7 +51,8 @@ class BenchDaemon:
     def start(self) -> None:
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
         if self.tree is not None:
-            env["PYTHONPATH"] = str(self.tree)
+            kept = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []  # (bench/loopwatch)
+            env["PYTHONPATH"] = os.pathsep.join([str(self.tree), *kept])
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [

@@ -31,8 +31,10 @@ noisy machine does not move: bench/core_cost.py.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -207,11 +209,16 @@ def stall(n: int, seconds: float, tree: Path | None) -> tuple[list[float], int]:
         assert readers.stdout is not None
         readers.stdout.readline()  # (the first scrape starts the metrics up)
         rtts = []
+        watched = bool(os.environ.get("NVSHARE_LOOPWATCH"))  # bench/loopwatch: this window
+        if watched:
+            d.proc.send_signal(signal.SIGUSR1)
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             t0 = time.perf_counter()
             assert isinstance(beat.request(p.Heartbeat()), p.HeartbeatAck)
             rtts.append(time.perf_counter() - t0)
+        if watched:
+            d.proc.send_signal(signal.SIGUSR2)
         readers.kill()
         out, _ = readers.communicate()
         for c in [*clients, beat]:
