@@ -118,7 +118,7 @@ class Answers:
         text = json.dumps(doc, sort_keys=True).replace(json.dumps(_PODS), _listed(pods), 1)
         head, tail = text.split(json.dumps(_ROWS), 1)
         yield None
-        yield "".join([head, _listed(rows), tail]).encode("utf-8")
+        yield "".join([head, "[", ", ".join(rows), "]", tail]).encode("utf-8")
 
     def policy_status(self) -> views.PolicyStatus:
         w = self._watcher

@@ -34,9 +34,9 @@ if PREFIX:
 
     def _collected(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[0] = time.thread_time()
             return
-        ms = int((time.perf_counter() - started[0]) * 1e3)
+        ms = int((time.thread_time() - started[0]) * 1e3)
         if ms >= COLLECTION_MS:
             collections[(info["generation"], ms)] += 1
 
@@ -44,9 +44,9 @@ if PREFIX:
     _run = asyncio.events.Handle._run
 
     def _timed(self: asyncio.events.Handle) -> None:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         _run(self)
-        ms = int((time.perf_counter() - t0) * 1e3)
+        ms = int((time.thread_time() - t0) * 1e3)
         if ms >= CALLBACK_MS:
             callback = getattr(self, "_callback", None)
             callbacks[(getattr(callback, "__qualname__", type(callback).__name__), ms)] += 1
