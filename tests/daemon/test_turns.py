@@ -12,6 +12,7 @@ from pathlib import Path
 
 from appliance import protocol as p
 from appliance.core.views import StatusView
+from appliance.queries import Answers
 
 from .driven import Peer, connected, daemon, register, registered, until
 
@@ -23,7 +24,7 @@ def test_a_heartbeat_is_answered_before_a_flood_of_lock_requests_is_handled(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        async with daemon(tmp_path) as (server, engine, _):
+        async with daemon(tmp_path) as (server, engine):
             flood = [Peer(server.path) for _ in range(FLOOD)]
             beat = Peer(server.path)
             await registered([*flood, beat])
@@ -44,7 +45,7 @@ def test_a_heartbeat_is_answered_before_a_flood_of_lock_requests_is_handled(
 
 def test_a_registration_goes_ahead_of_lock_requests_waiting_their_turn(tmp_path: Path) -> None:
     async def main() -> None:
-        async with daemon(tmp_path) as (server, engine, _):
+        async with daemon(tmp_path) as (server, engine):
             flood = [Peer(server.path) for _ in range(FLOOD)]
             await registered(flood)
             late = Peer(server.path)
@@ -67,7 +68,7 @@ def test_a_hand_off_is_not_kept_waiting_while_status_is_built(tmp_path: Path) ->
     granted before the status document is done."""
 
     async def main() -> None:
-        async with daemon(tmp_path, status_slice_s=0.0) as (server, engine, _):
+        async with daemon(tmp_path, status_slice_s=0.0) as (server, engine):
             hooks = await connected(server.path, 150)
             await registered(hooks)
             holder, waiter = hooks[0], hooks[1]
@@ -102,7 +103,9 @@ def test_events_are_handled_while_a_scrape_reads_status(tmp_path: Path) -> None:
     not after the whole of it."""
 
     async def main() -> None:
-        async with daemon(tmp_path) as (server, engine, answers):
+        got: list[Answers] = []
+        async with daemon(tmp_path, answers_out=got) as (server, engine):
+            (answers,) = got
             hooks = await connected(server.path, 150)
             await registered(hooks)
             seen: list[int] = []  # the events handled by each step of the scrape
