@@ -236,7 +236,8 @@ class Lock:
         for uuid in g.held:
             self._s.gpus[uuid].owners.add(g.key)
         self.line.refile(g)
-        log.debug("grant gpus %s -> gang %s", sorted(g.held), g.key)
+        if log.isEnabledFor(logging.DEBUG):  # (the sort is not made for nobody)
+            log.debug("grant gpus %s -> gang %s", sorted(g.held), g.key)
         return self._grant_waiting_members(g, now)
 
     def _grant_waiting_members(self, g: Gang, now: float) -> list[act.Action]:
