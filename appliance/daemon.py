@@ -395,7 +395,7 @@ class Daemon:
     def _start_metrics(self, policy: Policy) -> None:
         engine, answers = self.engine, self.answers
         assert engine is not None and answers is not None
-        self.registry.register(ApplianceCollector(lambda: engine.read(answers.status)))
+        self.registry.register(ApplianceCollector(lambda: engine.read_steps(answers.status_slices)))
         probes = LoopProbes(engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
         start_metrics(policy.metrics.address, self.registry, probes.health, probes.readiness)
 

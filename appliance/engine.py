@@ -9,8 +9,10 @@ Three ways in, one per kind of caller:
 - `dispatch(event)`: on the loop (the socket server's frames, the timer);
 - `submit(event)`: from any thread (policy, pod and NVML sources); a failure is logged with its
   cause and the loop and the source carry on;
-- `read(fn)`: from any thread, for a reader that must see a consistent state (a metrics scrape,
-  the device plugin's placement): `fn` runs on the loop and its result is handed back.
+- `read(fn)`: from any thread, for a reader that must see a consistent state (the device
+  plugin's placement, the probes): `fn` runs on the loop and its result is handed back;
+- `read_steps(steps)`: the same for a long read (a metrics scrape's status at thousands of
+  clients): a step on each pass of the loop, events handled in between.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from appliance.core import events as ev
@@ -82,6 +84,32 @@ class Engine:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:  # TimeoutError itself from Python 3.11
             future.cancel()
+            raise
+
+    def read_steps(self, steps: Callable[[], Iterator[T | None]], *, timeout_s: float = 5.0) -> T:
+        """Like `read`, for a read done in steps: `steps()` yields None after each slice of
+        work and then its result; one step runs on each pass of the loop, so events wait at
+        most a slice behind it. TimeoutError when not done in time (then it stops)."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def step(it: Iterator[T | None]) -> None:
+            if done.cancelled():
+                return
+            try:
+                result = next(it)
+            except Exception as exc:  # the reader gets the failure, the loop carries on
+                done.set_exception(exc)
+                return
+            if result is None:
+                self._loop.call_soon(step, it)
+            else:
+                done.set_result(result)
+
+        self._loop.call_soon_threadsafe(lambda: step(steps()))
+        try:
+            return done.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            done.cancel()
             raise
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from appliance.core.drops import DropReason
 from appliance.core.events import ReleaseReason
 from appliance.core.gputime import LockTime, PodView
 from appliance.core.state import Phase
@@ -34,14 +35,7 @@ Snapshot = Callable[[], StatusView]
 
 MAX_CLIENT_SERIES = 1000
 MAX_POD_SERIES = 1000
-DROP_REASONS = (
-    "quantum",
-    "quota",
-    "priority",
-    "request",
-    "gang",
-    "reclaim",
-)  # always exported: rate() sees them from 0
+DROP_REASONS = tuple(DropReason)  # always exported: rate() sees them from 0
 
 _COUNTERS = (
     ("grants", "Lock grants"),

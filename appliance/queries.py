@@ -4,7 +4,8 @@ The answers are the core's typed views (`appliance.core.views`), with what only 
 knows added to status: how the policy directory's hot reload is doing and whether NVML is
 there. The metrics collector reads the same status, so `nvsharectl status` and /metrics never
 disagree. Everything here runs on the loop (the socket server calls it there; other threads go
-through `Engine.read`), so the core is never read halfway through a change.
+through `Engine.read` and `Engine.read_steps`), so the core is never read halfway through a
+change; status is built a slice at a time, so no grant waits long behind it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from appliance.policy.watch import PolicyWatcher
 Query = Callable[[Mapping[str, Any]], Any]  # a request's JSON -> a view; raises QueryError
 STATUS_SLICE_S = 0.001  # status work done before the loop handles other events again
 _ROWS = "\x00client rows\x00"  # where the rows go in the document
+_PODS = "\x00pods\x00"  # and the pods
 
 
 class Answers:
@@ -67,10 +69,30 @@ class Answers:
             )
         )
 
+    def status_slices(self, slice_s: float = STATUS_SLICE_S) -> Iterator[views.StatusView | None]:
+        """`status` built a slice of time at a time, as `status_document` builds its rows:
+        None after each slice, then the view. What a metrics scrape reads (`Engine.read_steps`):
+        the loop never spends more than a slice on it in one go, and the exposition (every
+        series formatted) happens on the scraper's thread, off the loop."""
+        now, clients = self._clock(), []
+        started = time.perf_counter()
+        for row in self._core.client_rows(now):
+            clients.append(row)
+            if time.perf_counter() - started >= slice_s:
+                yield None
+                started = time.perf_counter()
+        node = self._core.status(now, tuple(clients))
+        yield None
+        yield dataclasses.replace(
+            node, policy=self.policy_status(), nvml=self._nvml, backstop=self._backstop()
+        )
+
     def status_document(self, slice_s: float = STATUS_SLICE_S) -> Iterator[bytes | None]:
         """`status` as the JSON nvsharectl gets, built a slice of time at a time: None after
         each slice (the loop handles other events, then comes back), then the document. With
-        thousands of clients the whole takes tens of milliseconds, none of it in one piece."""
+        thousands of clients the whole takes tens of milliseconds, none of it in one piece:
+        the client rows and the pods (one per client, on a busy node) are encoded in slices
+        and spliced into the rest."""
         now, clients, rows = self._clock(), [], []
         started = time.perf_counter()
         for row in self._core.client_rows(now):
@@ -81,10 +103,20 @@ class Answers:
                 started = time.perf_counter()
         node = self._core.status(now, tuple(clients))  # the GPUs' queues, the pods
         yield None
-        whole = dataclasses.replace(node, clients=(), policy=self.policy_status(), nvml=self._nvml)
-        doc = views.to_json(whole)
-        doc["clients"] = _ROWS
-        head, tail = json.dumps(doc, sort_keys=True).split(json.dumps(_ROWS), 1)
+        pods: list[str] = []
+        started = time.perf_counter()
+        for pod in node.pods:
+            pods.append(json.dumps(views.to_json(pod), sort_keys=True))
+            if time.perf_counter() - started >= slice_s:
+                yield None
+                started = time.perf_counter()
+        rest = dataclasses.replace(
+            node, clients=(), pods=(), policy=self.policy_status(), nvml=self._nvml
+        )
+        doc = views.to_json(rest)
+        doc["clients"], doc["pods"] = _ROWS, _PODS
+        text = json.dumps(doc, sort_keys=True).replace(json.dumps(_PODS), _listed(pods), 1)
+        head, tail = text.split(json.dumps(_ROWS), 1)
         yield None
         yield "".join([head, "[", ", ".join(rows), "]", tail]).encode("utf-8")
 
@@ -110,3 +142,8 @@ class Answers:
 
     def policy(self) -> views.PolicyView:
         return views.policy_view(self._watcher.last_good or Policy(), self._policy_dir)
+
+
+def _listed(encoded: list[str]) -> str:
+    """A JSON list of items already encoded, as `json.dumps` writes one."""
+    return "[" + ", ".join(encoded) + "]"

@@ -26,14 +26,21 @@ class BenchDaemon:
         args: list[str] | None = None,
         tree: Path | None = None,
         start: bool = True,
+        metrics_port: int | None = None,
     ) -> None:
         """`tree`: run the appliance of another checkout (an older commit, side by side);
-        `start`: False to add policy files first (`policy_dir`), then `start()`."""
+        `start`: False to add policy files first (`policy_dir`), then `start()`;
+        `metrics_port`: serve /metrics on 127.0.0.1 there (off otherwise)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="nvs-bench-"))
         self.tmp.chmod(0o755)  # other users' clients (bench/abuse.py's uid 65534) reach its sockets
         self.policy_dir = self.tmp / "policy"
         self.policy_dir.mkdir()
-        (self.policy_dir / "policy.yaml").write_text(policy + "\nmetrics: {enabled: false}\n")
+        metrics = (
+            f"{{enabled: true, address: '127.0.0.1:{metrics_port}'}}"
+            if metrics_port
+            else "{enabled: false}"
+        )
+        (self.policy_dir / "policy.yaml").write_text(f"{policy}\nmetrics: {metrics}\n")
         self.socket_dir = self.tmp / "run"
         self.log = self.tmp / "daemon.log"
         self.args = args or []
@@ -44,7 +51,8 @@ class BenchDaemon:
     def start(self) -> None:
         env = {**os.environ, "NVSHARE_SOCKET_DIR": str(self.socket_dir)}
         if self.tree is not None:
-            env["PYTHONPATH"] = str(self.tree)
+            kept = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []  # (bench/loopwatch)
+            env["PYTHONPATH"] = os.pathsep.join([str(self.tree), *kept])
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [

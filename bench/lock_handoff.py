@@ -13,9 +13,15 @@ N-1 waiting), and the slowest heartbeat answer meanwhile.
 `churn`: N hooks register one after the other, then all disconnect: seconds for each (until
 status shows them all gone).
 
+`stall`: N hooks in line for the lock while one `nvsharectl status` and one metrics scrape a
+second come from other processes, and one more hook sends heartbeats back to back (answered
+as soon as they are read): the slowest heartbeat answer is the longest the event loop was kept
+from reading, i.e. the longest a grant could have waited behind status or metrics.
+
     .venv/bin/python bench/lock_handoff.py handoff [--clients 16 128 512 2000] [--handoffs 1000]
     .venv/bin/python bench/lock_handoff.py burst [--clients 2000]
     .venv/bin/python bench/lock_handoff.py churn [--clients 500 1000 2000]
+    .venv/bin/python bench/lock_handoff.py stall [--clients 2000] [--seconds 20]
 
 `--tree /tmp/old` runs the daemon of another checkout (`git worktree add /tmp/old <commit>`), so
 that before and after run in one series on the same machine. Instructions per hand-off, which a
@@ -25,8 +31,10 @@ noisy machine does not move: bench/core_cost.py.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -167,6 +175,59 @@ def burst(n: int, tree: Path | None) -> tuple[float, float, int]:
         _stop(d)
 
 
+READERS = """
+import sys, time, urllib.request
+from appliance import protocol as p
+from appliance.client import ControlClient
+from pathlib import Path
+while True:
+    t0 = time.monotonic()
+    with ControlClient(Path(sys.argv[1])) as c:
+        c.request(p.StatusRequest())
+    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/metrics", timeout=30).read()
+    print("read", flush=True)
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+"""
+
+
+def stall(n: int, seconds: float, tree: Path | None) -> tuple[list[float], int]:
+    """(every heartbeat's round trip, status+scrape pairs read) with n hooks in line."""
+    port = 19000 + (n % 1000)
+    d = BenchDaemon(POLICY, tree=tree, metrics_port=port)
+    try:
+        clients = _clients(d, n)
+        for c in clients:
+            c.send(p.LockRequest())
+        while _waiting(d) < n - 1:
+            time.sleep(0.05)
+        beat = d.client(timeout=60)
+        readers = subprocess.Popen(
+            [sys.executable, "-c", READERS, str(d.socket_dir), str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert readers.stdout is not None
+        readers.stdout.readline()  # (the first scrape starts the metrics up)
+        rtts = []
+        watched = bool(os.environ.get("NVSHARE_LOOPWATCH"))  # bench/loopwatch: this window
+        if watched:
+            d.proc.send_signal(signal.SIGUSR1)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            assert isinstance(beat.request(p.Heartbeat()), p.HeartbeatAck)
+            rtts.append(time.perf_counter() - t0)
+        if watched:
+            d.proc.send_signal(signal.SIGUSR2)
+        readers.kill()
+        out, _ = readers.communicate()
+        for c in [*clients, beat]:
+            c.close()
+        return rtts, out.count("read")
+    finally:
+        _stop(d)
+
+
 def churn(n: int, tree: Path | None) -> tuple[float, float]:
     """(seconds to register n one after the other, seconds until n disconnects are handled)."""
     d = BenchDaemon(POLICY, tree=tree)
@@ -186,7 +247,8 @@ def churn(n: int, tree: Path | None) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["handoff", "burst", "churn"])
+    ap.add_argument("what", choices=["handoff", "burst", "churn", "stall"])
+    ap.add_argument("--seconds", type=float, default=20.0, help="stall: how long to measure")
     ap.add_argument("--clients", type=int, nargs="+", default=[16, 128, 512, 2000])
     ap.add_argument("--handoffs", type=int, default=1000)
     ap.add_argument("--status", action="store_true", help="status asked back to back meanwhile")
@@ -211,6 +273,17 @@ def main() -> None:
         for n in args.clients:
             handled, slowest, beats = burst(n, args.tree)
             print(f"| {n} | {handled:.3f} | {slowest * 1e3:.1f} | {beats} |", flush=True)
+    elif args.what == "stall":
+        print("| clients | heartbeats | p50 (ms) | p99 (ms) | p99.9 (ms) | max (ms) | reads |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for n in args.clients:
+            rtts, reads = stall(n, args.seconds, args.tree)
+            ms = [percentile(rtts, q) * 1e3 for q in (50, 99, 99.9)]
+            print(
+                f"| {n} | {len(rtts)} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[2]:.3f} | "
+                f"{max(rtts) * 1e3:.1f} | {reads} |",
+                flush=True,
+            )
     else:
         print("| clients | register all (s) | each (ms) | disconnect all (s) | each (ms) |")
         print("|---:|---:|---:|---:|---:|")

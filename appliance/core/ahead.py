@@ -35,7 +35,6 @@ from appliance.core.quota import EPSILON_S
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
 from appliance.policy.model import Mode, SchedulerSettings
 
-RECLAIM = priority.RECLAIM  # the drop reason of a borrower dropped ahead of its lender's request
 TOLERANCE = 0.05  # of the period: how far an interval may stray and the pace still be steady
 GUARD_S = 0.001  # the request's trip to the daemon, and its timer's (epoll's) milliseconds
 MAX_SHARE = 8  # the lead is at most the period over this

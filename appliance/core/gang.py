@@ -73,8 +73,13 @@ def line(s: NodeState) -> list[Gang]:
     """The gangs waiting, in about the order they will be granted (`priority.line`, without
     the starvation limit, which needs the time): offenders last, then by priority, equal ones
     first come first served."""
-    waiting = [g for g in s.gangs.values() if g.phase is GangPhase.WAITING]
-    return sorted(waiting, key=lambda g: (g.offender, -g.priority, g.ticket))
+    # (tickets are unique: the gangs themselves are never compared; no key function to call)
+    waiting = sorted(
+        (g.offender, -g.priority, g.ticket, g)
+        for g in s.gangs.values()
+        if g.phase is GangPhase.WAITING
+    )
+    return [entry[3] for entry in waiting]
 
 
 def eligible(s: NodeState, g: Gang, now: float) -> bool:
@@ -144,7 +149,11 @@ def queue(s: NodeState, uuid: str) -> list[int]:
     """The clients waiting for a GPU, in the order their gangs will be granted."""
     out: list[int] = []
     for g in line(s):
-        if uuid in g.gpus:
+        if uuid not in g.gpus:
+            continue
+        if not g.joint:  # (most are lone clients: no sort of one)
+            out += [m for m in g.members if s.clients[m].gpu == uuid]
+        else:
             out += sorted(m for m in g.members if s.clients[m].gpu == uuid)
     return out
 

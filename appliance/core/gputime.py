@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from appliance.core.drops import DropReason
 from appliance.core.gang import account
 from appliance.core.state import Client, GangPhase, LockUsage, NodeState, Phase
 
@@ -28,7 +29,7 @@ class LockTime:
 
     held_s: float  # grant to release, the drain after a drop included
     waited_s: float  # request to grant
-    drops: Mapping[str, int]  # why it was told to drop: "quantum", "quota", ...
+    drops: Mapping[str, int]  # why it was told to drop (`state.DropReason`'s names)
 
 
 NO_LOCK_TIME = LockTime(0.0, 0.0, {})
@@ -63,7 +64,7 @@ def lock_time(c: Client, now: float) -> LockTime:
         held += now - c.granted_at
     elif c.phase is Phase.WAITING:
         waited += now - c.requested_at
-    return LockTime(round(held, 6), round(waited, 6), dict(c.usage.drops))
+    return LockTime(round(held, 6), round(waited, 6), _named(c.usage.drops))
 
 
 def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
@@ -88,16 +89,20 @@ def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
 
 def pod_views(s: NodeState, clients: tuple[ClientView, ...]) -> tuple[PodView, ...]:
     """Every pod with a connected client or a departed one's lock time, by UID."""
-    uids = list(dict.fromkeys([*s.retained, *(c.pod_uid for c in clients if c.pod_uid)]))
+    by_pod: dict[str, list[ClientView]] = {}  # one pass over the clients, not one per pod
+    for c in clients:
+        if c.pod_uid:
+            by_pod.setdefault(c.pod_uid, []).append(c)
     out = []
-    for uid in uids:
-        mine = [c for c in clients if c.pod_uid == uid]
+    for uid in dict.fromkeys([*s.retained, *by_pod]):
+        mine = by_pod.get(uid, [])
         kept = s.retained.get(uid)
         usage = LockUsage()
         if kept is not None:
             usage.add(kept.usage)
         for c in mine:
-            usage.add(LockUsage(c.lock.held_s, c.lock.waited_s, Counter(c.lock.drops)))
+            drops = Counter({DropReason(why): n for why, n in c.lock.drops.items()})
+            usage.add(LockUsage(c.lock.held_s, c.lock.waited_s, drops))
         observed = [c.memory_observed for c in mine if c.memory_observed is not None]
         named = next((c for c in mine if c.pod_name), None)
         out.append(
@@ -106,9 +111,16 @@ def pod_views(s: NodeState, clients: tuple[ClientView, ...]) -> tuple[PodView, .
                 namespace=named.namespace if named else (kept.namespace if kept else ""),
                 name=named.pod_name if named else (kept.name if kept else ""),
                 clients=tuple(c.id for c in mine),
-                lock=LockTime(round(usage.held_s, 6), round(usage.waited_s, 6), dict(usage.drops)),
+                lock=LockTime(
+                    round(usage.held_s, 6), round(usage.waited_s, 6), _named(usage.drops)
+                ),
                 memory_used=sum(c.memory_used for c in mine),
                 memory_observed=sum(observed) if observed else None,
             )
         )
     return tuple(out)
+
+
+def _named(drops: Counter[DropReason]) -> dict[str, int]:
+    """Drops by reason as a view shows them: by the reason's name."""
+    return {why.value: n for why, n in drops.items()}

@@ -34,7 +34,25 @@ and a gang whose budget is spent waits for its next window.
 
 Every client's lock time is accounted exactly here (`state.LockUsage`): how long it held the lock
 (from the grant to the release, the drain included), how long it waited for it, and why it was
-dropped; status, `nvsharectl top` and the metrics read it.
+dropped (`drops.DropReason`); status, `nvsharectl top` and the metrics read it.
+
+The state machine, per gang (`state.GangPhase`; each member's `state.Phase` follows):
+IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`-> IDLE (or
+WAITING again when a member asked meanwhile); a holder whose members all release early goes
+HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
+gangs merge into one (it keeps their turn). After each event,
+`schedule` runs its phases in this order, each asking one rule: pass over late holders (the
+drop deadline) -> drop spent quotas (`quota`) -> reclaim ahead of a steady lender (`ahead`)
+-> grant in line order (`line`, ordered by `priority` and `share`; `gang.grantable`) ->
+preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `share`,
+quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
+`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
+indexes the phases keep after every event of the core tests).
+
+Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
+requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
+gangs involved), never a pass over all waiting clients; `leave`: the same plus its gang's
+members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
 """
 
 from __future__ import annotations
@@ -43,8 +61,9 @@ import logging
 from functools import partial
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority, share, terms, yielding
+from appliance.core import ahead, priority, terms, yielding
 from appliance.core import events as ev
+from appliance.core.drops import DropReason
 from appliance.core.gang import (
     Gangs,
     account,
@@ -212,15 +231,16 @@ class Lock:
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         last = {self._s.gpus[u].last_drop for u in g.gpus}
-        g.share_cut, g.share_grant = False, share.REQUEST in last
+        g.share_cut, g.share_grant = False, DropReason.REQUEST in last
         for uuid in g.gpus:
-            self._s.gpus[uuid].last_drop = ""
+            self._s.gpus[uuid].last_drop = None
         g.granted_at = g.billed_until = now
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:
             self._s.gpus[uuid].owners.add(g.key)
         self.line.refile(g)
-        log.debug("grant gpus %s -> gang %s", sorted(g.held), g.key)
+        if log.isEnabledFor(logging.DEBUG):  # (the sort is not made for nobody)
+            log.debug("grant gpus %s -> gang %s", sorted(g.held), g.key)
         return self._grant_waiting_members(g, now)
 
     def _grant_waiting_members(self, g: Gang, now: float) -> list[act.Action]:
@@ -241,10 +261,10 @@ class Lock:
         log.debug("grant gpu %s -> client %d (pid %d)", c.gpu, c.id, c.ident.pid)
         return self.grant_message(c, c.request_seq, now)
 
-    def _drop(self, g: Gang, now: float, why: str) -> list[act.Action]:
+    def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
-        g.share_cut = why == share.REQUEST and not g.share_grant
+        g.share_cut = why is DropReason.REQUEST and not g.share_grant
         g.cut_short = priority.cut_short(g, now, why, self._s.policy.scheduler)
         for uuid in g.held:
             self._s.gpus[uuid].last_drop = why
@@ -289,8 +309,8 @@ class Lock:
     # ------------------------------------------------------------ scheduling
 
     def schedule(self, now: float) -> list[act.Action]:
-        """Pass over late holders, drop spent quotas, grant whoever may run, and preempt for
-        whoever waits; borrowers give way ahead of a steady lender's next request (`ahead`)."""
+        """The phases of a decision, in order (the module's docstring): pass over late
+        holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
         keeps = ahead.keeps(self._s, self.line)
         out = [
             *self._pass_over_late_holders(now),
@@ -348,13 +368,13 @@ class Lock:
             quota.roll(now, settings)
             min_hold = g.granted_at + settings.quota_sample_interval_s
             if quota.hold_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
-                out += self._drop(g, now, priority.QUOTA)
+                out += self._drop(g, now, DropReason.QUOTA)
         return out
 
     def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
         out: list[act.Action] = []
         for g in ahead.borrowers_due(self._s, keeps, now):
-            out += self._drop(g, now, ahead.RECLAIM)
+            out += self._drop(g, now, DropReason.RECLAIM)
         return out
 
     def _grant_waiting(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
@@ -387,7 +407,7 @@ class Lock:
         time); a gang in the way of one that holds part of its GPUs drops now."""
         out: list[act.Action] = []
         for g in in_the_way(self._s, list(self.line.owning.values()), now)[0]:
-            out += self._drop(g, now, priority.GANG)
+            out += self._drop(g, now, DropReason.GANG)
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:

@@ -37,7 +37,7 @@ from typing import Any
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import share, views
+from appliance.core import invariants, share, views
 from appliance.core.admin import Admin
 from appliance.core.annotations import AnnotationProblem, PodTable
 from appliance.core.authority import STATE_CHANGES, Authority
@@ -109,6 +109,11 @@ class NodeCore:
         }
 
     # ------------------------------------------------------------ public surface
+
+    def check(self) -> None:
+        """Every redundant index against the facts it is kept from (`invariants`); O(n),
+        for tests."""
+        invariants.check(self.state, self.lock.line)
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)

@@ -37,15 +37,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
+from appliance.core.drops import DropReason
 from appliance.core.state import Gang
 from appliance.policy.model import SchedulerSettings
 
-PREEMPTED = "priority"  # the drop reason when a higher priority took the GPU
-QUANTUM = "quantum"
-QUOTA = "quota"  # the drop reason when a holder's own compute quota is spent
-GANG = "gang"  # the drop reason when a gang holding part of its GPUs needs this one
-RECLAIM = "reclaim"  # ... when a borrower gives way ahead of its lender's steady request
-CUT_SHORT = (PREEMPTED, RECLAIM, GANG)  # higher claims (`cut_short`)
+PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
+QUANTUM = DropReason.QUANTUM
+CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # higher claims
 
 
 def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
@@ -55,7 +53,7 @@ def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
     return now >= g.waiting_since + settings.starvation_limit_s
 
 
-def cut_short(g: Gang, now: float, why: str, settings: SchedulerSettings) -> bool:
+def cut_short(g: Gang, now: float, why: DropReason, settings: SchedulerSettings) -> bool:
     """Whether a turn that ends now for `why` was too short to count as the gang's own: taken
     by a higher claim (a higher priority, its lender's pace, a gang that holds part of its
     GPUs) before it held as long as it had waited for the turn, and before the slice any
@@ -107,7 +105,7 @@ def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
 
 def yield_at(
     holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
-) -> tuple[float, str]:
+) -> tuple[float, DropReason]:
     """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
     and why."""
     if waiter.priority > holder.priority and not holder.full_quantum:

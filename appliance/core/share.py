@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 
+from appliance.core.drops import DropReason
 from appliance.core.quota import GuaranteeAccount
 from appliance.core.state import Client, NodeState
 from appliance.policy.model import SchedulerSettings
 
 log = logging.getLogger("nvshare.scheduler")
 
-REQUEST = "request"  # the drop reason when a waiter is owed its share
+REQUEST = DropReason.REQUEST  # (the name this module has used for it)
 
 
 def wants(s: NodeState, c: Client) -> bool:

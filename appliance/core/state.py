@@ -15,6 +15,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from appliance.core.annotations import PodInfo, PodTable
+from appliance.core.drops import DropReason
 from appliance.core.events import LimitTarget
 from appliance.core.gpus import GpuFacts, GpuUse
 from appliance.core.identity import ClientIdentity
@@ -49,7 +50,7 @@ class LockUsage:
 
     held_s: float = 0.0
     waited_s: float = 0.0
-    drops: Counter[str] = field(default_factory=Counter)
+    drops: Counter[DropReason] = field(default_factory=Counter)
 
     def add(self, other: LockUsage) -> None:
         self.held_s += other.held_s
@@ -123,7 +124,7 @@ class Gpu:
     requested_percent: int = 0  # its tenants' guaranteed shares together, before scaling
     clients: set[int] = field(default_factory=set)  # registered on it
     asking: set[int] = field(default_factory=set)  # of those, the ones with a share (`share`)
-    last_drop: str = ""  # why its last holder was told to drop, until the next grant
+    last_drop: DropReason | None = None  # why its last holder was told to drop, until a grant
     # its holders' last drains, drop to release (`ahead`)
     drains: deque[float] = field(default_factory=lambda: deque(maxlen=DRAINS))
 

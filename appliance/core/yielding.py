@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from appliance.core import priority, share
+from appliance.core import priority
+from appliance.core.drops import DropReason
 from appliance.core.line import Waiting
 from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
@@ -18,7 +19,7 @@ from appliance.policy.model import Mode
 
 def next_yield(
     s: NodeState, uuid: str, waiting: Waiting, now: float, owed_of: Callable[[Gang], float]
-) -> tuple[float, Gang, str] | None:
+) -> tuple[float, Gang, DropReason] | None:
     """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
     waits for it; None while nobody waits, in mode off, or while a holder still drains.
     `owed_of(holder)`: what the holder is still owed of its share. O(holders of the GPU x
@@ -41,12 +42,12 @@ def next_yield(
 
 def turn(
     s: NodeState, h: Gang, rivals: list[Gang], owed: set[str], now: float, owed_h: float
-) -> tuple[float, str]:
+) -> tuple[float, DropReason]:
     """When holder h must drop for one of the waiters (`rivals`), and why: by priority and
     quantum, sooner for a waiter owed its share, never while h is inside its own (`owed_h` of
     it is left)."""
     settings = s.policy.scheduler
-    shortest = (h.granted_at + settings.quota_sample_interval_s, share.REQUEST)
+    shortest = (h.granted_at + settings.quota_sample_interval_s, DropReason.REQUEST)
     quantum_s = quantum(s, h)
     turns = []
     for w in rivals:

@@ -42,7 +42,7 @@ class Harness:
 
     def feed(self, event: ev.Event) -> list[act.Action]:
         out = self.core.handle(event, self.now)
-        self.core.lock.line.check()  # the lock's indexes agree with a pass over every gang
+        self.core.check()  # every redundant index agrees with a pass over all clients and gangs
         self.sent += out
         return out
 

@@ -12,6 +12,7 @@ import pytest
 from appliance.core import ahead
 from appliance.core import events as ev
 from appliance.core.ahead import GUARD_S
+from appliance.core.drops import DropReason
 from appliance.policy.model import SchedulerSettings
 
 from .test_priority import HIGH, LOW, SETTINGS, by_uid, drops, grants, lent
@@ -73,7 +74,7 @@ def test_a_steady_lender_has_its_gpu_back_before_its_request_is_due() -> None:
     assert p.until(due - LEAD - 0.0001) == []
     told = len(p.h.sent)
     assert p.until(due - LEAD + 0.0001) == [p.low]
-    assert p.h.state.clients[p.low].usage.drops[ahead.RECLAIM] == 1
+    assert p.h.state.clients[p.low].usage.drops[DropReason.RECLAIM] == 1
     # Drained, the trainer asks again and is not granted: the GPU is kept; the request's hook
     # is still told it may submit at once.
     assert p.drain_low() == []

@@ -184,3 +184,21 @@ def test_a_priority_hint_said_again_costs_nothing() -> None:
     first = c.work(ev.PriorityHint(c.n, -1))
     again = [c.work(ev.PriorityHint(c.n, -1)) for _ in range(3)]
     assert max(again) * 4 < first, (first, again)
+
+
+def test_a_status_lists_pods_in_one_pass_over_the_clients() -> None:
+    """Status sums each pod's clients: work linear in the clients, as many pods as clients
+    (it was a pass over every client for each pod)."""
+
+    def work(n: int) -> int:
+        core = NodeCore(Policy(), inventory={GPU: GpuFacts(uuid=GPU, memory_total=80 << 30)})
+        for cid in range(1, n + 1):
+            ident = ClientIdentity(pid=5000 + cid, uid=1000, gid=1000, pod_uid=f"pod-{cid}")
+            core.handle(ev.ClientRegistered(cid, 1, ident, GPU, 80 << 30), 1.0)
+        rows = tuple(core.client_rows(1.0))
+        crowd = Crowd(0)
+        crowd.core = core
+        return crowd.work(lambda: core.status(1.0, rows))
+
+    small, large = work(SMALL), work(LARGE)
+    assert large <= small * LARGE / SMALL * GROWTH, (small, large)

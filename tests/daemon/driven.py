@@ -61,9 +61,14 @@ class Peer:
 
 @asynccontextmanager
 async def daemon(
-    tmp_path: Path, *, proc_root: Path = Path("/proc"), status_slice_s: float = STATUS_SLICE_S
+    tmp_path: Path,
+    *,
+    proc_root: Path = Path("/proc"),
+    status_slice_s: float = STATUS_SLICE_S,
+    answers_out: list[Answers] | None = None,
 ) -> AsyncIterator[tuple[SchedulerServer, Engine]]:
-    """`status_slice_s`: the status document's work per pass of the loop (0: a row a pass)."""
+    """`status_slice_s`: the status document's work per pass of the loop (0: a row a pass);
+    `answers_out`: given, gets the daemon's `Answers` (what a scrape reads)."""
     loop = asyncio.get_running_loop()
     core = NodeCore(Policy(scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=3600)))
     engine = Engine(core, loop=loop)
@@ -88,6 +93,8 @@ async def daemon(
     engine.connect(server.send, *SchedulerServer.ACTIONS)
     await server.start()
     try:
+        if answers_out is not None:
+            answers_out.append(answers)
         yield server, engine
     finally:
         while OPEN:

@@ -7,9 +7,12 @@ stands still, then the loop runs a pass at a time. Order and counts, never the c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 from appliance import protocol as p
+from appliance.core.views import StatusView
+from appliance.queries import Answers
 
 from .driven import Peer, connected, daemon, register, registered, until
 
@@ -90,5 +93,37 @@ def test_a_hand_off_is_not_kept_waiting_while_status_is_built(tmp_path: Path) ->
             assert granted_meanwhile, "the hand-off waited for the whole status document"
             doc = next(m for m in status.got if isinstance(m, p.JsonBody)).doc
             assert len(doc["clients"]) == 150
+
+    asyncio.run(main())
+
+
+def test_events_are_handled_while_a_scrape_reads_status(tmp_path: Path) -> None:
+    """A metrics scrape (another thread) reads the status of 150 clients a slice at a time
+    (`Engine.read_steps`): hooks' requests sent meanwhile are handled between its steps,
+    not after the whole of it."""
+
+    async def main() -> None:
+        got: list[Answers] = []
+        async with daemon(tmp_path, answers_out=got) as (server, engine):
+            (answers,) = got
+            hooks = await connected(server.path, 150)
+            await registered(hooks)
+            seen: list[int] = []  # the events handled by each step of the scrape
+
+            def steps() -> Iterator[StatusView | None]:
+                for step in answers.status_slices(slice_s=0.0):  # a row a pass
+                    seen.append(engine.generation)
+                    yield step
+
+            loop = asyncio.get_running_loop()
+            scrape = loop.run_in_executor(None, lambda: engine.read_steps(steps))
+
+            def scraped() -> bool:
+                hooks[0].send(p.LockRequest(), p.LockReleased(p.ReleaseReason.IDLE))
+                return scrape.done()
+
+            await until(scraped)
+            assert len((await scrape).clients) == 150
+            assert seen[-1] > seen[0], "no event was handled until the whole status was read"
 
     asyncio.run(main())
