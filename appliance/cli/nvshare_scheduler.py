@@ -1,8 +1,8 @@
 """`nvshare-scheduler`: the node daemon, and the cluster's webhook and extender servers.
 
-Each is started from here and built elsewhere: the daemon by `appliance.daemon`, the MIG
-fallback webhook by `appliance.kube.webhook`, the scheduler extender by
-`appliance.kube.extender`. Every way one cannot start is one line on stderr and exit status 1.
+Each is started from here and built elsewhere: the daemon by `appliance.daemon.daemon`, the MIG
+fallback webhook by `appliance.cluster.webhook`, the scheduler extender by
+`appliance.cluster.extender`. Every way one cannot start is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import NoReturn
 
 import click
 
-from appliance import socket_dirs
 from appliance.cli.common import (
     control_dir_option,
     kube_api_option,
@@ -22,6 +21,7 @@ from appliance.cli.common import (
     program,
     socket_dir_option,
 )
+from appliance.wire import socket_dirs
 
 
 @program("nvshare-scheduler")
@@ -100,7 +100,7 @@ def scheduler_main(
     """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
     if ctx.invoked_subcommand is not None:
         return
-    from appliance.daemon import DaemonConfig, run_daemon
+    from appliance.daemon.daemon import DaemonConfig, run_daemon
 
     config = DaemonConfig(
         policy_dir=policy_dir,
@@ -142,8 +142,8 @@ def webhook(
     import logging
     import ssl
 
+    from appliance.cluster.webhook_server import build_webhook_server
     from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.kube.webhook_server import build_webhook_server
 
     def die(message: str) -> NoReturn:
         click.echo(f"nvshare-scheduler webhook: {message}", err=True)
@@ -195,7 +195,7 @@ def extender(
     port: int, host: str, kube_api: str | None, policy_dir: Path, switch: bool | None
 ) -> None:
     """Serve the kube-scheduler extender that filters nodes on their GPUs' real free memory."""
-    from appliance.kube.extender_server import run_extender
+    from appliance.cluster.extender_server import run_extender
 
     sys.exit(
         run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)

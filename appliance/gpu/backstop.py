@@ -36,7 +36,7 @@ from appliance.gpu.nvml import MemoryLimitRefused, Nvml
 
 if TYPE_CHECKING:
     from appliance.core.node import NodeCore
-    from appliance.engine import Engine
+    from appliance.daemon.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance.daemon import Daemon, DaemonConfig
+from appliance.daemon.daemon import Daemon, DaemonConfig
 from appliance.gpu.nvml import Nvml
 
 WAIT_S = 20.0  # bounds things that take well under a second; never a measurement

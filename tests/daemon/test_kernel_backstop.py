@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
 from appliance.core.views import ExplainQuery, StatusView
-from appliance.daemon import Daemon
+from appliance.daemon.daemon import Daemon
 from appliance.gpu.backstop import Holder, KernelBackstop
 from appliance.gpu.nvml import MEMORY_LIMIT_MAX, Nvml
-from appliance.metrics import ApplianceCollector
 from appliance.policy.model import Mode
+from appliance.web.metrics import ApplianceCollector
+from appliance.wire import protocol as p
 
 from .inprocess import daemon_config, eventually, run_with
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 from .driven import Peer, connected, daemon, register, registered, until
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import LD_HOOK, Variant, assert_clean

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol, protocol_gang, protocol_view
+from appliance.wire import protocol, protocol_gang, protocol_view
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.kube.cluster_cache import NodesAndBoundPods
-from appliance.kube.resources import pod_request
+from appliance.cluster.cluster_cache import NodesAndBoundPods
 from appliance.placement.demand import HAMI_GPUS, HAMI_MEMORY, pod_demand
 from appliance.placement.fit import NodeView
+from appliance.placement.resources import pod_request
 from appliance.placement.status import ANNOTATION, NodeGpuStatus, StatusError, decode
 from appliance.policy.model import Policy
 

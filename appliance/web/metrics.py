@@ -28,7 +28,7 @@ from appliance.core.events import ReleaseReason
 from appliance.core.gputime import LockTime, PodView
 from appliance.core.state import Phase
 from appliance.core.views import ClientView, PolicyStatus, StatusView
-from appliance.protocol import wire_mode
+from appliance.wire.protocol import wire_mode
 
 Snapshot = Callable[[], StatusView]
 

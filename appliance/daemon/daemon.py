@@ -2,7 +2,7 @@
 metrics, Kubernetes Events, systemd) around the scheduler core. No scheduling logic lives here.
 
 Sources on threads (the policy watcher, the pod watcher, the NVML sampler) hand their events
-to the engine (`appliance.engine`), which feeds the core on the asyncio loop and routes its
+to the engine (`appliance.daemon.engine`), which feeds the core on the asyncio loop and routes its
 actions to the sinks; only the loop touches the core.
 """
 
@@ -21,30 +21,31 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from appliance import sdnotify, socket_dirs
-from appliance.admission import raise_open_files
-from appliance.codec import NodeGpus
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.authority import Authority
 from appliance.core.node import NodeCore
-from appliance.engine import Engine
+from appliance.daemon import sdnotify
+from appliance.daemon.engine import Engine
+from appliance.daemon.limit_log import LimitChangeLog, limit_context
+from appliance.daemon.limits_file import LimitsFile
+from appliance.daemon.queries import Answers
 from appliance.gpu.backstop import BackstopLoop, KernelBackstop
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import own_pod
 from appliance.host.process import ProcessIdentities
-from appliance.limit_log import LimitChangeLog, limit_context
-from appliance.limits_file import LimitsFile
-from appliance.metrics import ApplianceCollector
-from appliance.metrics_endpoint import start_metrics
 from appliance.policy.errors import PolicyLoadError
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.probes import LoopProbes, start_probes
-from appliance.queries import Answers
-from appliance.server import SchedulerServer
-from appliance.socket_claim import SocketUnavailable
+from appliance.serve.admission import raise_open_files
+from appliance.serve.server import SchedulerServer
+from appliance.serve.socket_claim import SocketUnavailable
+from appliance.web.metrics import ApplianceCollector
+from appliance.web.metrics_endpoint import start_metrics
+from appliance.web.probes import LoopProbes, start_probes
+from appliance.wire import socket_dirs
+from appliance.wire.codec import NodeGpus
 
 if TYPE_CHECKING:
     from appliance.kube.access import Permissions

@@ -1,6 +1,6 @@
 """How a fixed-layout message body is packed: the rules every message of the wire shares.
 
-`appliance.protocol` declares each body as a frozen dataclass with a little-endian struct
+`appliance.wire.protocol` declares each body as a frozen dataclass with a little-endian struct
 format mirroring `ld_hook/nvshare_proto.h`; this module turns such a declaration into bytes
 and back (strings NUL-padded and cut to fit, reserved fields sent as 0, numbers read back into
 their enums), so the protocol module holds the messages and nothing else.

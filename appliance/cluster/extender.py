@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from appliance.kube.cluster_view import ClusterView
+from appliance.cluster.cluster_view import ClusterView
 from appliance.placement.demand import pod_demand
 from appliance.placement.fit import Basis, NodeJudge, NodeVerdict, check_mode, scores
 from appliance.policy.model import Policy, RealtimeCheckMode

@@ -1,12 +1,12 @@
 """What the cluster-side HTTP services (the webhook, the scheduler extender) serve alike.
 
 Both answer an API component (kube-apiserver, kube-scheduler) that keeps its connection alive,
-listen on both IP families by default (`appliance.listen`), expose `/healthz` (fails when a
+listen on both IP families by default (`appliance.web.listen`), expose `/healthz` (fails when a
 cache stopped following the API server: a restart mends it) and `/readyz` (fails, with the
 reasons, until the policy is loaded and the caches have listed, and while RBAC refuses them a
 verb), and own caches that must stop with them.
 
-Neither trusts its peer to be kind (`appliance.listen.BoundedConnections`): connections are
+Neither trusts its peer to be kind (`appliance.web.listen.BoundedConnections`): connections are
 capped (503 past the cap), a request must arrive whole in time, bodies are capped (413) and
 JSON nested past `MAX_JSON_DEPTH` is refused (400), before any of it reaches the handler.
 """
@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from appliance.listen import BoundedConnections, DualStack
-from appliance.probes import Reasons, http_answer
+from appliance.web.listen import BoundedConnections, DualStack
+from appliance.web.probes import Reasons, http_answer
 
 # Time a peer has to send a request whole once it began (headers and body); and how deep a
 # JSON body may nest (a Kubernetes object is a few dozen levels at most).

@@ -1,7 +1,7 @@
 """The gang messages of the wire format (`ld_hook/nvshare_proto.h`, GANG_*): how the clients of
 one job on several GPUs are named and stopped together (`appliance.core.gang`).
 
-Kept beside `appliance.protocol`, whose types and packing they use; `tests/protocol` checks
+Kept beside `appliance.wire.protocol`, whose types and packing they use; `tests/protocol` checks
 their layout against the C header like every other body.
 """
 
@@ -11,8 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
-from appliance.layout import Fixed, empty
-from appliance.protocol import MsgType
+from appliance.wire.layout import Fixed, empty
+from appliance.wire.protocol import MsgType
 
 GANG_LEN = 128
 

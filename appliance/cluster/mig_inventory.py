@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.kube.cluster_cache import NodesAndBoundPods
-from appliance.kube.resources import pod_request
-from appliance.kube.resources import resource_count as _count
-from appliance.kube.webhook import MIG_RESOURCE_PREFIX, NotSynced, requested_mig_resources
+from appliance.cluster.cluster_cache import NodesAndBoundPods
+from appliance.cluster.webhook import MIG_RESOURCE_PREFIX, NotSynced, requested_mig_resources
+from appliance.placement.resources import pod_request
+from appliance.placement.resources import resource_count as _count
 
 _TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 ADMISSION_TTL_S = 30.0  # far above the milliseconds from admission to the pod's watch event

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance import framing
-from appliance import protocol as p
-from appliance.admission import Admission
 from appliance.host.peer import peer_credentials, where_it_runs
+from appliance.serve.admission import Admission
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 ACCEPTS_PER_TURN = 256
 

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from appliance import framing, socket_dirs
-from appliance import protocol as p
+from appliance.wire import framing, socket_dirs
+from appliance.wire import protocol as p
 
 
 class DaemonUnavailable(Exception):

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import framing
-from appliance import protocol as p
 from appliance.core.identity import ClientIdentity
 from appliance.host.peer import peer_credentials
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 log = logging.getLogger("nvshare.server")
 

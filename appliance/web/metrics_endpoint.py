@@ -1,6 +1,6 @@
 """The metrics endpoint: /metrics, /healthz and /readyz over HTTP, in threads of its own.
 
-Kept apart from `appliance.metrics` (what the series are): this is how they are served to
+Kept apart from `appliance.web.metrics` (what the series are): this is how they are served to
 scrapers and kubelet without either costing the scheduler much, whoever connects.
 """
 
@@ -15,8 +15,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from appliance.listen import BoundedConnections, DualStack, bind, split_address
-from appliance.probes import Reasons, http_answer
+from appliance.web.listen import BoundedConnections, DualStack, bind, split_address
+from appliance.web.probes import Reasons, http_answer
 
 log = logging.getLogger("nvshare.metrics")
 

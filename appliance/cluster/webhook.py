@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance.kube.resources import pod_request
-from appliance.kube.resources import resource_count as _count
+from appliance.placement.resources import pod_request
+from appliance.placement.resources import resource_count as _count
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from appliance.kube.mig_inventory import MigInventory
-from appliance.kube.serving import BadBody, CacheBackedServer, ProbedHandler
-from appliance.kube.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
-from appliance.listen import EVERY_ADDRESS, bind
+from appliance.cluster.mig_inventory import MigInventory
+from appliance.cluster.serving import BadBody, CacheBackedServer, ProbedHandler
+from appliance.cluster.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
 from appliance.policy.watch import PolicyWatcher
+from appliance.web.listen import EVERY_ADDRESS, bind
 
-log = logging.getLogger("appliance.kube.webhook")
+log = logging.getLogger("appliance.cluster.webhook")
 
 MAX_REVIEW_BYTES = 3 << 20  # the API server's own request limit; a pod is far smaller
 

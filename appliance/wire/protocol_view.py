@@ -2,7 +2,7 @@
 is shown it (NVML, `cuMemGetInfo`, nvidia-smi), asked for before or without REGISTER
 (`appliance.core.shown`).
 
-Kept beside `appliance.protocol`, whose types and packing they use; `tests/protocol` checks
+Kept beside `appliance.wire.protocol`, whose types and packing they use; `tests/protocol` checks
 their layout against the C header like every other body.
 """
 
@@ -12,8 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
-from appliance.layout import Fixed
-from appliance.protocol import NAME_LEN, UUID_LEN, MsgType
+from appliance.wire.layout import Fixed
+from appliance.wire.protocol import NAME_LEN, UUID_LEN, MsgType
 
 
 @dataclass(frozen=True, slots=True)

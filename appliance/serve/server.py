@@ -33,12 +33,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from appliance import codec, framing, socket_dirs
-from appliance import protocol as p
-from appliance import protocol_view as pv
-from appliance.accept import Acceptor, Role
-from appliance.admission import FILES_IN_RESERVE, Admission
-from appliance.connection import Bounds, Budget, PeerConnection, Turns
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core import views
@@ -47,7 +41,13 @@ from appliance.core.shown import MemoryView
 from appliance.host.peer import identify
 from appliance.host.pidns import pids_seen_by
 from appliance.policy.model import ConnectionSettings
-from appliance.socket_claim import SocketClaim, claim_sockets
+from appliance.serve.accept import Acceptor, Role
+from appliance.serve.admission import FILES_IN_RESERVE, Admission
+from appliance.serve.connection import Bounds, Budget, PeerConnection, Turns
+from appliance.serve.socket_claim import SocketClaim, claim_sockets
+from appliance.wire import codec, framing, socket_dirs
+from appliance.wire import protocol as p
+from appliance.wire import protocol_view as pv
 
 log = logging.getLogger("nvshare.server")
 

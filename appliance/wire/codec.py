@@ -13,15 +13,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import protocol as p
-from appliance import protocol_gang as pg
-from appliance import protocol_view as pv
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.gpus import GpuFacts
 from appliance.core.limits import HookLimits
 from appliance.policy.model import MAX_PRIORITY, MIN_PRIORITY, Limits, Policy
 from appliance.policy.quantity import MAX_SIZE_BYTES
+from appliance.wire import protocol as p
+from appliance.wire import protocol_gang as pg
+from appliance.wire import protocol_view as pv
 
 # More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
 MAX_GPU_BYTES = 1 << 50

@@ -14,10 +14,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import protocol as p
-from appliance import protocol_gang as pg
-from appliance import protocol_view as pv
-from appliance.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
+from appliance.wire import protocol as p
+from appliance.wire import protocol_gang as pg
+from appliance.wire import protocol_view as pv
+from appliance.wire.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
 
 MAX_BODY = 1 << 20
 MAX_DOCUMENT = 64 << 20  # a JSON reply split over JSON_PART frames (status of 10,000 clients: 4 MB)

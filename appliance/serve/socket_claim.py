@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.host.peer import peer_credentials
-from appliance.socket_dirs import CONTROL_SOCKET_NAME, SOCKET_NAME
+from appliance.wire.socket_dirs import CONTROL_SOCKET_NAME, SOCKET_NAME
 
 LOCK_NAME = "scheduler.lock"
 _SOMAXCONN = Path("/proc/sys/net/core/somaxconn")

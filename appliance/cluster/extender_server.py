@@ -13,10 +13,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from appliance.kube.cluster_view import ClusterView
-from appliance.kube.extender import Extender
-from appliance.kube.serving import BadBody, CacheBackedServer, ProbedHandler
-from appliance.listen import EVERY_ADDRESS, bind
+from appliance.cluster.cluster_view import ClusterView
+from appliance.cluster.extender import Extender
+from appliance.cluster.serving import BadBody, CacheBackedServer, ProbedHandler
+from appliance.web.listen import EVERY_ADDRESS, bind
 
 log = logging.getLogger("nvshare.extender")  # one logger for the extender program
 

@@ -5,8 +5,9 @@ types). `tests/protocol` compiles a C probe that prints every size and offset of
 structs and checks them against the formats here, so the two sides cannot drift apart.
 
 What travels on a stream of frames (encoding, decoding, JSON documents split over frames) is
-in `appliance.framing`; sockets live in `appliance.server` and `appliance.client`, and where
-they are in `appliance.socket_dirs`.
+in `appliance.wire.framing`; sockets live in `appliance.serve.server` and
+`appliance.cli.client`, and where
+they are in `appliance.wire.socket_dirs`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from appliance.layout import Fixed, empty, same_body
 from appliance.policy.model import Backing, Mode
+from appliance.wire.layout import Fixed, empty, same_body
 
 MAGIC = 0x4853564E
 VERSION = 1

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from appliance.listen import DualStack, bind, split_address
+from appliance.web.listen import DualStack, bind, split_address
 
 log = logging.getLogger("nvshare.probes")
 
