@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
 
+from appliance.wire import messages
 from appliance.wire import protocol as p
-from appliance.wire import protocol_gang as pg
-from appliance.wire import protocol_view as pv
 from appliance.wire.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
 
 MAX_BODY = 1 << 20
@@ -30,45 +28,6 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.status = status
         self.ref_type = ref_type
-
-
-_FIXED: dict[p.MsgType, Any] = {
-    cls.TYPE: cls
-    for cls in (
-        p.Register,
-        p.Registered,
-        p.LockRequest,
-        p.LockGrant,
-        p.LockTerms,
-        p.LockDrop,
-        p.LockLent,
-        p.LockUnlent,
-        p.LockReleased,
-        p.SetTq,
-        p.SetMode,
-        p.StatusRequest,
-        p.MemReserve,
-        p.MemGrant,
-        p.MemReturn,
-        p.LimitUpdate,
-        p.LimitSet,
-        p.Heartbeat,
-        p.HeartbeatAck,
-        p.MemObserved,
-        p.LedgerPeers,
-        p.MemRefusals,
-        pv.ViewRequest,
-        pv.View,
-        pg.GangHint,
-        p.PriorityHint,
-        pg.GangDrop,
-        pg.GangPosition,
-        pg.GangCut,
-        pg.GangCatchup,
-        pg.GangCutOver,
-    )
-}
-_JSON_TYPES = {p.MsgType.STATUS_REPLY, p.MsgType.QUERY, p.MsgType.QUERY_REPLY}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +72,11 @@ def decode_body(frame: Frame) -> Message:
     try:
         if msg_type in (MsgType.OK, MsgType.ERROR):
             return p.Result.unpack(frame.body)
-        if msg_type in _JSON_TYPES:
+        if msg_type in messages.JSON_TYPES:
             return p.JsonBody(msg_type, json.loads(frame.body.decode("utf-8")))
         if msg_type is MsgType.JSON_PART:
             return p.JsonPart(frame.body)
-        return _FIXED[msg_type].unpack(frame.body)
+        return messages.FIXED[msg_type].unpack(frame.body)
     except RecursionError:
         raise ProtocolError(
             Status.BAD_BODY,

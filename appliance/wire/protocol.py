@@ -378,24 +378,3 @@ class JsonBody:
 
 
 Message = Any  # one of the body classes above
-
-# Every body struct, for the C probe comparison.
-BODY_FORMATS: dict[str, struct.Struct] = {
-    "nvs_header": HEADER,
-    "nvs_register": Register.FORMAT,
-    "nvs_priority_hint": PriorityHint.FORMAT,
-    "nvs_limits": WireLimits.FORMAT,
-    "nvs_registered": Registered.FORMAT,
-    "nvs_lock_grant": LockGrant.FORMAT,
-    "nvs_lock_released": LockReleased.FORMAT,
-    "nvs_set_tq": SetTq.FORMAT,
-    "nvs_set_mode": SetMode.FORMAT,
-    "nvs_result": Result.FORMAT,
-    "nvs_mem_reserve": MemReserve.FORMAT,
-    "nvs_mem_grant": MemGrant.FORMAT,
-    "nvs_mem_return": MemReturn.FORMAT,
-    "nvs_limit_set": LimitSet.FORMAT,
-    "nvs_mem_observed": MemObserved.FORMAT,
-    "nvs_ledger_peers": LedgerPeers.FORMAT,
-    "nvs_mem_refusals": MemRefusals.FORMAT,
-}

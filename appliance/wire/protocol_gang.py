@@ -52,9 +52,3 @@ class GangCut(GangCutBody):
 
 class GangCutOver(GangCutBody):
     TYPE: ClassVar[MsgType] = MsgType.GANG_CUT_OVER
-
-
-BODY_FORMATS: dict[str, struct.Struct] = {
-    "nvs_gang_hint": GangHint.FORMAT,
-    "nvs_gang_cut": GangCutBody.FORMAT,
-}

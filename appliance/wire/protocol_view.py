@@ -69,10 +69,3 @@ class View:
         entries = ViewProcess.FORMAT.iter_unpack(body[cls.HEAD.size :])
         processes = tuple(ViewProcess(*next(entries)) for _ in range(count))
         return cls(mem_limit, used, processes, unlisted)
-
-
-BODY_FORMATS: dict[str, struct.Struct] = {
-    "nvs_view_request": ViewRequest.FORMAT,
-    "nvs_view_process": ViewProcess.FORMAT,
-    "nvs_view": View.FORMAT,
-}
