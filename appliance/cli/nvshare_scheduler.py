@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
 from appliance.cli.common import (
+    configure_logging,
     control_dir_option,
     kube_api_option,
     policy_dir_option,
@@ -98,6 +98,7 @@ def scheduler_main(
     debug: bool,
 ) -> None:
     """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
+    configure_logging(debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"))
     if ctx.invoked_subcommand is not None:
         return
     from appliance.daemon.daemon import DaemonConfig, run_daemon
@@ -114,7 +115,6 @@ def scheduler_main(
         open_files=open_files,
         proc_root=proc_root,
         probe_address=probe_address,
-        debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
     )
     sys.exit(run_daemon(config))
 
@@ -139,40 +139,23 @@ def webhook(
     policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
-    import logging
-    import ssl
-
-    from appliance.cluster.webhook_server import build_webhook_server
-    from appliance.kube.api import KubeConfigError, api_client_from_env
-
-    def die(message: str) -> NoReturn:
-        click.echo(f"nvshare-scheduler webhook: {message}", err=True)
-        sys.exit(1)
+    from appliance.cluster.webhook_server import run_webhook
 
     for flag, path in (("--cert-file", cert_file), ("--key-file", key_file)):
         if not path.is_file() or not os.access(path, os.R_OK):
-            die(f"{flag} {path}: no readable file there")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        server = build_webhook_server(
+            click.echo(
+                f"nvshare-scheduler webhook: {flag} {path}: no readable file there", err=True
+            )
+            sys.exit(1)
+    sys.exit(
+        run_webhook(
             policy_dir=policy_dir,
             cert_file=cert_file,
             key_file=key_file,
             port=port,
             host=host,
-            api_client=api_client_from_env(kube_api),
+            kube_api=kube_api,
         )
-    except KubeConfigError as exc:
-        die(str(exc))
-    except ssl.SSLError as exc:
-        die(f"cannot use {cert_file} with {key_file} for TLS: {exc.reason or exc}")
-    except OSError as exc:
-        die(f"cannot serve on port {port}: {exc.strerror or exc}")
-    logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
-    server.serve_until_stopped(
-        "MIG fallback webhook on https", logging.getLogger("nvshare.webhook")
     )
 
 

@@ -15,7 +15,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from appliance.cluster.cluster_view import ClusterView
 from appliance.cluster.extender import Extender
-from appliance.cluster.serving import BadBody, CacheBackedServer, ProbedHandler
+from appliance.cluster.serving import (
+    BadBody,
+    CacheBackedServer,
+    ProbedHandler,
+    Refused,
+    run_until_stopped,
+)
 from appliance.web.listen import EVERY_ADDRESS, bind
 
 log = logging.getLogger("nvshare.extender")  # one logger for the extender program
@@ -131,35 +137,25 @@ def run_extender(
 ) -> int:
     """`nvshare-scheduler extender`: 0 when stopped by a signal, 2 on a bad policy, 1 otherwise."""
 
-    from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.policy.errors import PolicyLoadError
+    def build() -> ExtenderServer:
+        from appliance.kube.api import KubeConfigError, api_client_from_env
+        from appliance.policy.errors import PolicyLoadError
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        api_client = api_client_from_env(kube_api)
-    except KubeConfigError as exc:  # it says what was tried and what to give
-        log.error("refusing to start: %s", exc)
-        return 1
-    try:
-        server = build_extender_server(
-            policy_dir=policy_dir,
-            api_client=api_client,
-            switch=switch,
-            host=host,
-            port=port,
-        )
-    except PolicyLoadError as exc:
-        log.error("refusing to start: the policy in %s is invalid:", policy_dir)
-        for err in exc.errors:
-            log.error("  %s", err)
-        return 2
-    except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
-        return 1
-    try:
-        server.serve_until_stopped("scheduler extender", log)
-    except KeyboardInterrupt:
-        pass
-    return 0
+        try:
+            return build_extender_server(
+                policy_dir=policy_dir,
+                api_client=api_client_from_env(kube_api),
+                switch=switch,
+                host=host,
+                port=port,
+            )
+        except KubeConfigError as exc:  # it says what was tried and what to give
+            raise Refused(str(exc)) from None
+        except PolicyLoadError as exc:
+            raise Refused(
+                f"the policy in {policy_dir} is invalid:", *map(str, exc.errors), status=2
+            ) from None
+        except OSError as exc:
+            raise Refused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+    return run_until_stopped(build, "scheduler extender", log)

@@ -20,7 +20,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -203,3 +203,33 @@ class CacheBackedServer(DualStack, BoundedConnections, ThreadingHTTPServer):
             self.serve_forever()
         finally:
             self.server_close()
+
+
+class Refused(Exception):
+    """Why a cluster program cannot start: what to say (a line, then its details) and the exit
+    status."""
+
+    def __init__(self, reason: str, *details: str, status: int = 1) -> None:
+        super().__init__(reason)
+        self.details = details
+        self.status = status
+
+
+def run_until_stopped(
+    build: Callable[[], CacheBackedServer], what: str, log: logging.Logger
+) -> int:
+    """The one start-up of the webhook and the extender: `build` binds the server and starts its
+    caches, or raises Refused; then it serves until SIGTERM or an interrupt. 0 once stopped;
+    a refusal is logged as `refusing to start: ...` and its status returned."""
+    try:
+        server = build()
+    except Refused as exc:
+        log.error("refusing to start: %s", exc)
+        for line in exc.details:
+            log.error("  %s", line)
+        return exc.status
+    try:
+        server.serve_until_stopped(what, log)
+    except KeyboardInterrupt:
+        pass
+    return 0

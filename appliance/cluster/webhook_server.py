@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance.cluster.mig_inventory import MigInventory
-from appliance.cluster.serving import BadBody, CacheBackedServer, ProbedHandler
+from appliance.cluster.serving import (
+    BadBody,
+    CacheBackedServer,
+    ProbedHandler,
+    Refused,
+    run_until_stopped,
+)
 from appliance.cluster.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
 from appliance.policy.watch import PolicyWatcher
 from appliance.web.listen import EVERY_ADDRESS, bind
@@ -192,3 +198,35 @@ def build_webhook_server(
     inventory.start()
     chains.start()
     return server
+
+
+def run_webhook(
+    *, policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
+) -> int:
+    """`nvshare-scheduler webhook`: 0 when stopped by a signal, 1 when it cannot start."""
+    log = logging.getLogger("nvshare.webhook")
+
+    def build() -> WebhookServer:
+        from appliance.kube.api import KubeConfigError, api_client_from_env
+
+        try:
+            server = build_webhook_server(
+                policy_dir=policy_dir,
+                cert_file=cert_file,
+                key_file=key_file,
+                port=port,
+                host=host,
+                api_client=api_client_from_env(kube_api),
+            )
+        except KubeConfigError as exc:
+            raise Refused(str(exc)) from None
+        except ssl.SSLError as exc:
+            raise Refused(
+                f"cannot use {cert_file} with {key_file} for TLS: {exc.reason or exc}"
+            ) from None
+        except OSError as exc:
+            raise Refused(f"cannot serve on port {port}: {exc.strerror or exc}") from None
+        log.info("MIG fallback chains from %s", policy_dir)
+        return server
+
+    return run_until_stopped(build, "MIG fallback webhook on https", log)

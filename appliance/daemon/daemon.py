@@ -13,7 +13,6 @@ import grp
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +69,6 @@ class DaemonConfig:
     device_plugin: bool = False
     hook_host_path: str = "/var/lib/nvshare/lib/libnvshare.so"
     device_plugin_dir: Path = DEVICE_PLUGIN_DIR  # kubelet's; tests give a temp dir
-    debug: bool = False
     metrics: bool = True  # tests turn the HTTP endpoint off
     probe_address: str | None = None  # /healthz and /readyz here too, with or without metrics
     open_files: int = 65536  # the soft limit of open files the daemon raises itself to
@@ -442,9 +440,4 @@ class Daemon:
 
 
 def run_daemon(config: DaemonConfig) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if config.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     return asyncio.run(Daemon(config).run())
