@@ -153,26 +153,26 @@ static void flush_locked(struct conn *c)
 int nvs_conn_queue(struct nvs_gpu *g, uint16_t type, const void *body, uint32_t len, uint64_t *seq)
 {
     struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int rc = queue_locked(c, type, body, len, seq);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     return rc;
 }
 
 void nvs_conn_flush(struct nvs_gpu *g)
 {
     struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     flush_locked(c);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 void nvs_conn_fail(struct nvs_gpu *g, const char *why)
 {
     struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     fail_locked(c, why);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 /* ------------------------------------------------------------------ receiving */
@@ -327,10 +327,10 @@ struct reader_arg {
 /* Delivers one event unless the connection it came on was replaced meanwhile. */
 static int current(struct conn *c, unsigned generation, int frame_arrived)
 {
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int same = c->generation == generation;
     if (same && frame_arrived) c->awaiting_ns = 0;
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     return same;
 }
 
@@ -338,7 +338,7 @@ static void registered(struct nvs_gpu *g, struct conn *c, unsigned generation,
                        const struct nvs_event *ev)
 {
     handler(g, ev);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     if (c->generation == generation) {
         c->state = CONN_UP;
         c->first_use = 0;
@@ -346,7 +346,7 @@ static void registered(struct nvs_gpu *g, struct conn *c, unsigned generation,
         pthread_cond_broadcast(&c->cv);
     }
     flush_locked(c);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     NVS_DEBUG("GPU %d (%s): registered as client %llu", g->index, g->uuid,
               (unsigned long long)ev->u.registered.client_id);
 }
@@ -378,14 +378,14 @@ static void *reader_main(void *p)
             handler(g, &ev);
         }
     }
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int mine = c->generation == a.generation;
     if (mine) {
         if (c->why != NULL) why = c->why;
         if (why == NULL) why = is_registered ? WHY_LOST : WHY_UNREACHABLE;
         down_locked(c);
     }
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     close(a.fd);
     if (mine) announce_down(g, why);
     return NULL;
@@ -523,15 +523,15 @@ static const char *start_locked(struct nvs_gpu *g, struct conn *c, int fd)
 void nvs_conn_use(struct nvs_gpu *g)
 {
     struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int unused = c->state == CONN_UNUSED;
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     int fd = NO_SOCKET;
     if (unused) {
         nvs_gpu_identify(g);
         if (nvs_cfg.socket_usable) fd = open_socket_patiently();
     }
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     const char *failed = NULL;
     if (c->state == CONN_UNUSED) {
         c->first_use = 1;
@@ -546,14 +546,14 @@ void nvs_conn_use(struct nvs_gpu *g)
         struct timespec ts = nvs_deadline_ms(now >= deadline ? 100 : (deadline - now) / 1000000 + 1);
         pthread_cond_timedwait(&c->cv, &c->mu, &ts);
     }
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     if (failed != NULL) announce_down(g, failed);
 }
 
 void nvs_conn_tick(struct nvs_gpu *g, uint64_t now)
 {
     struct conn *c = conn_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     switch (c->state) {
     case CONN_UP:
         if (nvs_elapsed(now, c->last_tx_ns) >= heartbeat_ns()) queue_locked(c, NVS_MSG_HEARTBEAT, NULL, 0, NULL);
@@ -572,7 +572,7 @@ void nvs_conn_tick(struct nvs_gpu *g, uint64_t now)
     case CONN_UNUSED:
         break;
     }
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 void nvs_conn_after_fork(void)

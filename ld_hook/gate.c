@@ -159,7 +159,7 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
 {
     struct gate *gt = gate_of(g);
     nvs_conn_use(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_UNUSED) set_state(g, NVS_LOCK_UNGATED); /* no answer: fail soft */
     int capture_pass = 0;
     while (!is_open(gt->state)) {
@@ -171,20 +171,20 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
             set_state(g, gt->state == NVS_LOCK_LENT ? NVS_LOCK_TAKING : NVS_LOCK_REQUESTED);
             if (nvs_conn_queue(g, type, NULL, 0, NULL) != 0) set_state(g, NVS_LOCK_UNGATED);
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
         if (request) {
             NVS_DEBUG("GPU %d: requesting the lock", g->index);
             nvs_conn_flush(g);
         }
         capture_pass = nvs_capture_active(g) > 0 && nvs_stream_capturing(s);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         if (capture_pass) break;
         if (!is_open(gt->state) && gt->state != NVS_LOCK_IDLE && gt->state != NVS_LOCK_LENT) {
             struct timespec ts = nvs_deadline_ms(250);
             pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
         }
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     return capture_pass;
 }
 
@@ -239,28 +239,28 @@ static int close_for_release(struct nvs_gpu *g, uint64_t deadline_ns)
     struct gate *gt = gate_of(g);
     for (;;) {
         int left = nvs_capture_wait_idle(g, deadline_ns);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         if (gt->state != NVS_LOCK_RELEASING) {
-            nvs_unlock(&gt->mu);
+            nvs_mutex_unlock(&gt->mu);
             return -1;
         }
         if (left == 0 || nvs_now_ns() >= deadline_ns) {
             set_state(g, NVS_LOCK_DRAINING);
-            nvs_unlock(&gt->mu);
+            nvs_mutex_unlock(&gt->mu);
             return 0;
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
     }
 }
 
 static void release(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     uint32_t reason = gt->reason;
     uint32_t bound_ms = gt->tq_ms > MIN_CAPTURE_WAIT_MS ? gt->tq_ms : MIN_CAPTURE_WAIT_MS;
     uint64_t deadline = gt->release_ns + bound_ms * 1000000ull;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (close_for_release(g, deadline) != 0) return;
     heavy_barrier();
     wait_inflight(g);
@@ -278,14 +278,14 @@ static void release(struct nvs_gpu *g)
         }
         nvs_capture_wait_idle(g, deadline);
     }
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     int sent = 0;
     if (gt->state == NVS_LOCK_DRAINING) {
         struct nvs_lock_released body = {.reason = reason, .reserved = 0};
         sent = nvs_conn_queue(g, NVS_MSG_LOCK_RELEASED, &body, sizeof body, NULL) == 0;
         set_state(g, sent ? NVS_LOCK_IDLE : NVS_LOCK_UNGATED);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (sent) {
         nvs_conn_flush(g);
         NVS_DEBUG("GPU %d: lock released (%s)", g->index,
@@ -386,9 +386,9 @@ static void watch_idle(struct nvs_gpu *g)
     struct timespec ts = nvs_deadline_ms(poll_ms);
     pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
     if (gt->state != NVS_LOCK_HELD || look(g, nvs_now_ns()) != LOOK_FINISHING) return;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     uint64_t done = finished_at(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (done != 0 && gt->state == NVS_LOCK_HELD) {
         gt->unfinished = 0;
         if (done > gt->last_active_ns) gt->last_active_ns = done;
@@ -401,14 +401,14 @@ static void *drainer_main(void *arg)
     struct gate *gt = gate_of(g);
     nvs_capture_relax_thread();
     for (;;) {
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         while (gt->state != NVS_LOCK_RELEASING) {
             if (gt->state == NVS_LOCK_HELD)
                 watch_idle(g);
             else
                 pthread_cond_wait(&gt->cv, &gt->mu);
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
         release(g);
     }
     return NULL;
@@ -455,28 +455,28 @@ static void apply_mode(struct nvs_gpu *g, const struct nvs_limits *lim)
 void nvs_gate_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     gt->refused = 0;
     set_state(g, NVS_LOCK_UNGATED); /* a new connection holds nothing */
     apply_mode(g, lim);
     int start = !gt->drainer;
     gt->drainer = 1;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (start && nvs_thread_start("nvshare-drain", drainer_main, g) != 0) {
         nvs_log("GPU %d: cannot start the drainer thread; this GPU runs without sharing", g->index);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         gt->refused = 1;
         set_state(g, NVS_LOCK_UNGATED);
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
     }
 }
 
 void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     apply_mode(g, lim);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 /* With gt->mu held. The environment's idle release, where set, wins over the daemon's. */
@@ -491,18 +491,18 @@ static void set_terms(struct gate *gt, const struct nvs_lock_grant *grant)
 void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) {
         set_terms(gt, terms);
         pthread_cond_broadcast(&gt->cv); /* the drainer picks up a shorter idle window */
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
@@ -511,67 +511,67 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
         set_state(g, NVS_LOCK_HELD);
         NVS_DEBUG("GPU %d: lock granted", g->index);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_drop(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) {
         begin_release(g, NVS_RELEASE_DROPPED);
         NVS_DEBUG("GPU %d: lock drop requested", g->index);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_lent(struct nvs_gpu *g, int lent)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (lent && gt->state == NVS_LOCK_IDLE)
         set_state(g, NVS_LOCK_LENT);
     else if (!lent && gt->state == NVS_LOCK_LENT)
         set_state(g, NVS_LOCK_IDLE);
     else if (!lent && gt->state == NVS_LOCK_TAKING)
         set_state(g, NVS_LOCK_REQUESTED); /* asked too late to take it back: wait for the grant */
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_cut_reached(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) begin_release(g, NVS_RELEASE_DROPPED);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_cut_behind(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     int ask = gt->state == NVS_LOCK_REQUESTED && nvs_conn_queue(g, NVS_MSG_GANG_CATCHUP, NULL, 0, NULL) == 0;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (ask) nvs_conn_flush(g);
 }
 
 void nvs_gate_on_refused(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         gt->refused = 1; /* the scheduler cannot gate us: run ungated rather than hang */
         set_state(g, NVS_LOCK_UNGATED);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_down(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     set_state(g, NVS_LOCK_UNGATED);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 /* In the child of fork(): only the forking thread exists; nothing is held or in flight. */
