@@ -5,9 +5,9 @@ types). `tests/protocol` compiles a C probe that prints every size and offset of
 structs and checks them against the formats here, so the two sides cannot drift apart.
 
 What travels on a stream of frames (encoding, decoding, JSON documents split over frames) is
-in `appliance.wire.framing`; sockets live in `appliance.serve.server` and
-`appliance.cli.client`, and where
-they are in `appliance.wire.socket_dirs`.
+in `appliance.wire.framing`, every message's registration in `appliance.wire.messages`; sockets
+live in `appliance.serve.server` and `appliance.cli.client`, and where they are in
+`appliance.wire.socket_dirs`.
 """
 
 from __future__ import annotations
