@@ -9,6 +9,7 @@ actions to the sinks; only the loop touches the core.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import grp
 import logging
 import os
@@ -80,64 +81,77 @@ class DaemonConfig:
         return self.control_dir or socket_dirs.control_dir_for(self.socket_dir, {})
 
 
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """The daemon once its first policy is in, built in one step (`Daemon._wire`): the event loop,
+    the core, the engine that feeds it, the answers read on it, the server it speaks through, and
+    the backstop's loop that follows it (started only where NVML is)."""
+
+    loop: asyncio.AbstractEventLoop
+    core: NodeCore
+    engine: Engine
+    answers: Answers
+    server: SchedulerServer
+    backstop_loop: BackstopLoop
+
+
+@dataclass(frozen=True, slots=True)
+class Edges:
+    """The Kubernetes edges the configuration asks for, started together; None where it does not
+    ask for one (no --node-name, no --device-plugin, no NVML for the node status)."""
+
+    permissions: Permissions | None = None
+    events: EventRecorder | None = None
+    pod_watcher: PodWatcher | None = None
+    node_status: NodeStatusPublisher | None = None
+    device_plugin: DevicePlugin | None = None
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig, *, nvml: Nvml | None = None) -> None:
         self.config = config
         self.nvml = nvml or Nvml()
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.watcher = PolicyWatcher(
             config.policy_dir,
             on_policy=self._on_policy,
             on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
-        self.core: NodeCore | None = None
-        self.engine: Engine | None = None
-        self.answers: Answers | None = None
-        self.server: SchedulerServer | None = None
         self.registry = CollectorRegistry()
-        self._stopping: asyncio.Event | None = None
+        self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
+            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
+        )
+        self._stopping = asyncio.Event()
         self._ready = False
         self._threads: list[Any] = []  # started sources and sinks with a stop()
         self._tasks: list[asyncio.Task[None]] = []
         self._api: Any = None  # the Kubernetes ApiClient, with --node-name
-        self.events: EventRecorder | None = None
-        self.device_plugin: DevicePlugin | None = None
-        self.node_status: NodeStatusPublisher | None = None
-        self.pod_watcher: PodWatcher | None = None
-        self.permissions: Permissions | None = None  # what RBAC refused, with --node-name
-        self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
-            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
-        )
-        self._backstop_loop: BackstopLoop | None = None
-
-    # ------------------------------------------------------------------ glue
+        # Each set once, when it is whole: the wiring after the first policy, the edges after it.
+        self.wiring: Wiring | None = None
+        self.edges = Edges()
 
     def _on_policy(self, policy: Policy) -> None:
         """From the watcher's thread; the first policy (at start) arrives before the engine
         exists, and the core is built with it."""
-        if self.engine is not None:
-            self.engine.submit(ev.PolicyChanged(policy))
-        if self.node_status is not None:
-            self.node_status.set_settings(policy.realtime_check.published())
+        if self.wiring is not None:
+            self.wiring.engine.submit(ev.PolicyChanged(policy))
+        if self.edges.node_status is not None:
+            self.edges.node_status.set_settings(policy.realtime_check.published())
 
     # ------------------------------------------------------------ sources and sinks
 
-    def _start_kube(self, policy: Policy) -> None:
+    def _start_kube(self, w: Wiring, policy: Policy, node: str) -> Edges:
         from appliance.kube.access import Permissions  # only with --node-name
         from appliance.kube.pod_watch import PodWatcher
         from appliance.kube.recorder import EventRecorder
 
-        assert self.config.node_name and self._api is not None and self.engine is not None
-        api, engine = self._api, self.engine
-        self.permissions = permissions = Permissions(api)
+        api, engine = self._api, w.engine
+        permissions = Permissions(api)
         self._threads.append(permissions)
-        self.events = recorder = EventRecorder(
-            api, node_name=self.config.node_name, permissions=permissions
-        )
+        recorder = EventRecorder(api, node_name=node, permissions=permissions)
         engine.connect(lambda w: recorder.warn(w.pod, w.reason, w.message), act.PodWarning)
-        self.pod_watcher = watcher = PodWatcher(
+        watcher = PodWatcher(
             api_client=api,
-            node_name=self.config.node_name,
+            node_name=node,
             on_pod=lambda pod: engine.submit(ev.PodSeen(pod)),
             on_pod_deleted=lambda ref: engine.submit(ev.PodRemoved(ref)),
             permissions=permissions,
@@ -145,30 +159,33 @@ class Daemon:
         )
         watcher.start()
         self._threads.append(watcher)
-        log.info("watching pods of node %s", self.config.node_name)
-        if self.nvml.available:
-            self._start_node_status(api, policy)
+        log.info("watching pods of node %s", node)
+        status = (
+            self._start_node_status(api, policy, node, permissions) if self.nvml.available else None
+        )
+        return Edges(permissions, recorder, watcher, status)
 
-    def _start_node_status(self, api: Any, policy: Policy) -> None:
+    def _start_node_status(
+        self, api: Any, policy: Policy, node: str, permissions: Permissions
+    ) -> NodeStatusPublisher:
         from appliance.kube.node_status import NodeStatusPublisher
 
-        assert self.core is not None and self.config.node_name
-        self.node_status = NodeStatusPublisher(
+        publisher = NodeStatusPublisher(
             api_client=api,
-            node_name=self.config.node_name,
+            node_name=node,
             inventory=self.nvml.inventory(),
             settings=policy.realtime_check.published(),
             registry=self.registry,
-            permissions=self.permissions,
+            permissions=permissions,
         )
-        self.node_status.start()
-        self._threads.append(self.node_status)
+        publisher.start()
+        self._threads.append(publisher)
+        return publisher
 
-    def _start_device_plugin(self, policy: Policy) -> None:
+    def _start_device_plugin(self, w: Wiring, policy: Policy) -> DevicePlugin:
         from appliance.kube.deviceplugin import DevicePlugin
 
-        engine, core, settings = self.engine, self.core, policy.device_plugin
-        assert engine is not None and core is not None
+        engine, core, settings = w.engine, w.core, policy.device_plugin
         plugin = DevicePlugin(
             gpus=self.nvml.inventory,
             health=self.nvml.healthy,
@@ -184,21 +201,19 @@ class Daemon:
         )
         plugin.start()
         self._threads.append(plugin)
-        self.device_plugin = plugin
         engine.connect(lambda a: plugin.set_replicas(a.replicas_per_gpu), act.ReplicasChanged)
+        return plugin
 
     # ------------------------------------------------------------------- run
 
-    def _start_nvml_sampler(self) -> None:
-        assert self.engine is not None
-        engine = self.engine
+    def _start_nvml_sampler(self, engine: Engine, status: NodeStatusPublisher | None) -> None:
         identities = ProcessIdentities(proc_root=self.config.proc_root)
         consumers: list[Consumer] = [
             lambda samples: engine.submit(gpu_sampled(samples)),
             lambda samples: engine.submit(processes_seen(samples, identities)),
         ]
-        if self.node_status is not None:
-            consumers.append(self.node_status.offer)
+        if status is not None:
+            consumers.append(status.offer)
         sampler = NvmlSampler(self.nvml, consumers)
         sampler.start()
         self._threads.append(sampler)
@@ -217,41 +232,42 @@ class Daemon:
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; the exit status. Every way it cannot start is one log
         line saying why, and leaves no socket behind."""
-        self.loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
         problem = self._preflight()
-        if problem is None:
-            problem, policy = self._first_policy()
-        if problem is not None:
-            log.error("refusing to start: %s", problem)
+        policy = problem if problem is not None else self._first_policy()
+        if isinstance(policy, str):
+            log.error("refusing to start: %s", policy)
             return 2
-        assert policy is not None
-        self._build(policy, self.loop)
-        assert self.server is not None and self.engine is not None
+        self.wiring = w = self._wire(policy, loop)
         # Before the sockets exist: a SIGTERM as soon as they appear still ends in a clean exit
         # that removes them, not in the default action.
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self._stopping.set)
-        self.loop.add_signal_handler(signal.SIGHUP, self._reload)
+            loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         try:
-            await self.server.start()
+            await w.server.start()
         except SocketUnavailable as exc:
             log.error("refusing to start: %s", exc)
             self.watcher.stop()
             return 1
-        self.engine.dispatch(ev.Tick())  # the first event: publishes the limits hooks fall back to
+        w.engine.dispatch(ev.Tick())  # the first event: publishes the limits hooks fall back to
         try:
-            return await self._serve(policy)
+            return await self._serve(w, policy)
         finally:
-            await self._shutdown()
+            await self._shutdown(w)
 
-    def _build(self, policy: Policy, loop: asyncio.AbstractEventLoop) -> None:
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop serving, once the daemon is wired."""
+        return self.wiring.loop if self.wiring is not None else None
+
+    def _wire(self, policy: Policy, loop: asyncio.AbstractEventLoop) -> Wiring:
         """The core, the engine that feeds it, and the server and limits file it speaks through."""
         config = self.config
         open_files = raise_open_files(config.open_files)
         inventory = {g.uuid: g for g in (self.nvml.inventory() if self.nvml.available else [])}
         limits_file = LimitsFile(config.socket_dir)
-        self.core = NodeCore(
+        core = NodeCore(
             policy,
             inventory=inventory,
             watching_pods=config.node_name is not None,
@@ -262,24 +278,23 @@ class Daemon:
             ),
             remembered=limits_file.read_previous(),
         )
-        self.engine = Engine(self.core, loop=loop)
-        self.answers = Answers(
-            self.core,
-            clock=self.engine.now,
+        engine = Engine(core, loop=loop)
+        answers = Answers(
+            core,
+            clock=engine.now,
             watcher=self.watcher,
             policy_dir=self.config.policy_dir,
             nvml_available=self.nvml.available,
             backstop=self.backstop.views,
             backstop_for=self.backstop.explain,
         )
-        engine, core = self.engine, self.core
-        self.server = SchedulerServer(
+        server = SchedulerServer(
             socket_dir=config.socket_dir,
             control_dir=config.control,
             dispatch=engine.dispatch,
-            status=self.answers.status,
-            status_document=self.answers.status_document,
-            queries=self.answers.queries,
+            status=answers.status,
+            status_document=answers.status_document,
+            queries=answers.queries,
             view=core.memory_view,
             generation=lambda: engine.generation,
             caps=lambda: core.state.policy.connections,
@@ -288,33 +303,24 @@ class Daemon:
             gpus=lambda: NodeGpus.of(inventory.values(), core.state.policy),
         )
         narrated = LimitChangeLog(
-            self.server.send,
+            server.send,
             context=lambda client_id: limit_context(core, client_id),
             live=lambda: len(core.state.clients),
         )
         engine.connect(narrated, *LimitChangeLog.ACTIONS)
         engine.connect(
-            self.server.send,
+            server.send,
             *(a for a in SchedulerServer.ACTIONS if a not in LimitChangeLog.ACTIONS),
         )
-        engine.connect(self._limits_published(limits_file), act.LimitsPublished)
+        backstop_loop = BackstopLoop.following(self.backstop, engine, core)
 
-    def _limits_published(self, limits_file: LimitsFile) -> Any:
-        """The published limits go to the file hooks fall back to, and wake the backstop."""
-
-        def sink(a: act.LimitsPublished) -> None:
+        def published(a: act.LimitsPublished) -> None:
+            """To the file hooks fall back to, and a wake-up for the backstop."""
             limits_file.write(a.limits)
-            if self._backstop_loop is not None:
-                self._backstop_loop.wake()
+            backstop_loop.wake()
 
-        return sink
-
-    def _start_backstop(self) -> None:
-        engine, core = self.engine, self.core
-        assert engine is not None and core is not None
-        self._backstop_loop = BackstopLoop.following(self.backstop, engine, core)
-        self._backstop_loop.start()
-        self._threads.append(self._backstop_loop)
+        engine.connect(published, act.LimitsPublished)
+        return Wiring(loop, core, engine, answers, server, backstop_loop)
 
     def _preflight(self) -> str | None:
         """What makes the configuration unusable, found before anything is claimed."""
@@ -339,48 +345,40 @@ class Daemon:
                 return f"--node-name {config.node_name}: {exc}"
         return None
 
-    def _first_policy(self) -> tuple[str | None, Policy | None]:
+    def _first_policy(self) -> str | Policy:
+        """The policy at start, or why there is none."""
         directory = self.config.policy_dir
         if directory.exists() and not directory.is_dir():
             return (
                 f"--policy-dir {directory} is not a directory: give the directory that holds "
                 "the policy files (env NVSHARE_POLICY_DIR), such as configmaps/default in the "
-                "source tree; `nvsharectl policy validate FILE` checks a single file",
-                None,
+                "source tree; `nvsharectl policy validate FILE` checks a single file"
             )
         if not directory.is_dir():
             return (
                 f"the policy directory {directory} does not exist; give one with --policy-dir "
-                "DIR (env NVSHARE_POLICY_DIR), such as configmaps/default in the source tree",
-                None,
+                "DIR (env NVSHARE_POLICY_DIR), such as configmaps/default in the source tree"
             )
         try:
-            return None, self.watcher.start()
+            return self.watcher.start()
         except PolicyLoadError as exc:
             errors = "\n".join(f"  {err}" for err in exc.errors)
-            return f"the policy in {directory} is invalid:\n{errors}", None
+            return f"the policy in {directory} is invalid:\n{errors}"
 
-    async def _serve(self, policy: Policy) -> int:
-        assert self.loop is not None and self._stopping is not None and self.server is not None
+    async def _serve(self, w: Wiring, policy: Policy) -> int:
         if self.config.metrics and policy.metrics.enabled:
-            self._start_metrics(policy)
+            self._start_metrics(w, policy)
         if self.config.probe_address:
-            self._start_probes(self.config.probe_address)
+            self._start_probes(w, self.config.probe_address)
         try:
-            if self.config.node_name:
-                self._start_kube(policy)
-            if self.config.device_plugin:
-                self._start_device_plugin(policy)
-            if self.nvml.available:
-                self._start_nvml_sampler()
-                self._start_backstop()
+            self.edges = self._start_edges(w, policy)
         except Exception as exc:
             log.error("stopping: %s", exc)
             return 1
         if (interval := sdnotify.watchdog_interval()) is not None:
             self._tasks.append(asyncio.create_task(self._watchdog(interval)))
         self._ready = True
-        sdnotify.notify("READY=1", f"STATUS=serving {self.server.path}")
+        sdnotify.notify("READY=1", f"STATUS=serving {w.server.path}")
         log.info(
             "nvshare scheduler ready (policy %s, mode %s, TQ %gs)",
             policy.content_hash[:12],
@@ -390,53 +388,61 @@ class Daemon:
         await self._stopping.wait()
         return 0
 
-    def _start_metrics(self, policy: Policy) -> None:
-        engine, answers = self.engine, self.answers
-        assert engine is not None and answers is not None
+    def _start_edges(self, w: Wiring, policy: Policy) -> Edges:
+        """The Kubernetes edges asked for, then the NVML sampler and the backstop where NVML is."""
+        node = self.config.node_name
+        edges = self._start_kube(w, policy, node) if node else Edges()
+        if self.config.device_plugin:
+            edges = dataclasses.replace(edges, device_plugin=self._start_device_plugin(w, policy))
+        if self.nvml.available:
+            self._start_nvml_sampler(w.engine, edges.node_status)
+            w.backstop_loop.start()
+            self._threads.append(w.backstop_loop)
+        return edges
+
+    def _start_metrics(self, w: Wiring, policy: Policy) -> None:
+        engine, answers = w.engine, w.answers
         self.registry.register(ApplianceCollector(lambda: engine.read(answers.status)))
         probes = LoopProbes(engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
         start_metrics(policy.metrics.address, self.registry, probes.health, probes.readiness)
 
-    def _start_probes(self, address: str) -> None:
-        assert self.engine is not None
-        probes = LoopProbes(self.engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
+    def _start_probes(self, w: Wiring, address: str) -> None:
+        probes = LoopProbes(w.engine.read, not_ready=self._not_ready, unhealthy=self._unhealthy)
         start_probes(address, probes.health, probes.readiness)
 
     def _not_ready(self) -> list[str]:
         """Why the daemon is not doing its whole job yet (/readyz; on the event loop)."""
         reasons = [] if self._ready else ["starting"]
-        watcher, plugin = self.pod_watcher, self.device_plugin
+        watcher, plugin = self.edges.pod_watcher, self.edges.device_plugin
         if watcher is not None and not watcher.synced.is_set():
             reasons.append(f"the first list of node {self.config.node_name}'s pods is not in yet")
         if plugin is not None and not plugin.registered:
             reasons.append(
                 f"the device plugin is not registered with kubelet ({plugin.kubelet_dir})"
             )
-        if self.permissions is not None:
-            reasons += [f"RBAC forbids {p}" for p in self.permissions.missing()]
+        if self.edges.permissions is not None:
+            reasons += [f"RBAC forbids {p}" for p in self.edges.permissions.missing()]
         return reasons
 
     def _unhealthy(self) -> list[str]:
         """What only a restart mends (/healthz; on the event loop, which answering proves alive)."""
-        watcher = self.pod_watcher
+        watcher = self.edges.pod_watcher
         if watcher is not None and self._ready and not watcher.alive:
             return ["the pod watch stopped (its thread died)"]
         return []
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, w: Wiring) -> None:
         sdnotify.notify("STOPPING=1")
         log.info("stopping")
         for t in self._tasks:
             t.cancel()
         for thing in self._threads:
             thing.stop()
-        if self.events is not None:
-            self.events.close()
+        if self.edges.events is not None:
+            self.edges.events.close()
         self.watcher.stop()
-        if self.engine is not None:
-            self.engine.close()
-        if self.server is not None:
-            await self.server.stop()
+        w.engine.close()
+        await w.server.stop()
 
 
 def run_daemon(config: DaemonConfig) -> int:

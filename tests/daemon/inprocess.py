@@ -72,10 +72,7 @@ def run_with(daemon: Daemon, body: Callable[[Daemon], None]) -> int:
         served = asyncio.create_task(daemon.run())
 
         async def stop() -> None:
-            while daemon._stopping is None and not served.done():  # not started yet
-                await asyncio.sleep(0.01)
-            if daemon._stopping is not None:
-                daemon._stopping.set()
+            daemon._stopping.set()
 
         def run_body() -> None:
             try:
