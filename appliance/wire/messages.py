@@ -4,7 +4,9 @@ struct of `ld_hook/nvshare_proto.h` that carries it.
 Framing's fixed bodies, the JSON types and the struct formats compared with the C header are
 derived from it; `tests/protocol/test_messages.py` parses the header's message enum and fails
 when the header and this table disagree (a message missing on either side, another number,
-sender or struct, another size). Adding a message: a line here and its enum line in the header.
+sender or struct, another size), and when the hook's reader (`ld_hook/frames.c`) does not take
+every message sent to hooks with its body. Adding a message: a line here, its enum line in the
+header, and for one sent to hooks its shape in frames.c.
 """
 
 from __future__ import annotations

@@ -59,3 +59,20 @@ def test_every_body_class_is_registered_for_its_own_type() -> None:
 
 def test_hooks_messages_turned_into_events_are_those_hooks_send() -> None:
     assert set(codec.HOOK_EVENTS) <= messages.SENT_BY_HOOKS
+
+
+def hook_reader_shapes(text: str) -> dict[str, str]:
+    """The messages the hook's reader (ld_hook/frames.c) accepts, with the body it expects."""
+    shapes = re.findall(r"\{NVS_MSG_(\w+), (?:sizeof\((struct nvs_\w+)\)|0), NVS_EV_\w+", text)
+    return {name: body or messages.EMPTY for name, body in shapes}
+
+
+def test_the_hooks_reader_takes_every_message_sent_to_hooks_with_the_tables_body() -> None:
+    reader = hook_reader_shapes((ROOT / "ld_hook" / "frames.c").read_text())
+    to_hooks = {
+        m.type.name: m.c_body
+        for m in messages.MESSAGES
+        if m.sender in (messages.TO_HOOK, messages.EITHER)
+        and m.type is not p.MsgType.VIEW  # read by the one bounded question (dial.c)
+    }
+    assert reader == to_hooks
