@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.core.identity import ClientIdentity
 from appliance.host.peer import peer_credentials
+from appliance.serve.session import Session
 from appliance.wire import framing
 from appliance.wire import protocol as p
 
@@ -174,9 +174,7 @@ class PeerConnection(asyncio.BufferedProtocol):
         self._write_paused = False
         self.transport: asyncio.Transport | None = None
         self.pid = self.uid = self.gid = -1
-        self.ident: ClientIdentity | None = None
-        self.client_id: int | None = None  # once registered as a hook
-        self.asked: dict[int, int] = {}  # seq -> type of a pending control request
+        self.session = Session()  # who it is and what it began: the server's, not ours
         self.peer = "a peer"
         self.opened_at = 0.0
         self.partial_since: float | None = 0.0  # a frame begun (or none yet) since this time

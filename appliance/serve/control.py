@@ -56,12 +56,12 @@ class ControlSessions:
     @staticmethod
     def reply(conn: PeerConnection, action: act.Reply) -> None:
         """The core's answer to a request, naming the request it answers."""
-        ref = conn.asked.pop(action.to.seq, 0)
+        ref = conn.session.asked.pop(action.to.seq, 0)
         conn.send(codec.result(action, ref), action.to.seq)
 
     def _on_control(self, conn: PeerConnection, msg: Any, seq: int) -> None:
-        conn.asked[seq] = msg.TYPE  # the reply names the request it answers
-        asker = ev.Requester(conn.number, seq, conn.ident)
+        conn.session.asked[seq] = msg.TYPE  # the reply names the request it answers
+        asker = ev.Requester(conn.number, seq, conn.session.ident)
         self._dispatch(codec.CONTROL[type(msg)](msg, conn.peer, asker))
 
     def _on_status_request(self, conn: PeerConnection, msg: Any, seq: int) -> None:

@@ -59,20 +59,20 @@ class HookSessions:
             conn.send(message, seq)
 
     def closed(self, conn: PeerConnection) -> None:
-        if conn.client_id is not None:
-            self._clients.pop(conn.client_id, None)
-            self._dispatch(ev.ClientGone(conn.client_id))
+        if conn.session.client_id is not None:
+            self._clients.pop(conn.session.client_id, None)
+            self._dispatch(ev.ClientGone(conn.session.client_id))
 
     def _claiming(self, conn: PeerConnection, msg: p.Register | pv.ViewRequest) -> ClientIdentity:
         """Who the peer is, from the kernel (at connect); the pod it names is only a hint, which
         the core weighs (`trust.podClaimUids`)."""
-        assert conn.ident is not None
+        assert conn.session.ident is not None
         return dataclasses.replace(
-            conn.ident, claimed_namespace=msg.pod_namespace, claimed_pod=msg.pod_name
+            conn.session.ident, claimed_namespace=msg.pod_namespace, claimed_pod=msg.pod_name
         )
 
     def _on_register(self, conn: PeerConnection, msg: p.Register, seq: int) -> None:
-        if conn.client_id is not None:
+        if conn.session.client_id is not None:
             conn.send(p.Result(p.Status.INVALID, p.MsgType.REGISTER, "already registered"), seq)
             return
         problem = codec.hook_problem(msg) or self._gpus().problem(msg.gpu_uuid)
@@ -80,12 +80,12 @@ class HookSessions:
             conn.refuse(p.Result(p.Status.INVALID, p.MsgType.REGISTER, problem), problem, seq)
             return
         ident = self._claiming(conn, msg)
-        conn.client_id = next(self._ids)
-        conn.peer = f"client {conn.client_id} (pid {conn.pid}, uid {conn.uid})"
-        self._clients[conn.client_id] = conn
+        conn.session.client_id = next(self._ids)
+        conn.peer = f"client {conn.session.client_id} (pid {conn.pid}, uid {conn.uid})"
+        self._clients[conn.session.client_id] = conn
         self._dispatch(
             ev.ClientRegistered(
-                client_id=conn.client_id,
+                client_id=conn.session.client_id,
                 seq=seq,
                 ident=ident,
                 gpu_uuid=msg.gpu_uuid,
@@ -96,13 +96,13 @@ class HookSessions:
         )
 
     def _on_hook_message(self, conn: PeerConnection, msg: Any, seq: int) -> None:
-        if conn.client_id is None:
+        if conn.session.client_id is None:
             conn.send(p.Result(p.Status.NOT_REGISTERED, msg.TYPE, "send REGISTER first"), seq)
             return
         if (problem := codec.hook_problem(msg)) is not None:
             conn.refuse(p.Result(p.Status.INVALID, msg.TYPE, problem), problem, seq)
             return
-        self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, conn.client_id, seq))
+        self._dispatch(codec.HOOK_EVENTS[type(msg)](msg, conn.session.client_id, seq))
 
     def _on_view_request(self, conn: PeerConnection, msg: pv.ViewRequest, seq: int) -> None:
         """How a GPU looks to the asker, registered or not (nvidia-smi never registers), with

@@ -159,7 +159,7 @@ class SchedulerServer:
     def _opened(self, conn: PeerConnection) -> bool:
         """Who it is: the kernel's word, read again now that it is admitted."""
         conn.peer = _who(conn.pid, conn.uid)
-        conn.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root)
+        conn.session.ident = identify(conn.pid, conn.uid, conn.gid, proc_root=self.proc_root)
         self._connections[conn.number] = conn
         return True
 
