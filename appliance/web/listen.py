@@ -75,6 +75,17 @@ def bind(make: Callable[[tuple[str, int]], S], host: str, port: int, *, what: st
         return make(("0.0.0.0", port))
 
 
+def serve_in_thread(make: Callable[[tuple[str, int]], S], address: str, *, what: str) -> S:
+    """The node daemon's HTTP start-up (the probes, the metrics): `bind` on "HOST:PORT" ("[::]:PORT"
+    or ":PORT" for every address of both families), then serve on a daemon thread named `what`.
+    The webhook and the extender serve on their main thread instead
+    (`appliance.cluster.serving.run_until_stopped`)."""
+    host, port = split_address(address)
+    server = bind(make, host, port, what=what)
+    threading.Thread(target=server.serve_forever, name=what, daemon=True).start()
+    return server
+
+
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 34\r\n"
     b"Connection: close\r\n\r\ntoo many connections; retry later\n"

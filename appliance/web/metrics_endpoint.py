@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from appliance.web.listen import BoundedConnections, DualStack, bind, split_address
+from appliance.web.listen import BoundedConnections, DualStack, serve_in_thread
 from appliance.web.probes import Reasons, http_answer
 
 log = logging.getLogger("nvshare.metrics")
@@ -94,15 +94,11 @@ def serve_metrics(
         start_response(status, [("Content-Type", "text/plain")])
         return [body]
 
-    host, port = split_address(address)
-    server = bind(
+    return serve_in_thread(
         lambda at: make_server(at[0], at[1], app, _MetricsServer, _QuietHandler),
-        host,
-        port,
+        address,
         what="metrics",
     )
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server
 
 
 def start_metrics(

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from appliance.web.listen import DualStack, bind, split_address
+from appliance.web.listen import DualStack, serve_in_thread
 
 log = logging.getLogger("nvshare.probes")
 
@@ -111,15 +111,9 @@ class ProbeServer(DualStack, ThreadingHTTPServer):
 def serve_probes(*, address: str, health: Reasons, readiness: Reasons) -> ProbeServer:
     """Serve /healthz and /readyz on `address` ("HOST:PORT"; "[::]:PORT" or ":PORT" for every
     address of both families) in a daemon thread."""
-    host, port = split_address(address)
-    server = bind(
-        lambda at: ProbeServer(at, health=health, readiness=readiness),
-        host,
-        port,
-        what="probes",
+    return serve_in_thread(
+        lambda at: ProbeServer(at, health=health, readiness=readiness), address, what="probes"
     )
-    threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
-    return server
 
 
 def start_probes(address: str, health: Reasons, readiness: Reasons) -> None:
