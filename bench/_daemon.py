@@ -10,10 +10,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance import protocol as p
-from appliance import socket_dirs
-from appliance.client import ControlClient
-from appliance.socket_claim import answering_pid
+from appliance.cli.client import ControlClient
+from appliance.serve.socket_claim import answering_pid
+from appliance.wire import protocol as p
+from appliance.wire import socket_dirs
 
 GPU = "GPU-bench000-0000-0000-0000-000000000000"
 

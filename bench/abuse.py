@@ -33,8 +33,8 @@ from pathlib import Path
 
 from _daemon import GPU, BenchDaemon, machine, percentile
 
-from appliance import protocol as p
-from appliance import socket_dirs
+from appliance.wire import protocol as p
+from appliance.wire import socket_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "ld_hook" / "build"

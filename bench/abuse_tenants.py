@@ -32,7 +32,7 @@ from pathlib import Path
 
 from _daemon import GPU, BenchDaemon, machine, percentile
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_PYTHON = "/usr/bin/python3"

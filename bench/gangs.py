@@ -33,8 +33,8 @@ from pathlib import Path
 
 from _daemon import BenchDaemon
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"

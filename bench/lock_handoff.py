@@ -43,8 +43,8 @@ from pathlib import Path
 
 from _daemon import BenchDaemon, machine, percentile
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import protocol as p
 
 POLICY = "scheduler: {mode: 'on', timeQuantum: 3600s}\nconnections: {perUid: 8192}"
 
@@ -75,8 +75,8 @@ def _connected(d: BenchDaemon) -> int:
 
 STATUS_LOOP = """
 import sys
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.wire import protocol as p
+from appliance.cli.client import ControlClient
 from pathlib import Path
 with ControlClient(Path(sys.argv[1])) as c:
     while True:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from _daemon import BenchDaemon, machine
 
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
 
 LOAD = """
 import resource, sys, time

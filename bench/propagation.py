@@ -23,7 +23,7 @@ from pathlib import Path
 from _daemon import BenchDaemon, machine, percentile
 from kubernetes import client
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kube"))
 from fakeapi import FakeApiServer

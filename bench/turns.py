@@ -36,7 +36,7 @@ from typing import Any
 
 from _daemon import BenchDaemon, machine
 
-from appliance.protocol import StatusRequest
+from appliance.wire.protocol import StatusRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"

@@ -73,22 +73,22 @@ static void remove_at(size_t s)
 
 int nvs_allocmap_put(struct nvs_alloc e)
 {
-    nvs_lock(&live.mu);
+    nvs_mutex_lock(&live.mu);
     if ((live.used + 1) * 2 > live.cap && grow() != 0) {
-        nvs_unlock(&live.mu);
+        nvs_mutex_unlock(&live.mu);
         return -1;
     }
     size_t s = find(e.key, e.kind);
     if (live.slots[s].key == 0) live.used++;
     live.slots[s] = e;
-    nvs_unlock(&live.mu);
+    nvs_mutex_unlock(&live.mu);
     return 0;
 }
 
 static int lookup(uint64_t key, uint32_t kind, struct nvs_alloc *out, int take)
 {
     int found = 0;
-    nvs_lock(&live.mu);
+    nvs_mutex_lock(&live.mu);
     if (live.cap > 0 && key != 0) {
         size_t s = find(key, kind);
         if (live.slots[s].key != 0) {
@@ -97,7 +97,7 @@ static int lookup(uint64_t key, uint32_t kind, struct nvs_alloc *out, int take)
             if (take) remove_at(s);
         }
     }
-    nvs_unlock(&live.mu);
+    nvs_mutex_unlock(&live.mu);
     return found;
 }
 
@@ -114,7 +114,7 @@ int nvs_allocmap_get(uint64_t key, uint32_t kind, struct nvs_alloc *out)
 int nvs_allocmap_unref(uint64_t key, uint32_t kind, int64_t delta, struct nvs_alloc *out)
 {
     int removed = 0;
-    nvs_lock(&live.mu);
+    nvs_mutex_lock(&live.mu);
     if (live.cap > 0 && key != 0) {
         size_t s = find(key, kind);
         if (live.slots[s].key != 0) {
@@ -126,7 +126,7 @@ int nvs_allocmap_unref(uint64_t key, uint32_t kind, int64_t delta, struct nvs_al
             }
         }
     }
-    nvs_unlock(&live.mu);
+    nvs_mutex_unlock(&live.mu);
     return removed;
 }
 
@@ -137,7 +137,7 @@ void nvs_allocmap_take_ctx(uint64_t ctx, void (*gone)(const struct nvs_alloc *e)
     for (;;) {
         struct nvs_alloc taken[BATCH];
         int n = 0;
-        nvs_lock(&live.mu);
+        nvs_mutex_lock(&live.mu);
         for (size_t i = 0; i < live.cap && n < BATCH; i++) {
             struct nvs_alloc *e = &live.slots[i];
             if (e->key == 0 || e->ctx != ctx || e->kind == NVS_KIND_VMM || e->kind == NVS_KIND_MAPPING)
@@ -146,7 +146,7 @@ void nvs_allocmap_take_ctx(uint64_t ctx, void (*gone)(const struct nvs_alloc *e)
             remove_at(i);
             i--; /* the shift may have pulled another entry into slot i */
         }
-        nvs_unlock(&live.mu);
+        nvs_mutex_unlock(&live.mu);
         for (int k = 0; k < n; k++) gone(&taken[k]);
         if (n < BATCH) return;
     }

@@ -37,10 +37,10 @@ static int enter(CUstream s)
     pthread_once(&cv_once, init_cv);
     struct nvs_gpu *g = nvs_stream_gpu(s);
     if (g == NULL) return 0;
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     for (int i = 0; i < cap.n; i++)
         if (cap.list[i].s == s) {
-            nvs_unlock(&cap.mu);
+            nvs_mutex_unlock(&cap.mu);
             return 0;
         }
     while (cap.fenced[g->index]) pthread_cond_wait(&cap.cv, &cap.mu);
@@ -48,7 +48,7 @@ static int enter(CUstream s)
         int size = cap.cap ? cap.cap * 2 : 8;
         struct capturing *list = realloc(cap.list, (size_t)size * sizeof *list);
         if (list == NULL) {
-            nvs_unlock(&cap.mu);
+            nvs_mutex_unlock(&cap.mu);
             return 0;
         }
         cap.list = list;
@@ -56,14 +56,14 @@ static int enter(CUstream s)
     }
     cap.list[cap.n++] = (struct capturing){.s = s, .gpu = g->index};
     cap.active[g->index]++;
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
     return 1;
 }
 
 static void leave(CUstream s)
 {
     pthread_once(&cv_once, init_cv);
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     for (int i = 0; i < cap.n; i++)
         if (cap.list[i].s == s) {
             cap.active[cap.list[i].gpu]--;
@@ -71,7 +71,7 @@ static void leave(CUstream s)
             pthread_cond_broadcast(&cap.cv);
             break;
         }
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
 }
 
 #define NVS_BEGIN(name, params, args)                            \
@@ -109,9 +109,9 @@ NVS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
 
 int nvs_capture_active(const struct nvs_gpu *g)
 {
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     int n = cap.active[g->index];
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
     return n;
 }
 
@@ -120,30 +120,30 @@ int nvs_capture_wait_idle(const struct nvs_gpu *g, uint64_t deadline_ns)
     pthread_once(&cv_once, init_cv);
     struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
                           .tv_nsec = (long)(deadline_ns % 1000000000ull)};
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     while (cap.active[g->index] > 0)
         if (pthread_cond_timedwait(&cap.cv, &cap.mu, &ts) != 0) break;
     int n = cap.active[g->index];
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
     return n;
 }
 
 int nvs_capture_fence(const struct nvs_gpu *g)
 {
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     int n = cap.active[g->index];
     if (n == 0) cap.fenced[g->index] = 1;
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
     return n;
 }
 
 void nvs_capture_unfence(const struct nvs_gpu *g)
 {
     pthread_once(&cv_once, init_cv);
-    nvs_lock(&cap.mu);
+    nvs_mutex_lock(&cap.mu);
     cap.fenced[g->index] = 0;
     pthread_cond_broadcast(&cap.cv);
-    nvs_unlock(&cap.mu);
+    nvs_mutex_unlock(&cap.mu);
 }
 
 int nvs_stream_capturing(CUstream s)

@@ -11,41 +11,8 @@
 #ifndef NVSHARE_CONN_H
 #define NVSHARE_CONN_H
 
+#include "frames.h"
 #include "gpus.h"
-
-enum nvs_event_kind {
-    NVS_EV_REGISTERED,    /* u.registered */
-    NVS_EV_DOWN,          /* the daemon is gone, or never answered: u.why */
-    NVS_EV_LIMITS,        /* u.limits */
-    NVS_EV_LOCK_GRANT,    /* u.grant */
-    NVS_EV_LOCK_TERMS,    /* u.grant: new terms for the grant held */
-    NVS_EV_LOCK_DROP,
-    NVS_EV_LOCK_LENT,
-    NVS_EV_LOCK_UNLENT,
-    NVS_EV_MEM_GRANT,     /* u.mem */
-    NVS_EV_MEM_OBSERVED,  /* u.observed */
-    NVS_EV_LEDGER_PEERS,  /* u.peers */
-    NVS_EV_ERROR,         /* u.error: the daemon refused a request of type u.error.ref_type */
-    NVS_EV_GANG_DROP,     /* u.cut */
-    NVS_EV_GANG_CUT,      /* u.cut */
-    NVS_EV_GANG_CUT_OVER, /* u.cut */
-};
-
-struct nvs_event {
-    enum nvs_event_kind kind;
-    uint64_t seq;
-    union {
-        struct nvs_registered registered;
-        struct nvs_limits limits;
-        struct nvs_lock_grant grant;
-        struct nvs_mem_grant mem;
-        struct nvs_mem_observed observed;
-        struct nvs_ledger_peers peers;
-        struct nvs_result error;
-        struct nvs_gang_cut cut;
-        const char *why;
-    } u;
-};
 
 typedef void (*nvs_event_handler)(struct nvs_gpu *g, const struct nvs_event *e);
 
@@ -58,10 +25,6 @@ void nvs_conn_flush(struct nvs_gpu *g); /* no locks held */
 void nvs_conn_fail(struct nvs_gpu *g, const char *why); /* treat the daemon as gone */
 void nvs_conn_tick(struct nvs_gpu *g, uint64_t now_ns); /* heartbeat, liveness, reconnect */
 void nvs_conn_after_fork(void);
-/* One request and its one reply (of reply_type, exactly reply_len bytes) on a connection of its
- * own, needing no registration: 0 when answered, -1 when the daemon is absent, refused it or did
- * not answer within the daemon timeout (at most 2 s). Never waits on a full backlog. */
-int nvs_conn_ask(uint16_t type, const void *body, uint32_t len, uint16_t reply_type, void *reply,
-                 uint32_t reply_len);
+
 
 #endif

@@ -34,14 +34,14 @@ static NVS_TLS struct {
 void nvs_ctx_note(CUcontext ctx, int dev, enum nvs_ctx_kind kind)
 {
     if (ctx == NULL || nvs_gpu_at(dev) == NULL) return;
-    nvs_lock(&reg.mu);
+    nvs_mutex_lock(&reg.mu);
     int i = 0;
     while (i < reg.n && reg.list[i].ctx != ctx) i++;
     if (i == reg.n && reg.n == reg.cap) {
         int cap = reg.cap ? reg.cap * 2 : 16;
         struct ctx_entry *list = realloc(reg.list, (size_t)cap * sizeof *list);
         if (list == NULL) {
-            nvs_unlock(&reg.mu);
+            nvs_mutex_unlock(&reg.mu);
             NVS_DEBUG("out of memory noting a context; it will not be drained");
             return;
         }
@@ -54,25 +54,25 @@ void nvs_ctx_note(CUcontext ctx, int dev, enum nvs_ctx_kind kind)
     } else if (kind != NVS_CTX_PLAIN) {
         reg.list[i].kind = kind; /* made current later: still primary (or green) */
     }
-    nvs_unlock(&reg.mu);
+    nvs_mutex_unlock(&reg.mu);
 }
 
 void nvs_ctx_forget(CUcontext ctx)
 {
-    nvs_lock(&reg.mu);
+    nvs_mutex_lock(&reg.mu);
     for (int i = 0; i < reg.n; i++)
         if (reg.list[i].ctx == ctx) reg.list[i--] = reg.list[--reg.n];
-    nvs_unlock(&reg.mu);
+    nvs_mutex_unlock(&reg.mu);
     nvs_streams_changed();
 }
 
 static int known_device(CUcontext ctx)
 {
     int dev = -1;
-    nvs_lock(&reg.mu);
+    nvs_mutex_lock(&reg.mu);
     for (int i = 0; i < reg.n && dev < 0; i++)
         if (reg.list[i].ctx == ctx) dev = reg.list[i].dev;
-    nvs_unlock(&reg.mu);
+    nvs_mutex_unlock(&reg.mu);
     return dev;
 }
 
@@ -103,10 +103,10 @@ CUcontext nvs_ctx_current(void)
 CUcontext nvs_ctx_primary(int dev)
 {
     CUcontext ctx = NULL;
-    nvs_lock(&reg.mu);
+    nvs_mutex_lock(&reg.mu);
     for (int i = 0; i < reg.n && ctx == NULL; i++)
         if (reg.list[i].dev == dev && reg.list[i].kind == NVS_CTX_PRIMARY) ctx = reg.list[i].ctx;
-    nvs_unlock(&reg.mu);
+    nvs_mutex_unlock(&reg.mu);
     return ctx;
 }
 
@@ -121,12 +121,12 @@ static void sync_one(CUcontext ctx)
 
 void nvs_ctx_sync_gpu(const struct nvs_gpu *g)
 {
-    nvs_lock(&reg.mu);
+    nvs_mutex_lock(&reg.mu);
     int n = 0;
     CUcontext *ctxs = malloc((size_t)(reg.n ? reg.n : 1) * sizeof *ctxs);
     for (int i = 0; ctxs != NULL && i < reg.n; i++)
         if (reg.list[i].dev == g->index) ctxs[n++] = reg.list[i].ctx;
-    nvs_unlock(&reg.mu);
+    nvs_mutex_unlock(&reg.mu);
     if (ctxs == NULL) {
         NVS_DEBUG("GPU %d: out of memory listing contexts; not drained", g->index);
         return;

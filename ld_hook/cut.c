@@ -46,7 +46,7 @@ void nvs_cut_begin(struct nvs_gpu *g)
         if (atomic_compare_exchange_weak_explicit(&c->begun, &v, v + 1, memory_order_relaxed,
                                                   memory_order_relaxed))
             return;
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     for (;;) {
         v = atomic_load(&c->begun);
         if (!(v & HELD_BIT) || (v & ~HELD_BIT) < c->limit) break;
@@ -54,7 +54,7 @@ void nvs_cut_begin(struct nvs_gpu *g)
         pthread_cond_timedwait(&c->cv, &c->mu, &ts);
     }
     atomic_fetch_add(&c->begun, 1);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 int nvs_cut_end(struct nvs_gpu *g)
@@ -64,22 +64,22 @@ int nvs_cut_end(struct nvs_gpu *g)
      * two sees the other, so reaching the cut is never missed */
     uint64_t done = atomic_fetch_add(&c->done, 1) + 1;
     if (!atomic_load(&c->known)) return 0;
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int reached = atomic_load(&c->known) && done == c->cut;
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     return reached;
 }
 
 void nvs_cut_on_drop(struct nvs_gpu *g, uint64_t cut_id)
 {
     struct cut *c = cut_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     c->limit = atomic_fetch_or(&c->begun, HELD_BIT) & ~HELD_BIT;
     c->id = cut_id;
     atomic_store(&c->known, 0);
     struct nvs_gang_cut body = {.cut_id = cut_id, .collectives = c->limit};
     int queued = nvs_conn_queue(g, NVS_MSG_GANG_POSITION, &body, sizeof body, NULL) == 0;
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     if (queued) nvs_conn_flush(g);
     NVS_DEBUG("GPU %d: the gang drops (cut %llu); %llu collectives begun", g->index,
               (unsigned long long)cut_id, (unsigned long long)body.collectives);
@@ -88,7 +88,7 @@ void nvs_cut_on_drop(struct nvs_gpu *g, uint64_t cut_id)
 int nvs_cut_on_cut(struct nvs_gpu *g, uint64_t cut_id, uint64_t collectives)
 {
     struct cut *c = cut_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int reached = -1;
     if (cut_id == c->id && (atomic_load(&c->begun) & HELD_BIT)) {
         c->cut = collectives;
@@ -97,7 +97,7 @@ int nvs_cut_on_cut(struct nvs_gpu *g, uint64_t cut_id, uint64_t collectives)
         reached = atomic_load(&c->done) >= collectives;
         pthread_cond_broadcast(&c->cv);
     }
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     NVS_DEBUG("GPU %d: cut %llu at %llu collectives (%s)", g->index, (unsigned long long)cut_id,
               (unsigned long long)collectives,
               reached == 1 ? "reached" : reached == 0 ? "behind" : "stale");
@@ -114,26 +114,26 @@ static void free_collectives(struct cut *c)
 void nvs_cut_on_over(struct nvs_gpu *g, uint64_t cut_id)
 {
     struct cut *c = cut_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     if (cut_id == c->id) free_collectives(c);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 void nvs_cut_on_down(struct nvs_gpu *g)
 {
     struct cut *c = cut_of(g);
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     free_collectives(c);
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
 }
 
 int nvs_cut_behind(struct nvs_gpu *g)
 {
     struct cut *c = cut_of(g);
     if (!atomic_load_explicit(&c->known, memory_order_acquire)) return 0;
-    nvs_lock(&c->mu);
+    nvs_mutex_lock(&c->mu);
     int behind = atomic_load(&c->known) && atomic_load(&c->done) < c->cut;
-    nvs_unlock(&c->mu);
+    nvs_mutex_unlock(&c->mu);
     return behind;
 }
 

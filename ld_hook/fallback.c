@@ -255,14 +255,14 @@ static uint64_t read_published(void)
 uint64_t nvs_fallback_memory_limit(void)
 {
     uint64_t now = nvs_now_ns();
-    nvs_lock(&mu);
+    nvs_mutex_lock(&mu);
     if (!have_read || nvs_elapsed(now, read_at_ns) >= REREAD_NS) {
         cached_limit = read_published();
         read_at_ns = now;
         have_read = 1;
     }
     uint64_t limit = cached_limit;
-    nvs_unlock(&mu);
+    nvs_mutex_unlock(&mu);
     return limit;
 }
 

@@ -2,7 +2,7 @@
  * The limits the node daemon last published, for a process that cannot register (the daemon
  * absent, restarting, overloaded, or refusing it a connection): rather than no limit at all, it
  * applies the memory limit the daemon wrote for its pod, or the node's default, into
- * `<NVSHARE_SOCKET_DIR>/limits` (format: appliance/limits_file.py).
+ * `<NVSHARE_SOCKET_DIR>/limits` (format: appliance/daemon/limits_file.py).
  *
  * The file counts only when a tenant cannot have written it: a regular file owned by root or by
  * this process's user, writable by no one else, in a directory of the same kind. Its pod line is

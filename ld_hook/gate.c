@@ -1,14 +1,12 @@
 /*
- * The gate (see gate.h): the lock state machine per GPU, the registry of submitting threads, and
- * one drainer thread per GPU that carries out releases, so the connection's reader only ever reads.
+ * The gate (see gate.h): the lock state machine per GPU and one drainer thread per GPU that
+ * carries out releases, so the connection's reader only ever reads. What the hot path marks (which
+ * thread is on which GPU) is marks.c's.
  */
 #define _GNU_SOURCE
-#include <linux/membarrier.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "capture.h"
@@ -19,16 +17,14 @@
 #include "dispatch.h"
 #include "gate.h"
 #include "log.h"
+#include "marks.h"
 #include "thread.h"
 
 #define DEFAULT_IDLE_RELEASE_MS 1000u
-#define INFLIGHT_BOUND_MS 1000u /* a call still inside the driver after this is waiting, not queueing */
 #define MIN_CAPTURE_WAIT_MS 1000u
 /* The drainer looks at a holder four times per idle window, at most every this often. */
 #define MAX_IDLE_POLL_MS 50u
 
-NVS_TLS struct nvs_thread *nvs_tls_thread;
-struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
 
 struct gate {
     pthread_mutex_t mu;
@@ -43,10 +39,6 @@ struct gate {
 };
 
 static struct gate gates[NVS_MAX_GPUS];
-static _Atomic(struct nvs_thread *) threads;
-static pthread_key_t thread_key;
-static pthread_once_t key_once = PTHREAD_ONCE_INIT;
-static int barrier_cmd;
 static atomic_int undrained_reported;
 
 static struct gate *gate_of(const struct nvs_gpu *g) { return &gates[g->index]; }
@@ -66,92 +58,6 @@ static void set_state(struct nvs_gpu *g, enum nvs_lock_state s)
     pthread_cond_broadcast(&gt->cv);
 }
 
-/* ------------------------------------------------------------------ submitting threads */
-
-static void thread_gone(void *p)
-{
-    struct nvs_thread *t = p;
-    atomic_store_explicit(&t->inflight, 0, memory_order_release);
-    atomic_store_explicit(&t->waiting, 0, memory_order_release);
-    atomic_store_explicit(&t->in_use, 0, memory_order_release);
-}
-
-static void make_key(void) { pthread_key_create(&thread_key, thread_gone); }
-
-struct nvs_thread *nvs_thread_register(void)
-{
-    pthread_once(&key_once, make_key);
-    struct nvs_thread *t;
-    for (t = atomic_load(&threads); t != NULL; t = t->next) {
-        int free_slot = 0;
-        if (atomic_compare_exchange_strong(&t->in_use, &free_slot, 1)) break;
-    }
-    if (t == NULL) {
-        t = aligned_alloc(64, 64);
-        if (t == NULL) abort(); /* 64 bytes; nothing sensible is left to do */
-        memset(t, 0, 64);
-        atomic_store(&t->in_use, 1);
-        t->next = atomic_load(&threads);
-        while (!atomic_compare_exchange_weak(&threads, &t->next, t)) {
-        }
-    }
-    nvs_tls_thread = t;
-    pthread_setspecific(thread_key, t);
-    return t;
-}
-
-/* After the gate closed: no thread that saw it open may still be inside a driver call. */
-static void wait_inflight(const struct nvs_gpu *g)
-{
-    uint64_t deadline = nvs_now_ns() + INFLIGHT_BOUND_MS * 1000000ull;
-    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next) {
-        for (int spins = 0; atomic_load_explicit(&t->inflight, memory_order_acquire) & g->bit;
-             spins++) {
-            if (nvs_now_ns() > deadline) {
-                NVS_DEBUG("GPU %d: a submission is still inside the driver after %u ms; it is "
-                          "waiting, not queueing",
-                          g->index, INFLIGHT_BOUND_MS);
-                return;
-            }
-            if (spins < 64) {
-                sched_yield();
-            } else {
-                struct timespec ts = {0, 50000};
-                nanosleep(&ts, NULL);
-            }
-        }
-    }
-}
-
-#ifndef MEMBARRIER_CMD_GLOBAL
-#define MEMBARRIER_CMD_GLOBAL 1
-#endif
-
-static void barrier_init(void)
-{
-    long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-    if (q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
-        syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
-        barrier_cmd = MEMBARRIER_CMD_PRIVATE_EXPEDITED;
-    else if (q > 0 && (q & MEMBARRIER_CMD_GLOBAL))
-        barrier_cmd = MEMBARRIER_CMD_GLOBAL;
-}
-
-/*
- * The heavy half of the in-flight handshake: every running thread of the process executes a full
- * barrier, so a mark stored before a thread read the gate is visible now, and a thread reading
- * the gate from now on sees it closed. Without membarrier (old kernel, seccomp) the store buffers
- * of the other CPUs drain within microseconds; a millisecond is given instead.
- */
-static void heavy_barrier(void)
-{
-    static atomic_int fence; /* a seq_cst read-modify-write: our own full barrier */
-    atomic_fetch_add_explicit(&fence, 1, memory_order_seq_cst);
-    if (barrier_cmd != 0 && syscall(SYS_membarrier, barrier_cmd, 0, 0) == 0) return;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* ------------------------------------------------------------------ the slow path */
 
 /* Waits until g's gate is open (or s records into a capture: no GPU work). 1 = pass for capture. */
@@ -159,7 +65,7 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
 {
     struct gate *gt = gate_of(g);
     nvs_conn_use(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_UNUSED) set_state(g, NVS_LOCK_UNGATED); /* no answer: fail soft */
     int capture_pass = 0;
     while (!is_open(gt->state)) {
@@ -171,20 +77,20 @@ static int wait_open(struct nvs_gpu *g, CUstream s)
             set_state(g, gt->state == NVS_LOCK_LENT ? NVS_LOCK_TAKING : NVS_LOCK_REQUESTED);
             if (nvs_conn_queue(g, type, NULL, 0, NULL) != 0) set_state(g, NVS_LOCK_UNGATED);
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
         if (request) {
             NVS_DEBUG("GPU %d: requesting the lock", g->index);
             nvs_conn_flush(g);
         }
         capture_pass = nvs_capture_active(g) > 0 && nvs_stream_capturing(s);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         if (capture_pass) break;
         if (!is_open(gt->state) && gt->state != NVS_LOCK_IDLE && gt->state != NVS_LOCK_LENT) {
             struct timespec ts = nvs_deadline_ms(250);
             pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
         }
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     return capture_pass;
 }
 
@@ -239,31 +145,31 @@ static int close_for_release(struct nvs_gpu *g, uint64_t deadline_ns)
     struct gate *gt = gate_of(g);
     for (;;) {
         int left = nvs_capture_wait_idle(g, deadline_ns);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         if (gt->state != NVS_LOCK_RELEASING) {
-            nvs_unlock(&gt->mu);
+            nvs_mutex_unlock(&gt->mu);
             return -1;
         }
         if (left == 0 || nvs_now_ns() >= deadline_ns) {
             set_state(g, NVS_LOCK_DRAINING);
-            nvs_unlock(&gt->mu);
+            nvs_mutex_unlock(&gt->mu);
             return 0;
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
     }
 }
 
 static void release(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     uint32_t reason = gt->reason;
     uint32_t bound_ms = gt->tq_ms > MIN_CAPTURE_WAIT_MS ? gt->tq_ms : MIN_CAPTURE_WAIT_MS;
     uint64_t deadline = gt->release_ns + bound_ms * 1000000ull;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (close_for_release(g, deadline) != 0) return;
-    heavy_barrier();
-    wait_inflight(g);
+    nvs_marks_barrier();
+    nvs_marks_wait_inflight(g);
     /* A capture may have begun since the gate closed (recording passes it): wait for it too. */
     for (;;) {
         if (nvs_capture_fence(g) == 0) {
@@ -278,14 +184,14 @@ static void release(struct nvs_gpu *g)
         }
         nvs_capture_wait_idle(g, deadline);
     }
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     int sent = 0;
     if (gt->state == NVS_LOCK_DRAINING) {
         struct nvs_lock_released body = {.reason = reason, .reserved = 0};
         sent = nvs_conn_queue(g, NVS_MSG_LOCK_RELEASED, &body, sizeof body, NULL) == 0;
         set_state(g, sent ? NVS_LOCK_IDLE : NVS_LOCK_UNGATED);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (sent) {
         nvs_conn_flush(g);
         NVS_DEBUG("GPU %d: lock released (%s)", g->index,
@@ -296,49 +202,6 @@ static void release(struct nvs_gpu *g)
 static void begin_release(struct nvs_gpu *g, uint32_t reason);
 
 /* ------------------------------------------------------------------ idleness */
-
-uint64_t nvs_gpus_all(void)
-{
-    int n = nvs_gpu_count();
-    return n >= NVS_MAX_GPUS ? ~0ull : (1ull << n) - 1;
-}
-
-/* Like the hot path, write the flag only where it is clear: its cache line is the one every
- * submission reads the gate from. */
-void nvs_gpus_active(uint64_t mask)
-{
-    for (int i = 0, n = nvs_gpu_count(); i < n; i++) {
-        atomic_int *touched = &nvs_gate_hot[i].touched;
-        if ((mask >> i & 1) && !atomic_load_explicit(touched, memory_order_relaxed))
-            atomic_store_explicit(touched, 1, memory_order_relaxed);
-    }
-}
-
-uint64_t nvs_wait_begin(uint64_t mask)
-{
-    struct nvs_thread *t = nvs_tls_thread;
-    if (t == NULL) t = nvs_thread_register();
-    uint64_t before = atomic_load_explicit(&t->waiting, memory_order_relaxed);
-    atomic_store_explicit(&t->waiting, before | mask, memory_order_relaxed);
-    return before;
-}
-
-void nvs_wait_end(uint64_t before, uint64_t mask)
-{
-    nvs_gpus_active(mask); /* the idle window starts when the wait is over */
-    struct nvs_thread *t = nvs_tls_thread;
-    if (t != NULL) atomic_store_explicit(&t->waiting, before, memory_order_release);
-}
-
-/* Whether a thread of the process is inside a driver call on g: submitting, or waiting. */
-static int thread_on_gpu(const struct nvs_gpu *g)
-{
-    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next)
-        if ((atomic_load_explicit(&t->inflight, memory_order_acquire) |
-             atomic_load_explicit(&t->waiting, memory_order_acquire)) & g->bit)
-            return 1;
-    return 0;
-}
 
 enum idle_look { LOOK_BUSY, LOOK_FINISHING, LOOK_QUIET };
 
@@ -352,7 +215,7 @@ static enum idle_look look(struct nvs_gpu *g, uint64_t now)
         gt->unfinished = 1;
         return LOOK_BUSY;
     }
-    if (thread_on_gpu(g)) {
+    if (nvs_marks_on_gpu(g)) {
         gt->last_active_ns = now;
         return LOOK_BUSY;
     }
@@ -386,9 +249,9 @@ static void watch_idle(struct nvs_gpu *g)
     struct timespec ts = nvs_deadline_ms(poll_ms);
     pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
     if (gt->state != NVS_LOCK_HELD || look(g, nvs_now_ns()) != LOOK_FINISHING) return;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     uint64_t done = finished_at(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (done != 0 && gt->state == NVS_LOCK_HELD) {
         gt->unfinished = 0;
         if (done > gt->last_active_ns) gt->last_active_ns = done;
@@ -401,14 +264,14 @@ static void *drainer_main(void *arg)
     struct gate *gt = gate_of(g);
     nvs_capture_relax_thread();
     for (;;) {
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         while (gt->state != NVS_LOCK_RELEASING) {
             if (gt->state == NVS_LOCK_HELD)
                 watch_idle(g);
             else
                 pthread_cond_wait(&gt->cv, &gt->mu);
         }
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
         release(g);
     }
     return NULL;
@@ -427,8 +290,7 @@ static void begin_release(struct nvs_gpu *g, uint32_t reason)
 
 void nvs_gate_start(void)
 {
-    pthread_once(&key_once, make_key);
-    barrier_init();
+    nvs_marks_start();
     for (int i = 0; i < NVS_MAX_GPUS; i++) {
         struct gate *gt = &gates[i];
         pthread_mutex_init(&gt->mu, NULL);
@@ -455,28 +317,28 @@ static void apply_mode(struct nvs_gpu *g, const struct nvs_limits *lim)
 void nvs_gate_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     gt->refused = 0;
     set_state(g, NVS_LOCK_UNGATED); /* a new connection holds nothing */
     apply_mode(g, lim);
     int start = !gt->drainer;
     gt->drainer = 1;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (start && nvs_thread_start("nvshare-drain", drainer_main, g) != 0) {
         nvs_log("GPU %d: cannot start the drainer thread; this GPU runs without sharing", g->index);
-        nvs_lock(&gt->mu);
+        nvs_mutex_lock(&gt->mu);
         gt->refused = 1;
         set_state(g, NVS_LOCK_UNGATED);
-        nvs_unlock(&gt->mu);
+        nvs_mutex_unlock(&gt->mu);
     }
 }
 
 void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     apply_mode(g, lim);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 /* With gt->mu held. The environment's idle release, where set, wins over the daemon's. */
@@ -491,18 +353,18 @@ static void set_terms(struct gate *gt, const struct nvs_lock_grant *grant)
 void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) {
         set_terms(gt, terms);
         pthread_cond_broadcast(&gt->cv); /* the drainer picks up a shorter idle window */
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
@@ -511,76 +373,72 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
         set_state(g, NVS_LOCK_HELD);
         NVS_DEBUG("GPU %d: lock granted", g->index);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_drop(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) {
         begin_release(g, NVS_RELEASE_DROPPED);
         NVS_DEBUG("GPU %d: lock drop requested", g->index);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_lent(struct nvs_gpu *g, int lent)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (lent && gt->state == NVS_LOCK_IDLE)
         set_state(g, NVS_LOCK_LENT);
     else if (!lent && gt->state == NVS_LOCK_LENT)
         set_state(g, NVS_LOCK_IDLE);
     else if (!lent && gt->state == NVS_LOCK_TAKING)
         set_state(g, NVS_LOCK_REQUESTED); /* asked too late to take it back: wait for the grant */
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_cut_reached(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) begin_release(g, NVS_RELEASE_DROPPED);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_cut_behind(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     int ask = gt->state == NVS_LOCK_REQUESTED && nvs_conn_queue(g, NVS_MSG_GANG_CATCHUP, NULL, 0, NULL) == 0;
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
     if (ask) nvs_conn_flush(g);
 }
 
 void nvs_gate_on_refused(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
         gt->refused = 1; /* the scheduler cannot gate us: run ungated rather than hang */
         set_state(g, NVS_LOCK_UNGATED);
     }
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 void nvs_gate_on_down(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    nvs_lock(&gt->mu);
+    nvs_mutex_lock(&gt->mu);
     set_state(g, NVS_LOCK_UNGATED);
-    nvs_unlock(&gt->mu);
+    nvs_mutex_unlock(&gt->mu);
 }
 
 /* In the child of fork(): only the forking thread exists; nothing is held or in flight. */
 void nvs_gate_after_fork(void)
 {
-    for (struct nvs_thread *t = atomic_load(&threads); t != NULL; t = t->next) {
-        atomic_store(&t->inflight, 0);
-        atomic_store(&t->waiting, 0);
-        if (t != nvs_tls_thread) atomic_store(&t->in_use, 0);
-    }
+    nvs_marks_after_fork();
     nvs_gate_start();
 }

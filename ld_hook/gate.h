@@ -46,6 +46,7 @@
 #define NVSHARE_GATE_H
 
 #include "gpus.h"
+#include "marks.h"
 
 enum nvs_lock_state {
     NVS_LOCK_UNUSED = 0,
@@ -59,22 +60,6 @@ enum nvs_lock_state {
     NVS_LOCK_TAKING,
 };
 
-struct nvs_thread {
-    _Atomic uint64_t inflight; /* GPUs (bits) this thread is submitting to right now */
-    _Atomic uint64_t waiting;  /* GPUs (bits) this thread waits for in a synchronising call */
-    atomic_int in_use;
-    struct nvs_thread *next;
-};
-
-struct nvs_gate_hot {
-    _Alignas(64) atomic_int pass; /* 1: submissions go straight to the driver */
-    atomic_int touched;           /* a submission passed since the idle check last looked */
-};
-
-extern NVS_TLS struct nvs_thread *nvs_tls_thread;
-extern struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
-
-struct nvs_thread *nvs_thread_register(void);
 void nvs_gate_slow(struct nvs_gpu *g, struct nvs_thread *t, CUstream s);
 /* For a launch on several GPUs: blocks until every gate in `mask` is open at once. */
 struct nvs_thread *nvs_gate_enter_many(uint64_t mask);
@@ -120,17 +105,5 @@ void nvs_gate_on_cut_reached(struct nvs_gpu *g);
 void nvs_gate_on_cut_behind(struct nvs_gpu *g);
 void nvs_gate_on_down(struct nvs_gpu *g);
 void nvs_gate_after_fork(void);
-
-/*
- * A thread waits for the GPUs in `mask` (a synchronising call): the holder is not idle while it
- * does. nvs_wait_begin returns what to hand nvs_wait_end (waits do not nest in practice, but a
- * signal handler may wait inside a wait). The idle window starts again when the wait ends.
- */
-uint64_t nvs_wait_begin(uint64_t mask);
-void nvs_wait_end(uint64_t before, uint64_t mask);
-/* The GPUs in `mask` are working for this process (a query answered "not ready"). */
-void nvs_gpus_active(uint64_t mask);
-/* Every GPU this process has: for waits on an object whose GPU the hook does not know. */
-uint64_t nvs_gpus_all(void);
 
 #endif

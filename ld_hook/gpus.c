@@ -36,7 +36,7 @@ struct nvs_gpu *nvs_gpu_at(int index)
 
 void nvs_gpu_identify(struct nvs_gpu *g)
 {
-    nvs_lock(&g->mu);
+    nvs_mutex_lock(&g->mu);
     if (!g->identified) {
         CUuuid u;
         memset(&u, 0, sizeof u);
@@ -51,16 +51,16 @@ void nvs_gpu_identify(struct nvs_gpu *g)
         if (NVS_CALL(cuDeviceTotalMem_v2, (&total, g->index)) == CUDA_SUCCESS) g->total_mem = total;
         g->identified = 1;
     }
-    nvs_unlock(&g->mu);
+    nvs_mutex_unlock(&g->mu);
 }
 
 struct nvs_gpu *nvs_gpu_by_uuid(const char *uuid)
 {
     for (int i = 0; i < nvs_gpu_count(); i++) {
         struct nvs_gpu *g = &nvs_gpu_table[i];
-        nvs_lock(&g->mu);
+        nvs_mutex_lock(&g->mu);
         int same = g->identified && strcmp(g->uuid, uuid) == 0;
-        nvs_unlock(&g->mu);
+        nvs_mutex_unlock(&g->mu);
         if (same) return g;
     }
     return NULL;

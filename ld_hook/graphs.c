@@ -56,12 +56,12 @@ static int settle_gpu(struct nvs_gpu *g)
     if (NVS_CALL(cuDeviceGetGraphMemAttribute,
                  (g->index, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved)) != CUDA_SUCCESS)
         return 0;
-    nvs_lock(&graphs.mu);
+    nvs_mutex_lock(&graphs.mu);
     int64_t delta = (int64_t)reserved - (int64_t)graphs.charged[g->index];
     graphs.charged[g->index] = reserved;
     if (reserved < graphs.reserved[g->index]) graphs.generation[g->index]++; /* trimmed, reset */
     graphs.reserved[g->index] = reserved;
-    nvs_unlock(&graphs.mu);
+    nvs_mutex_unlock(&graphs.mu);
     if (delta > 0) nvs_ledger_force(g, (uint64_t)delta);
     if (delta < 0) nvs_ledger_uncharge(g, (uint64_t)-delta);
     return delta < 0;
@@ -70,9 +70,9 @@ static int settle_gpu(struct nvs_gpu *g)
 int nvs_graphs_settle(struct nvs_gpu *g)
 {
     if (g == NULL) return 0;
-    nvs_lock(&graphs.mu);
+    nvs_mutex_lock(&graphs.mu);
     int used = graphs.used[g->index];
-    nvs_unlock(&graphs.mu);
+    nvs_mutex_unlock(&graphs.mu);
     return used ? settle_gpu(g) : 0;
 }
 
@@ -126,9 +126,9 @@ static struct graph_rec *record_of_exec(CUgraphExec exec)
 
 static int held(const struct graph_part *p)
 {
-    nvs_lock(&graphs.mu);
+    nvs_mutex_lock(&graphs.mu);
     int h = p->held_since != 0 && p->held_since == graphs.generation[p->gpu] + 1;
-    nvs_unlock(&graphs.mu);
+    nvs_mutex_unlock(&graphs.mu);
     return h;
 }
 
@@ -169,17 +169,17 @@ static CUresult admit(struct graph_rec *rec, uint64_t *used_before)
                     (unsigned long long)(holds >> 20), (unsigned long long)(limit >> 20));
             while (i-- > 0) {
                 struct nvs_gpu *back = nvs_gpu_at(rec->part[i].gpu);
-                nvs_lock(&graphs.mu);
+                nvs_mutex_lock(&graphs.mu);
                 graphs.charged[rec->part[i].gpu] -= took[i];
-                nvs_unlock(&graphs.mu);
+                nvs_mutex_unlock(&graphs.mu);
                 nvs_ledger_uncharge(back, took[i]);
             }
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        nvs_lock(&graphs.mu);
+        nvs_mutex_lock(&graphs.mu);
         graphs.charged[p->gpu] += need;
         graphs.used[p->gpu] = 1;
-        nvs_unlock(&graphs.mu);
+        nvs_mutex_unlock(&graphs.mu);
         took[i] = need;
     }
     return CUDA_SUCCESS;
@@ -196,9 +196,9 @@ static void settle_rec(struct graph_rec *rec, CUresult r, int ran, const uint64_
                        (ran || pool_attr(p->gpu, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >=
                                    used_before[i] + p->bytes);
         if (!now_held) continue;
-        nvs_lock(&graphs.mu);
+        nvs_mutex_lock(&graphs.mu);
         p->held_since = graphs.generation[p->gpu] + 1;
-        nvs_unlock(&graphs.mu);
+        nvs_mutex_unlock(&graphs.mu);
     }
 }
 
@@ -224,9 +224,9 @@ void nvs_graph_ran(CUgraphExec exec, CUstream s, CUresult r)
                                                 .kind = NVS_KIND_GRAPH,
                                                 .aux = (uint64_t)(uintptr_t)rec}) != 0)
             free(rec);
-        nvs_lock(&graphs.mu);
+        nvs_mutex_lock(&graphs.mu);
         graphs.used[g->index] = 1;
-        nvs_unlock(&graphs.mu);
+        nvs_mutex_unlock(&graphs.mu);
         settle_gpu(g);
         return;
     }

@@ -111,9 +111,9 @@ static CUresult reserve(struct nvs_gpu *g, struct ledger *l, uint64_t need)
     l->reserving = 1;
     l->replied = l->answered_with_error = 0;
     l->wait_seq = seq;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     nvs_conn_flush(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     struct timespec deadline = nvs_deadline_ms(nvs_cfg.daemon_timeout_ms + 100u);
     while (!l->replied && l->registered)
         if (pthread_cond_timedwait(&l->cv, &l->mu, &deadline) != 0 && !l->replied) {
@@ -132,9 +132,9 @@ static void take_published(struct ledger *l)
 {
     if (atomic_load_explicit(&l->limits_known, memory_order_relaxed)) return;
     uint64_t published = nvs_fallback_memory_limit();
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     l->published = published;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
@@ -143,7 +143,7 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
     nvs_conn_use(g);
     struct ledger *l = ledger_of(g);
     take_published(l);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     while (l->reserving) pthread_cond_wait(&l->cv, &l->mu);
     CUresult r = CUDA_SUCCESS;
     int ours = 1; /* a refusal decided here, not by the daemon */
@@ -179,7 +179,7 @@ CUresult nvs_ledger_charge(struct nvs_gpu *g, uint64_t bytes)
               g->index, (unsigned long long)bytes, r == CUDA_SUCCESS ? "ok" : "refused",
               (unsigned long long)l->usage, (unsigned long long)l->external,
               (unsigned long long)limit, (unsigned long long)l->reserved);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);
     return r;
 }
@@ -188,21 +188,21 @@ void nvs_ledger_force(struct nvs_gpu *g, uint64_t bytes)
 {
     if (g == NULL || bytes == 0) return;
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     l->usage += bytes;
     if (l->usage > l->usage_hwm) l->usage_hwm = l->usage;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 void nvs_ledger_uncharge(struct nvs_gpu *g, uint64_t bytes)
 {
     if (g == NULL || bytes == 0) return;
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     l->usage = bytes > l->usage ? 0 : l->usage - bytes;
     int queued = l->reserved > l->usage && l->reserved - l->usage > return_threshold(l) &&
                  return_surplus(g, l);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);
 }
 
@@ -210,18 +210,18 @@ void nvs_ledger_peek(struct nvs_gpu *g, uint64_t *limit, uint64_t *used)
 {
     struct ledger *l = ledger_of(g);
     take_published(l);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     *limit = effective_limit(g, l);
     *used = l->usage + l->external;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 int nvs_ledger_backing_managed(struct nvs_gpu *g)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     int managed = l->have_limits && l->limits.backing == NVS_BACKING_MANAGED;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     return managed;
 }
 
@@ -252,7 +252,7 @@ static void apply_limits(struct nvs_gpu *g, struct ledger *l, const struct nvs_l
 void nvs_ledger_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     apply_limits(g, l, lim);
     l->registered = 1;
     l->reserved = 0;           /* a new client of the daemon holds no reservation ... */
@@ -260,23 +260,23 @@ void nvs_ledger_on_registered(struct nvs_gpu *g, const struct nvs_limits *lim)
     l->offline_cap = 0;
     l->peers = 1;
     pthread_cond_broadcast(&l->cv);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 void nvs_ledger_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     apply_limits(g, l, lim);
     int queued = return_surplus(g, l);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);
 }
 
 void nvs_ledger_on_grant(struct nvs_gpu *g, uint64_t seq, const struct nvs_mem_grant *grant)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     int queued = 0;
     if (l->reserving && seq == l->wait_seq) {
         l->reply = *grant;
@@ -287,46 +287,46 @@ void nvs_ledger_on_grant(struct nvs_gpu *g, uint64_t seq, const struct nvs_mem_g
         l->reserved = grant->reserved;
         queued = return_surplus(g, l);
     }
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);
 }
 
 void nvs_ledger_on_refused(struct nvs_gpu *g, uint64_t seq)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     if (l->reserving && seq == l->wait_seq) {
         l->replied = l->answered_with_error = 1;
         pthread_cond_broadcast(&l->cv);
     }
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 void nvs_ledger_on_observed(struct nvs_gpu *g, const struct nvs_mem_observed *obs)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     /* Usage may have fallen since NVML sampled: compare with the highest it was meanwhile. */
     uint64_t explained = obs->allowance + l->usage_hwm;
     l->external = obs->nvml_used > explained ? obs->nvml_used - explained : 0;
     l->usage_hwm = l->usage;
     NVS_DEBUG("GPU %d: NVML shows %llu bytes held; %llu beyond what the hook counted", g->index,
               (unsigned long long)obs->nvml_used, (unsigned long long)l->external);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 void nvs_ledger_on_peers(struct nvs_gpu *g, const struct nvs_ledger_peers *peers)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     l->peers = peers->clients;
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 void nvs_ledger_on_down(struct nvs_gpu *g)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     if (l->registered) {
         uint64_t pod_limit = l->have_limits ? l->limits.mem_limit : 0;
         uint64_t kept = l->reserved > l->usage ? l->reserved : l->usage;
@@ -336,7 +336,7 @@ void nvs_ledger_on_down(struct nvs_gpu *g)
     l->registered = 0;
     l->reserved = 0;
     pthread_cond_broadcast(&l->cv);
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
 }
 
 /* With l->mu held: tell the daemon what this hook refused on its own since the last report. */
@@ -353,7 +353,7 @@ static int report_refusals(struct nvs_gpu *g, struct ledger *l)
 void nvs_ledger_tick(struct nvs_gpu *g, uint64_t now)
 {
     struct ledger *l = ledger_of(g);
-    nvs_lock(&l->mu);
+    nvs_mutex_lock(&l->mu);
     int queued = report_refusals(g, l);
     if (l->registered && !l->reserving) {
         if (l->reserved > l->usage && nvs_elapsed(now, l->last_charge_ns) >= IDLE_SURPLUS_NS) {
@@ -367,7 +367,7 @@ void nvs_ledger_tick(struct nvs_gpu *g, uint64_t now)
             }
         }
     }
-    nvs_unlock(&l->mu);
+    nvs_mutex_unlock(&l->mu);
     if (queued) nvs_conn_flush(g);
 }
 

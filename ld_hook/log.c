@@ -1,6 +1,6 @@
 /*
  * Logging (see log.h): lines go straight to stderr, except while the thread holds a hook mutex;
- * then they wait in a small per-thread buffer until the last nvs_unlock.
+ * then they wait in a small per-thread buffer until the last nvs_mutex_unlock.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -70,13 +70,13 @@ void nvs_notice_once(const char *fmt, ...)
 
 void nvs_notice_reset(void) { atomic_store(&notice_given, 0); }
 
-void nvs_lock(pthread_mutex_t *mu)
+void nvs_mutex_lock(pthread_mutex_t *mu)
 {
     pthread_mutex_lock(mu);
     pending.depth++;
 }
 
-void nvs_unlock(pthread_mutex_t *mu)
+void nvs_mutex_unlock(pthread_mutex_t *mu)
 {
     pthread_mutex_unlock(mu);
     if (--pending.depth > 0 || (pending.used == 0 && pending.dropped == 0)) return;

@@ -1,7 +1,7 @@
 /*
  * nvshare wire protocol, version 1: the one definition of the frames exchanged between
  * libnvshare.so (and nvsharectl) and the node scheduler over a Unix stream socket.
- * appliance/protocol.py mirrors this file; tests/protocol/ compiles a probe that prints every
+ * appliance/wire/protocol.py mirrors this file; tests/protocol/ compiles a probe that prints every
  * size and offset here and compares them with the Python side.
  *
  * Every frame is a fixed 24-byte header followed by `body_len` bytes of body. All integers are

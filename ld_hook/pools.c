@@ -61,10 +61,10 @@ static int64_t settle_pool(CUmemoryPool pool)
 {
     uint64_t reserved = 0;
     int readable = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0;
-    nvs_lock(&pools.mu);
+    nvs_mutex_lock(&pools.mu);
     struct pool_rec *rec = record(pool, -1);
     if (rec == NULL) {
-        nvs_unlock(&pools.mu);
+        nvs_mutex_unlock(&pools.mu);
         return 0;
     }
     struct nvs_gpu *g = nvs_gpu_at(rec->gpu);
@@ -72,7 +72,7 @@ static int64_t settle_pool(CUmemoryPool pool)
     int64_t delta = (int64_t)reserved - (int64_t)rec->charged;
     rec->charged = reserved;
     if (!readable) *rec = pools.list[--pools.n];
-    nvs_unlock(&pools.mu);
+    nvs_mutex_unlock(&pools.mu);
     if (delta > 0) nvs_ledger_force(g, (uint64_t)delta);
     if (delta < 0) nvs_ledger_uncharge(g, (uint64_t)-delta);
     return delta;
@@ -83,10 +83,10 @@ int nvs_pools_settle(struct nvs_gpu *g)
     if (g == NULL) return 0;
     CUmemoryPool mine[16];
     int n = 0;
-    nvs_lock(&pools.mu);
+    nvs_mutex_lock(&pools.mu);
     for (int i = 0; i < pools.n && n < 16; i++)
         if (pools.list[i].gpu == g->index) mine[n++] = pools.list[i].pool;
-    nvs_unlock(&pools.mu);
+    nvs_mutex_unlock(&pools.mu);
     int shrank = 0;
     for (int i = 0; i < n; i++) shrank |= settle_pool(mine[i]) < 0;
     shrank |= nvs_graphs_settle(g);
@@ -112,11 +112,11 @@ static CUresult pool_alloc(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUst
     if (g == NULL || nvs_stream_capturing(s)) return call(p, bytes, pool, s); /* a graph node */
     if (pool == NULL && NVS_CALL(cuDeviceGetMemPool, (&pool, g->index)) != CUDA_SUCCESS)
         return call(p, bytes, pool, s);
-    nvs_lock(&pools.mu);
+    nvs_mutex_lock(&pools.mu);
     struct pool_rec *rec = record(pool, g->index);
     int known = rec != NULL;
     if (known) g = nvs_gpu_at(rec->gpu);
-    nvs_unlock(&pools.mu);
+    nvs_mutex_unlock(&pools.mu);
     if (!known || g == NULL) return call(p, bytes, pool, s);
     uint64_t need = growth_needed(pool, bytes);
     if (nvs_ledger_charge(g, need) != CUDA_SUCCESS) {
@@ -124,9 +124,9 @@ static CUresult pool_alloc(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUst
         need = growth_needed(pool, bytes);
         if (nvs_ledger_charge(g, need) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    nvs_lock(&pools.mu);
+    nvs_mutex_lock(&pools.mu);
     if ((rec = record(pool, -1)) != NULL) rec->charged += need;
-    nvs_unlock(&pools.mu);
+    nvs_mutex_unlock(&pools.mu);
     if (rec == NULL) nvs_ledger_uncharge(g, need);
     CUresult r = call(p, bytes, pool, s);
     settle_pool(pool);
@@ -191,9 +191,9 @@ NVS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pr
     CUresult r = NVS_CALL(cuMemPoolCreate, (pool, props));
     if (r != CUDA_SUCCESS || props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return r; /* host pools hold no device memory */
-    nvs_lock(&pools.mu);
+    nvs_mutex_lock(&pools.mu);
     if (nvs_gpu_at(props->location.id) != NULL) record(*pool, props->location.id);
-    nvs_unlock(&pools.mu);
+    nvs_mutex_unlock(&pools.mu);
     return r;
 }
 

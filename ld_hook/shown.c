@@ -3,7 +3,7 @@
  * of a second, so nvidia-smi's calls for one screen (memory, then the process list counted and
  * then filled) see one consistent picture and cost one round trip. A daemon that does not
  * answer is left alone for two seconds: a query never waits on a hung daemon more than once in
- * that time, and then for at most the daemon timeout (capped at two seconds, nvs_conn_ask).
+ * that time, and then for at most the daemon timeout (capped at two seconds, nvs_dial_ask).
  */
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "conn.h"
+#include "dial.h"
 #include "fallback.h"
 #include "ledger.h"
 #include "log.h"
@@ -39,7 +40,7 @@ static int ask_daemon(const char *uuid, uint64_t real_total, struct nvs_view *vi
     r.gpu_total_mem = real_total;
     memcpy(r.pod_namespace, nvs_cfg.pod_namespace, sizeof r.pod_namespace);
     memcpy(r.pod_name, nvs_cfg.pod_name, sizeof r.pod_name);
-    int ok = nvs_conn_ask(NVS_MSG_VIEW_REQUEST, &r, sizeof r, NVS_MSG_VIEW, view, sizeof *view) == 0 &&
+    int ok = nvs_dial_ask(NVS_MSG_VIEW_REQUEST, &r, sizeof r, NVS_MSG_VIEW, view, sizeof *view) == 0 &&
              view->process_count <= NVS_VIEW_MAX_PROCESSES;
     if (!ok) NVS_DEBUG("GPU %s: the scheduler did not answer a view request", uuid);
     return ok;

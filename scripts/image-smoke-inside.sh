@@ -16,7 +16,7 @@ echo "ok: nvsharectl policy validate"
 
 mkdir -p /tmp/mig
 printf 'migFallback:\n  chains:\n    - ["3g.40gb", "2g.20gb"]\n' >/tmp/mig/50-mig.yaml
-chains=$(python3 -c 'from pathlib import Path; from appliance.kube.webhook import policy_chains
+chains=$(python3 -c 'from pathlib import Path; from appliance.cluster.webhook import policy_chains
 print([list(c) for c in policy_chains(Path("/tmp/mig"))])')
 [ "$chains" = "[['3g.40gb', '2g.20gb']]" ] || fail "webhook chains: $chains"
 echo "ok: the webhook loads its chains"

@@ -1,7 +1,9 @@
-"""What the two programs share: one-line errors instead of tracebacks, names, defaults."""
+"""What the two programs share: one-line errors instead of tracebacks, names, defaults, and the
+logging every server program of nvshare-scheduler writes (the daemon, webhook, extender)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -17,6 +19,17 @@ PACKAGE = "nvshare-appliance"
 # How a shell reports a program killed by SIGPIPE (128 + 13): what `cat` and `grep` give
 # under `set -o pipefail` when the reader of their output went away.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def configure_logging(*, debug: bool) -> None:
+    """The one logging set-up of the node daemon, the webhook and the extender: a line per
+    record on stderr (the journal or the container log adds the host and the unit), INFO and
+    up, or DEBUG with --debug or NVSHARE_DEBUG."""
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 class OneLineErrors(click.Group):

@@ -1,8 +1,8 @@
 """`nvshare-scheduler`: the node daemon, and the cluster's webhook and extender servers.
 
-Each is started from here and built elsewhere: the daemon by `appliance.daemon`, the MIG
-fallback webhook by `appliance.kube.webhook`, the scheduler extender by
-`appliance.kube.extender`. Every way one cannot start is one line on stderr and exit status 1.
+Each is started from here and built elsewhere: the daemon by `appliance.daemon.daemon`, the MIG
+fallback webhook by `appliance.cluster.webhook`, the scheduler extender by
+`appliance.cluster.extender`. Every way one cannot start is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
-from appliance import socket_dirs
 from appliance.cli.common import (
+    configure_logging,
     control_dir_option,
     kube_api_option,
     policy_dir_option,
     program,
     socket_dir_option,
 )
+from appliance.wire import socket_dirs
 
 
 @program("nvshare-scheduler")
@@ -99,9 +99,10 @@ def scheduler_main(
     debug: bool,
 ) -> None:
     """The nvshare node daemon: lock scheduler, policy, pod annotations, metrics."""
+    configure_logging(debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"))
     if ctx.invoked_subcommand is not None:
         return
-    from appliance.daemon import DaemonConfig, run_daemon
+    from appliance.daemon.daemon import DaemonConfig, run_daemon
 
     config = DaemonConfig(
         policy_dir=policy_dir,
@@ -115,7 +116,6 @@ def scheduler_main(
         open_files=open_files,
         proc_root=proc_root,
         probe_address=probe_address,
-        debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"),
     )
     tune_collector()
     sys.exit(run_daemon(config))
@@ -159,40 +159,23 @@ def webhook(
     policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
-    import logging
-    import ssl
-
-    from appliance.kube.api import KubeConfigError, api_client_from_env
-    from appliance.kube.webhook_server import build_webhook_server
-
-    def die(message: str) -> NoReturn:
-        click.echo(f"nvshare-scheduler webhook: {message}", err=True)
-        sys.exit(1)
+    from appliance.cluster.webhook_server import run_webhook
 
     for flag, path in (("--cert-file", cert_file), ("--key-file", key_file)):
         if not path.is_file() or not os.access(path, os.R_OK):
-            die(f"{flag} {path}: no readable file there")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        server = build_webhook_server(
+            click.echo(
+                f"nvshare-scheduler webhook: {flag} {path}: no readable file there", err=True
+            )
+            sys.exit(1)
+    sys.exit(
+        run_webhook(
             policy_dir=policy_dir,
             cert_file=cert_file,
             key_file=key_file,
             port=port,
             host=host,
-            api_client=api_client_from_env(kube_api),
+            kube_api=kube_api,
         )
-    except KubeConfigError as exc:
-        die(str(exc))
-    except ssl.SSLError as exc:
-        die(f"cannot use {cert_file} with {key_file} for TLS: {exc.reason or exc}")
-    except OSError as exc:
-        die(f"cannot serve on port {port}: {exc.strerror or exc}")
-    logging.getLogger("nvshare.webhook").info("MIG fallback chains from %s", policy_dir)
-    server.serve_until_stopped(
-        "MIG fallback webhook on https", logging.getLogger("nvshare.webhook")
     )
 
 
@@ -215,7 +198,7 @@ def extender(
     port: int, host: str, kube_api: str | None, policy_dir: Path, switch: bool | None
 ) -> None:
     """Serve the kube-scheduler extender that filters nodes on their GPUs' real free memory."""
-    from appliance.kube.extender_server import run_extender
+    from appliance.cluster.extender_server import run_extender
 
     sys.exit(
         run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)

@@ -16,11 +16,9 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from appliance import framing, socket_dirs
-from appliance import protocol as p
 from appliance.cli import status_view, top_view
+from appliance.cli.client import ControlClient, DaemonUnavailable
 from appliance.cli.common import control_dir_option, program, socket_dir_option
-from appliance.client import ControlClient, DaemonUnavailable
 from appliance.core.names import pod_name_problem
 from appliance.core.views import (
     ExplainView,
@@ -31,6 +29,8 @@ from appliance.core.views import (
 )
 from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
+from appliance.wire import framing, socket_dirs
+from appliance.wire import protocol as p
 
 FOLLOW_POLICY = "policy"
 V = TypeVar("V")

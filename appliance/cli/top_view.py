@@ -35,13 +35,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from appliance import framing
-from appliance import protocol as p
-from appliance.client import ControlClient, DaemonUnavailable
+from appliance.cli.client import ControlClient, DaemonUnavailable
 from appliance.core.gputime import QuotaUse
 from appliance.core.state import Phase
 from appliance.core.views import ClientView, GpuView, StatusView, from_json
 from appliance.policy.model import priority_name
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 Fetch = Callable[[], StatusView]
 UNREACHABLE = (DaemonUnavailable, OSError, framing.ProtocolError)  # timeouts included

@@ -2,7 +2,7 @@
 
 Hooks hear about grants, drops, limits and memory; a control client gets its `Reply`; a pod
 gets a Warning Event; the device plugin gets a new replica count. The socket server turns the
-hook and control actions into frames (`appliance.protocol`); the core never sees the wire.
+hook and control actions into frames (`appliance.wire.protocol`); the core never sees the wire.
 """
 
 from __future__ import annotations

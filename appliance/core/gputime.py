@@ -13,14 +13,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from appliance.core.drops import DropReason
 from appliance.core.gang import account
 from appliance.core.state import Client, GangPhase, LockUsage, NodeState, Phase
-
-if TYPE_CHECKING:
-    from appliance.core.views import ClientView
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +84,29 @@ def quota_use(s: NodeState, c: Client, now: float) -> QuotaUse | None:
     )
 
 
-def pod_views(s: NodeState, clients: tuple[ClientView, ...]) -> tuple[PodView, ...]:
+class PodClient(Protocol):
+    """What a pod's view reads of each of its clients' views (`views.ClientView`, which is
+    built from these views and so is not imported here)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod_name(self) -> str: ...
+    @property
+    def pod_uid(self) -> str: ...
+    @property
+    def lock(self) -> LockTime: ...
+    @property
+    def memory_used(self) -> int: ...
+    @property
+    def memory_observed(self) -> int | None: ...
+
+
+def pod_views(s: NodeState, clients: tuple[PodClient, ...]) -> tuple[PodView, ...]:
     """Every pod with a connected client or a departed one's lock time, by UID."""
-    by_pod: dict[str, list[ClientView]] = {}  # one pass over the clients, not one per pod
+    by_pod: dict[str, list[PodClient]] = {}  # one pass over the clients, not one per pod
     for c in clients:
         if c.pod_uid:
             by_pod.setdefault(c.pod_uid, []).append(c)

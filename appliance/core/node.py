@@ -1,7 +1,7 @@
 """The core of the node daemon: every decision, as a pure function of events and the time.
 
 Sans-I/O: `NodeCore.handle(event, now)` returns the actions to take (`actions`); the caller
-(`appliance.engine`) owns the clock and the sockets and calls back with `Tick` once
+(`appliance.daemon.engine`) owns the clock and the sockets and calls back with `Tick` once
 `next_deadline()` has passed. Every rule is tested with a fake clock in `tests/core`.
 
 This module routes each event to the part whose job it is (an explicit table) and keeps what

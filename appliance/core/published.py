@@ -3,7 +3,8 @@ restarts.
 
 A hook that cannot reach the daemon, or is not answered (the daemon restarting, overloaded, or
 refusing it a connection), would otherwise run with no limit but its own environment's. So the
-daemon keeps a file in the hooks' socket directory current (`appliance.limits_file` writes it):
+daemon keeps a file in the hooks' socket directory current (`appliance.daemon.limits_file`
+writes it):
 the memory limit of every pod of the node as its annotations, nvsharectl and the policy's pod
 rules set it, and a default for everyone else. The same file, read at start, is what a
 restarted daemon knows of pods its pod watch has not listed yet.

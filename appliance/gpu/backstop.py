@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from appliance.core.gpus import GpuFacts
 from appliance.core.views import BackstopView, StatusView
@@ -36,7 +36,18 @@ from appliance.gpu.nvml import MemoryLimitRefused, Nvml
 
 if TYPE_CHECKING:
     from appliance.core.node import NodeCore
-    from appliance.engine import Engine
+
+T = TypeVar("T")
+
+
+class Reader(Protocol):
+    """What the backstop needs of the engine (`appliance.daemon.engine`), which sits above it:
+    its clock, and a read of the core on the event loop."""
+
+    def now(self) -> float: ...
+
+    def read(self, fn: Callable[[], T], *, timeout_s: float = ...) -> T: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +270,7 @@ class BackstopLoop:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def following(cls, backstop: KernelBackstop, engine: Engine, core: NodeCore) -> BackstopLoop:
+    def following(cls, backstop: KernelBackstop, engine: Reader, core: NodeCore) -> BackstopLoop:
         """A loop that reads the policy and the clients from the core, on the event loop."""
 
         def snapshot() -> tuple[bool, int, list[Holder]]:

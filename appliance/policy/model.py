@@ -38,7 +38,7 @@ def priority_name(value: int) -> str:
 
 
 class Mode(enum.Enum):
-    """How a GPU's lock is shared. Wire values are in `appliance.protocol`."""
+    """How a GPU's lock is shared. Wire values are in `appliance.wire.protocol`."""
 
     OFF = "off"  # everyone runs concurrently
     ON = "on"  # strict serialisation (nvshare's anti-thrashing)

@@ -27,10 +27,10 @@ from hook.conftest import Probe, Variant, built, plain, probes, start_probe  # n
 from kube import manifests
 from kube.fakeapi import FakeApiServer
 
-from appliance import protocol as p
-from appliance import socket_dirs
-from appliance.client import ControlClient
-from appliance.limits_file import LIMITS_NAME
+from appliance.cli.client import ControlClient
+from appliance.daemon.limits_file import LIMITS_NAME
+from appliance.wire import protocol as p
+from appliance.wire import socket_dirs
 
 GiB = 1 << 30
 MiB = 1 << 20

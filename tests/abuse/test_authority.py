@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from appliance import protocol as p
-from appliance import socket_dirs
 from appliance.kube.devices import Injection
+from appliance.wire import protocol as p
+from appliance.wire import socket_dirs
 
 from .conftest import Stage
 
@@ -21,8 +21,8 @@ POD = "0b1c5e5e-1111-4222-8333-444455556666"
 ASKER = """
 import sys
 from pathlib import Path
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.wire import protocol as p
+from appliance.cli.client import ControlClient
 sys.stdin.readline()
 with ControlClient(control_dir=Path(sys.argv[1]), timeout=10) as c:
     answer = c.request(p.SetTq(5))

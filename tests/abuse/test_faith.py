@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 from .conftest import GPU, GiB, MiB, Stage
 

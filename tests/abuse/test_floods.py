@@ -18,10 +18,10 @@ from pathlib import Path
 
 from daemon.driven import GPU, Peer, daemon, register, until
 
-from appliance import protocol as p
 from appliance.core import events as ev
 from appliance.core.annotations import PodInfo
 from appliance.core.node import NodeCore
+from appliance.wire import protocol as p
 
 from .conftest import FakeProc
 
@@ -32,7 +32,7 @@ FRAMES = 32  # four turns of a connection
 # Registers N connections, waits for "go", sends each four turns of hints, requests, releases.
 FLOODER = """
 import socket, sys
-from appliance import framing, protocol as p
+from appliance.wire import framing, protocol as p
 path, n, gpu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sys.stdin.readline()  # placed in its pod
 conns = [socket.socket(socket.AF_UNIX) for _ in range(n)]

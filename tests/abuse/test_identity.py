@@ -17,7 +17,7 @@ import pytest
 from kube import manifests
 from kube.fakeapi import FakeApiServer
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 from .conftest import GiB, MiB, Stage, eventually
 

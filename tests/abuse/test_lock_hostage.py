@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 from .conftest import Stage, eventually
 

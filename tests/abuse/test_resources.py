@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from appliance import protocol as p
-from appliance import socket_dirs
+from appliance.wire import protocol as p
+from appliance.wire import socket_dirs
 
 from .conftest import GiB, Stage, eventually, listed_pods, wait_listed
 

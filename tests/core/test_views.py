@@ -14,8 +14,8 @@ from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.events import LimitTarget
 from appliance.core.node import NodeCore
-from appliance.metrics import ApplianceCollector
 from appliance.policy.model import Limits, Mode, Policy
+from appliance.web.metrics import ApplianceCollector
 
 from .conftest import ADMIN, GPU, GiB, Harness
 

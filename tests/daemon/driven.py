@@ -13,14 +13,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from appliance import framing
-from appliance import protocol as p
 from appliance.core.node import NodeCore
-from appliance.engine import Engine
+from appliance.daemon.engine import Engine
+from appliance.daemon.queries import STATUS_SLICE_S, Answers
 from appliance.policy.model import Mode, Policy, SchedulerSettings
 from appliance.policy.watch import PolicyWatcher
-from appliance.queries import STATUS_SLICE_S, Answers
-from appliance.server import SchedulerServer
+from appliance.serve.server import SchedulerServer
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 GPU = "GPU-00000000-0000-0000-0000-0000000000f1"
 PASSES = 10_000  # bounds the loop passes a test waits for anything (never reached)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance.daemon import Daemon, DaemonConfig
+from appliance.daemon.daemon import Daemon, DaemonConfig
 from appliance.gpu.nvml import Nvml
 
 WAIT_S = 20.0  # bounds things that take well under a second; never a measurement
@@ -72,10 +72,7 @@ def run_with(daemon: Daemon, body: Callable[[Daemon], None]) -> int:
         served = asyncio.create_task(daemon.run())
 
         async def stop() -> None:
-            while daemon._stopping is None and not served.done():  # not started yet
-                await asyncio.sleep(0.01)
-            if daemon._stopping is not None:
-                daemon._stopping.set()
+            daemon._stopping.set()
 
         def run_body() -> None:
             try:

@@ -13,15 +13,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from appliance.admission import Admission, EveryMinute, raise_open_files
 from appliance.policy.model import ConnectionSettings
+from appliance.serve.admission import Admission, EveryMinute, raise_open_files
 
 # The daemon's own socket server, short of files: every connection past its limit fails in
 # accept(), over and over, for three seconds.
 SERVER = """
 import asyncio, logging, os, resource, sys
 from pathlib import Path
-from appliance.server import SchedulerServer
+from appliance.serve.server import SchedulerServer
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 async def main():

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol as p
 from appliance.cli import status_view
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
 from appliance.core.gpus import GpuUse
 from appliance.core.views import StatusView, UnhookedView
 from appliance.policy.model import Mode
+from appliance.wire import protocol as p
 
 from .conftest import RunningDaemon, start_daemon, track
 from .test_mistakes import ctl

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
 from appliance.core.views import ExplainQuery, StatusView
-from appliance.daemon import Daemon
+from appliance.daemon.daemon import Daemon
 from appliance.gpu.backstop import Holder, KernelBackstop
 from appliance.gpu.nvml import MEMORY_LIMIT_MAX, Nvml
-from appliance.metrics import ApplianceCollector
 from appliance.policy.model import Mode
+from appliance.web.metrics import ApplianceCollector
+from appliance.wire import protocol as p
 
 from .inprocess import daemon_config, eventually, run_with
 
@@ -278,8 +278,8 @@ def test_the_daemon_limits_a_registered_clients_cgroup_and_clears_it_when_it_goe
 
     def body(d: Daemon) -> None:
         eventually(lambda: d._ready, "the daemon serving")
-        assert d.engine is not None and d.answers is not None
-        engine, answers = d.engine, d.answers
+        assert d.wiring is not None
+        engine, answers = d.wiring.engine, d.wiring.answers
         hook = ControlClient.as_hook(config.socket_dir, timeout=5)
         hook.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 * GiB))
         eventually(lambda: library.limits, "the client's cgroup limited")

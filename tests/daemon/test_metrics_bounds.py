@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from appliance.metrics_endpoint import serve_metrics
+from appliance.web.metrics_endpoint import serve_metrics
 
 WAIT = 30.0  # a bound for what takes a second or two; never a measurement
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance import framing
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 from .conftest import BIN, RunningDaemon, start_daemon, track
 
@@ -262,6 +262,29 @@ def test_an_extender_without_a_kubeconfig_is_one_line(tmp_path: Path) -> None:
     line = one_line(r.stderr)
     assert "refusing to start: no way to reach the Kubernetes API server" in line
     assert "--kube-api" in line
+
+
+def test_the_webhook_and_the_extender_refuse_a_missing_kubeconfig_alike(tmp_path: Path) -> None:
+    """One start-up shape for both cluster programs: the same line, the same status."""
+    (tmp_path / "policy").mkdir()
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("")
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    webhook = run(
+        "nvshare-scheduler",
+        "webhook",
+        f"--policy-dir={tmp_path / 'policy'}",
+        f"--cert-file={tmp_path / 'tls.crt'}",
+        f"--key-file={tmp_path / 'tls.key'}",
+        "--port=0",
+        env=env,
+    )
+    extender = run("nvshare-scheduler", "extender", f"--policy-dir={tmp_path / 'policy'}", env=env)
+    said = [one_line(r.stderr).split(": ", 1)[1] for r in (webhook, extender)]
+    assert [r.returncode for r in (webhook, extender)] == [1, 1]
+    assert said[0] == said[1]
+    assert said[0].startswith("refusing to start: no way to reach the Kubernetes API server")
 
 
 def test_an_unreachable_api_server_is_logged_in_short_lines(tmp_path: Path) -> None:

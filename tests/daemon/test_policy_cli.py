@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import protocol as p
 
 from .conftest import BIN, ROOT, RunningDaemon, start_daemon, track
 

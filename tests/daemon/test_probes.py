@@ -15,7 +15,7 @@ from kube import manifests
 from kube.fake_kubelet import FakeKubelet
 from kube.fakeapi import FakeApiServer
 
-from appliance.daemon import Daemon
+from appliance.daemon.daemon import Daemon
 
 from .inprocess import daemon_config, eventually, free_port, probe, run_with, without_nvml
 
@@ -157,7 +157,7 @@ def test_not_ready_until_the_device_plugin_is_registered_with_kubelet(tmp_path: 
 def test_where_the_host_has_no_ipv6_it_listens_on_ipv4_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from appliance.listen import bind
+    from appliance.web.listen import bind
 
     asked: list[tuple[str, int]] = []
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance import framing
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 from .conftest import BIN, RunningDaemon, start_daemon, track
 

@@ -10,9 +10,9 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
-from appliance import protocol as p
 from appliance.core.views import StatusView
-from appliance.queries import Answers
+from appliance.daemon.queries import Answers
+from appliance.wire import protocol as p
 
 from .driven import Peer, connected, daemon, register, registered, until
 

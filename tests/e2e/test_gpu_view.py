@@ -25,7 +25,7 @@ from hook.fake_scheduler import FakeScheduler
 from kube.fakeapi import FakeApiServer
 
 from appliance.core.published import PublishedLimits
-from appliance.limits_file import render
+from appliance.daemon.limits_file import render
 
 from .probes import BUILD, Probe
 

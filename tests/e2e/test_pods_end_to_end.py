@@ -25,8 +25,8 @@ from daemon.conftest import BIN, RunningDaemon, start_daemon
 from kube import as_operator, manifests
 from kube.fakeapi import FakeApiServer
 
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.cli.client import ControlClient
+from appliance.wire import protocol as p
 
 from .probes import Probe
 

@@ -30,9 +30,9 @@ RESULTS: dict[str, Any] = {}
 CHECKS: list[tuple[str, bool, str]] = []
 sys.path.insert(0, str(ROOT))
 
-from appliance import protocol as p  # noqa: E402
-from appliance.client import ControlClient  # noqa: E402
+from appliance.cli.client import ControlClient  # noqa: E402
 from appliance.core.ledger import CONTEXT_ALLOWANCE_BYTES  # noqa: E402
+from appliance.wire import protocol as p  # noqa: E402
 
 MiB = 1 << 20
 # An earlier commit's hook, built the same way, for side-by-side numbers (optional).

@@ -4,7 +4,7 @@ It exists so the hook's side of the protocol (registration, lock grant/drop/rele
 memory reservations, limit updates, daemon death, a daemon that stops answering, malformed
 frames) can be tested exactly and quickly, with every frame the hook sends recorded for
 assertions. The real daemon is tested against the hook in test_with_daemon.py. Frames are
-`appliance.protocol`'s, the one Python mirror of the header, so the fake cannot drift from it.
+`appliance.wire.protocol`'s, the one Python mirror of the header, so the fake cannot drift from it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance import framing
-from appliance import protocol as p
+from appliance.wire import framing
+from appliance.wire import protocol as p
 
 
 def limits(

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from appliance.protocol import LockTerms, MsgType
+from appliance.wire.protocol import LockTerms, MsgType
 
 from . import fake_scheduler as fs
 from .conftest import LD_HOOK, Variant, assert_clean

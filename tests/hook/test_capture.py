@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

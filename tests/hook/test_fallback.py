@@ -2,7 +2,8 @@
 file nor a daemon that a tenant could have put in its way.
 
 The C reader (ld_hook/fallback.c) is checked against the Python cgroup parser on the same
-fixtures (tests/host/fixtures), and against the daemon's own writer (appliance/limits_file.py);
+fixtures (tests/host/fixtures), and against the daemon's own writer
+(appliance/daemon/limits_file.py);
 then the real hook, with no daemon or with an impostor, against the fake driver.
 """
 
@@ -19,8 +20,8 @@ import pytest
 from host.test_cgroup_identity import NOT_PODS, PODS
 
 from appliance.core.published import PublishedLimits
+from appliance.daemon.limits_file import render
 from appliance.host.cgroup import parse_cgroup
-from appliance.limits_file import render
 
 from .conftest import Variant, assert_clean
 

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

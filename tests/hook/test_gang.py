@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from daemon.conftest import RunningDaemon, start_daemon
 
-from appliance.client import ControlClient
-from appliance.protocol import StatusRequest
+from appliance.cli.client import ControlClient
+from appliance.wire.protocol import StatusRequest
 
 from .conftest import Variant, assert_clean
 

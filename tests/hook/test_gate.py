@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.protocol import LockTerms, MsgType, Result, Status, WireMode
+from appliance.wire.protocol import LockTerms, MsgType, Result, Status, WireMode
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

@@ -7,7 +7,7 @@ runs, and goes back when the pool is trimmed; a trimmed graph is checked again w
 
 from __future__ import annotations
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

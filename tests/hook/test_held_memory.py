@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from appliance.protocol import MsgType, WireBacking
+from appliance.wire.protocol import MsgType, WireBacking
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.protocol import MsgType
+from appliance.wire.protocol import MsgType
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 import time
 
-from appliance.protocol import MsgType, WireLimits, WireMode
+from appliance.wire.protocol import MsgType, WireLimits, WireMode
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean

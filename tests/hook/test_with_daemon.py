@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from daemon.conftest import BIN, RunningDaemon, start_daemon
 
-from appliance.client import ControlClient
-from appliance.protocol import StatusRequest
+from appliance.cli.client import ControlClient
+from appliance.wire.protocol import StatusRequest
 
 from .conftest import Probe, Variant, assert_clean, holder_and_waiter
 from .test_gate import intervals, overlaps, run_pair

@@ -170,7 +170,7 @@ def test_the_webhook_loads_its_chains_from_the_installed_package(
         'migFallback:\n  chains:\n    - ["3g.40gb", "2g.20gb"]\n', encoding="utf-8"
     )
     probe = (
-        "import sys; from pathlib import Path; from appliance.kube.webhook import policy_chains;"
+        "import sys; from pathlib import Path; from appliance.cluster.webhook import policy_chains;"
         "print([list(c) for c in policy_chains(Path(sys.argv[1]))])"
     )
     done = installed.run(installed.bin("python"), "-c", probe, str(tmp_path))

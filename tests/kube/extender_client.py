@@ -10,7 +10,7 @@ from typing import Any
 
 WAIT = 20.0  # a bound for what takes milliseconds; never a measurement
 
-# What kube-scheduler sends and reads (cited in appliance/kube/extender.py's docstring):
+# What kube-scheduler sends and reads (cited in appliance/cluster/extender.py's docstring):
 # k8s.io/kube-scheduler/extender/v1/types.go declares these structs without JSON tags, so
 # encoding/json uses the Go field names; pkg/scheduler/extender.go (HTTPExtender.send) POSTs
 # json.Marshal(args) to urlPrefix/verb and decodes the answer case-insensitively.

@@ -39,7 +39,7 @@ from mig_cluster import (  # noqa: E402
     pods_by_state,
 )
 
-from appliance.kube.webhook_server import build_webhook_server  # noqa: E402
+from appliance.cluster.webhook_server import build_webhook_server  # noqa: E402
 
 MANIFESTS = HERE / "seed_004"
 SEED_KEY = "gpu-webhook.k8s.io/fallback"
@@ -47,7 +47,7 @@ WAIT_S = 60.0
 
 BANNER = """\
 === SIMULATION of seed 004's cluster (no Kind, no Docker, no GPU) ===
-Real:      kubectl ({kubectl}); the nvshare MIG-fallback webhook (appliance.kube.webhook_server)
+Real:      kubectl ({kubectl}); the nvshare MIG-fallback webhook (appliance.cluster.webhook_server)
            over HTTPS with its informers, called by the API server's admission step with the
            MutatingWebhookConfiguration, RBAC and caBundle of deploy/; the policy shipped in
            configmaps/default/00-default.yaml plus deploy/components/mig-fallback, and a file

@@ -12,11 +12,11 @@ from extender_client import eventually
 from fakeapi import FakeApiServer
 from kubernetes import client
 
+from appliance.cluster.mig_inventory import MigInventory
+from appliance.cluster.webhook_server import PolicyChains
 from appliance.core.annotations import PodRef
 from appliance.kube.access import Permission, Permissions
-from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.recorder import EventRecorder
-from appliance.kube.webhook_server import PolicyChains
 
 
 def test_an_event_refused_by_rbac_is_missing_until_a_review_says_it_is_allowed(

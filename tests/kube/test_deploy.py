@@ -17,10 +17,10 @@ import pytest
 import yaml
 from manifests import DEPLOY, ROOT, kustomize_output, objects
 
-from appliance.kube.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE
-from appliance.listen import split_address
+from appliance.cluster.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE
 from appliance.policy.load import load_policy_dir
-from appliance.probes import LOOP_ANSWER_S
+from appliance.web.listen import split_address
+from appliance.web.probes import LOOP_ANSWER_S
 
 NAMESPACE = "nvshare-system"
 KUBERNETES_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]

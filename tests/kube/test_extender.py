@@ -32,10 +32,10 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 from test_node_status import sample
 
+from appliance.cluster.cluster_view import ClusterView
+from appliance.cluster.extender import Extender
+from appliance.cluster.extender_server import ExtenderServer, build_extender_server
 from appliance.core.gpus import GpuFacts
-from appliance.kube.cluster_view import ClusterView
-from appliance.kube.extender import Extender
-from appliance.kube.extender_server import ExtenderServer, build_extender_server
 from appliance.kube.node_status import NodeStatusPublisher
 from appliance.placement.status import ANNOTATION
 from appliance.policy.model import NodeStatusSettings, Policy

@@ -1,4 +1,4 @@
-"""The extender's and webhook's HTTP layer (`appliance.kube.serving`) under a hostile peer.
+"""The extender's and webhook's HTTP layer (`appliance.cluster.serving`) under a hostile peer.
 
 Before: two loopback clients announcing 1.5 GiB each took the extender from 73 MB to 5.8 GB; a
 100,000-deep JSON body was dropped with a RecursionError; every connection, idle or trickling,
@@ -25,10 +25,10 @@ from extender_client import ExtenderClient, args, gpu_pod
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from appliance.kube.cluster_view import ClusterView
-from appliance.kube.extender import Extender
-from appliance.kube.extender_server import MAX_BODY_BYTES, ExtenderServer
-from appliance.kube.serving import IN_FLIGHT
+from appliance.cluster.cluster_view import ClusterView
+from appliance.cluster.extender import Extender
+from appliance.cluster.extender_server import MAX_BODY_BYTES, ExtenderServer
+from appliance.cluster.serving import IN_FLIGHT
 from appliance.policy.model import Policy
 
 WAIT = 30.0  # a bound for what takes a second or two; never a measurement

@@ -23,9 +23,9 @@ from kubernetes import client
 from mig_cluster import Binder, add_seed_004_nodes, gpu_pod, mig_requests, pods_by_state, slow_start
 from test_webhook import Webhook, eventually, running, start_inventory, webhook_configuration
 
-from appliance.kube.mig_inventory import MigInventory
-from appliance.kube.webhook import MigFallbackWebhook
-from appliance.kube.webhook_server import WebhookServer
+from appliance.cluster.mig_inventory import MigInventory
+from appliance.cluster.webhook import MigFallbackWebhook
+from appliance.cluster.webhook_server import WebhookServer
 
 MIG = "nvidia.com/mig-"
 SEED_CHAINS = [["2g.20gb", "1g.10gb"]]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from manifests import DEPLOY, ROOT, kustomize_output
 
-from appliance.kube.webhook import choose_fallbacks
+from appliance.cluster.webhook import choose_fallbacks
 from appliance.policy.load import load_policy_dir
 
 STEP = ("#   - components/mig-fallback", "  - components/mig-fallback")

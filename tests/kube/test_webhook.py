@@ -29,9 +29,9 @@ from certs import issue
 from fakeapi import FakeApiServer, json_patch
 from kubernetes import client
 
-from appliance.kube.mig_inventory import MigInventory
-from appliance.kube.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE, MigFallbackWebhook, warning_text
-from appliance.kube.webhook_server import PolicyChains, WebhookServer, build_webhook_server
+from appliance.cluster.mig_inventory import MigInventory
+from appliance.cluster.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE, MigFallbackWebhook, warning_text
+from appliance.cluster.webhook_server import PolicyChains, WebhookServer, build_webhook_server
 
 MIG = "nvidia.com/mig-"
 CHAINS = [["3g.40gb", "2g.20gb", "1g.10gb"]]

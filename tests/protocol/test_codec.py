@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import typing
 
-from appliance import codec, framing
-from appliance import protocol as p
-from appliance import protocol_gang as pg
-from appliance import protocol_view as pv
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.limits import HookLimits
 from appliance.policy.model import Backing, Mode
+from appliance.wire import codec, framing
+from appliance.wire import protocol as p
+from appliance.wire import protocol_gang as pg
+from appliance.wire import protocol_view as pv
 
 LIMITS = HookLimits(None, 50, Mode.OFF, Backing.MANAGED, single_process_oversubscription=True)
 SAMPLES = [

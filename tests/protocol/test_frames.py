@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from appliance import framing
-from appliance import protocol as p
-from appliance import protocol_view as pv
+from appliance.wire import framing
+from appliance.wire import protocol as p
+from appliance.wire import protocol_view as pv
 
 
 def test_round_trip_every_fixed_message() -> None:

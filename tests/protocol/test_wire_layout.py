@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import protocol, protocol_gang, protocol_view
+from appliance.wire import messages, protocol, protocol_view
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,7 @@ FIELDS = {
         "pod_namespace",
         "pod_name",
     ],
+    "nvs_priority_hint": ["priority", "reserved"],
     "nvs_limits": ["mem_limit", "core_limit", "mode", "backing", "flags"],
     "nvs_registered": [
         "client_id",
@@ -114,11 +115,13 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     return {k: int(v) for k, v in (line.split() for line in text.splitlines())}
 
 
+def test_every_struct_of_the_message_table_is_probed() -> None:
+    assert set(messages.BODY_FORMATS) == set(FIELDS)
+
+
 @pytest.mark.parametrize("name", sorted(FIELDS))
 def test_struct_matches_c_header(name: str, c_layout: dict[str, int]) -> None:
-    fmt = {**protocol.BODY_FORMATS, **protocol_gang.BODY_FORMATS, **protocol_view.BODY_FORMATS}[
-        name
-    ]
+    fmt = messages.BODY_FORMATS[name]
     assert fmt.size == c_layout[name], f"{name}: Python {fmt.size} bytes, C {c_layout[name]}"
     offsets = python_offsets(fmt)
     assert len(offsets) == len(FIELDS[name])

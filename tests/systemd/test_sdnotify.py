@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.sdnotify import notify, watchdog_interval
+from appliance.daemon.sdnotify import notify, watchdog_interval
 
 
 @pytest.fixture
