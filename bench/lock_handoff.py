@@ -177,8 +177,8 @@ def burst(n: int, tree: Path | None) -> tuple[float, float, int]:
 
 READERS = """
 import sys, time, urllib.request
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.wire import protocol as p
+from appliance.cli.client import ControlClient
 from pathlib import Path
 while True:
     t0 = time.monotonic()

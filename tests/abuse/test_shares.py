@@ -20,7 +20,8 @@ CONNECTIONS = 10
 # Registers N hook connections from one process, says so, and keeps them until stdin closes.
 MANY = """
 import socket, sys
-from appliance import framing, protocol as p
+from appliance.wire import framing
+from appliance.wire import protocol as p
 path, n, gpu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sys.stdin.readline()  # placed in its pod
 conns = [socket.socket(socket.AF_UNIX) for _ in range(n)]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from appliance import protocol as p
+from appliance.wire import protocol as p
 
 from .conftest import GPU, Stage, eventually, listed_pods
 
@@ -27,8 +27,8 @@ LIMIT_S, TQ_S = 2.0, 1.0
 LENDER = """
 import sys, time
 from pathlib import Path
-from appliance import protocol as p
-from appliance.client import ControlClient
+from appliance.wire import protocol as p
+from appliance.cli.client import ControlClient
 c = ControlClient.as_hook(Path(sys.argv[1]), timeout=60)
 gpu, hold = sys.argv[2], float(sys.argv[3])
 sys.stdin.readline()  # placed in its pod

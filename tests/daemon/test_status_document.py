@@ -12,9 +12,9 @@ from appliance.core.annotations import PodInfo
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
 from appliance.core.node import NodeCore
+from appliance.daemon.queries import Answers
 from appliance.policy.model import Policy
 from appliance.policy.watch import PolicyWatcher
-from appliance.queries import Answers
 
 GPU = "GPU-00000000-0000-0000-0000-0000000000d1"
 
