@@ -267,15 +267,13 @@ class Daemon:
         open_files = raise_open_files(config.open_files)
         inventory = {g.uuid: g for g in (self.nvml.inventory() if self.nvml.available else [])}
         limits_file = LimitsFile(config.socket_dir)
+        # who may change state: root, the admin group, the daemon's own user and pod
+        authority = Authority(config.admin_group, own_pod(config.proc_root), os.geteuid())
         core = NodeCore(
             policy,
             inventory=inventory,
             watching_pods=config.node_name is not None,
-            authority=Authority(
-                admin_group=config.admin_group,
-                own_pod_uid=own_pod(config.proc_root),
-                daemon_uid=os.geteuid(),
-            ),
+            authority=authority,
             remembered=limits_file.read_previous(),
         )
         engine = Engine(core, loop=loop)
