@@ -133,10 +133,24 @@ host_option = click.option(
 @click.option("--cert-file", type=click.Path(path_type=Path), required=True)
 @click.option("--key-file", type=click.Path(path_type=Path), required=True)
 @click.option("--port", type=int, default=8443, show_default=True)
+@click.option(
+    "--namespace",
+    envvar="POD_NAMESPACE",
+    default="nvshare-system",
+    show_default=True,
+    help="Namespace of the ConfigMap in which the webhook's replicas share their admissions "
+    "(nvshare-mig-admissions); the webhook's own (POD_NAMESPACE) in deploy/.",
+)
 @host_option
 @kube_api_option
 def webhook(
-    policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
+    policy_dir: Path,
+    cert_file: Path,
+    key_file: Path,
+    port: int,
+    namespace: str,
+    host: str,
+    kube_api: str | None,
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
     import logging
@@ -163,6 +177,7 @@ def webhook(
             port=port,
             host=host,
             api_client=api_client_from_env(kube_api),
+            namespace=namespace,
         )
     except KubeConfigError as exc:
         die(str(exc))

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from appliance.kube.admission_ledger import AdmissionLedger
 from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.serving import BadBody, CacheBackedServer, ProbedHandler
 from appliance.kube.webhook import FALLBACK_ANNOTATION, Chains, MigFallbackWebhook
@@ -164,13 +165,16 @@ def build_webhook_server(
     port: int,
     api_client: Any,
     host: str = EVERY_ADDRESS,
+    namespace: str = "nvshare-system",
 ) -> WebhookServer:
     """The production webhook, bound but not yet serving (port 0 picks a free port).
 
     Its node and pod caches start listing at once (/readyz answers 503 until both have and
-    the policy loaded), and the policy directory is watched from then on.
+    the policy loaded), and the policy directory is watched from then on. Its admissions are
+    shared with the other replicas through a ConfigMap in `namespace`.
     """
-    inventory = MigInventory(api_client=api_client)
+    ledger = AdmissionLedger(api_client=api_client, namespace=namespace)
+    inventory = MigInventory(api_client=api_client, ledger=ledger)
     chains = PolicyChains(policy_dir)
     server = bind(
         lambda at: WebhookServer(

@@ -165,6 +165,7 @@ def run(work: Path) -> int:
     fake = FakeApiServer().start()
     fake.load_rbac(list(manifests.rendered()))
     add_seed_004_nodes(fake)
+    fake.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})  # the ledger's
     kubectl = Kubectl(fake.url, work)
     print(BANNER.format(kubectl=kubectl.version(), key=SEED_KEY), flush=True)
     cert_file, key_file = issue(work / "tls")

@@ -6,6 +6,7 @@ once). The webhook must reserve what it admits: every pod past the twelfth falls
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -21,8 +22,16 @@ from certs import issue
 from fakeapi import FakeApiServer
 from kubernetes import client
 from mig_cluster import Binder, add_seed_004_nodes, gpu_pod, mig_requests, pods_by_state, slow_start
-from test_webhook import Webhook, eventually, running, start_inventory, webhook_configuration
+from test_webhook import (
+    Webhook,
+    admission_review,
+    eventually,
+    running,
+    start_inventory,
+    webhook_configuration,
+)
 
+from appliance.kube.admission_ledger import AdmissionLedger
 from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.webhook import MigFallbackWebhook
 from appliance.kube.webhook_server import WebhookServer
@@ -207,3 +216,45 @@ def test_the_informer_takes_an_admission_over_and_a_deleted_pod_frees_it(
     )
     fake_api.delete("pods", name, namespace="default")
     eventually(lambda: free_2g(mig) == 12, "the deleted pod's device freed")
+
+
+def test_two_replicas_answering_one_burst_admit_no_more_than_is_free(
+    fake_api: FakeApiServer, service_account_client: Callable[[str], client.ApiClient]
+) -> None:
+    """Seed 004's 16 pods reviewed by two webhook replicas at once, before any pod exists: each
+    replica's informer shows nothing of the other's admissions, so each used to keep all 12
+    2g.20gb for its own half. The shared ledger (a ConfigMap written under its resourceVersion)
+    makes exactly 12 keep the profile and 4 fall back."""
+    add_seed_004_nodes(fake_api)
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    replicas = []
+    for _ in range(2):
+        api = service_account_client("nvshare-webhook")  # RBAC as deploy/ renders it
+        ledger = AdmissionLedger(api_client=api, namespace="nvshare-system")
+        inventory = start_inventory(api, ledger=ledger)
+        replicas.append(
+            (inventory, MigFallbackWebhook(chains=lambda: SEED_CHAINS, capacity=inventory))
+        )
+    try:
+        eventually(lambda: all(i.synced for i, _ in replicas), "both replicas' caches synced")
+        start = threading.Barrier(REPLICAS)
+
+        def review(n: int) -> dict[str, Any]:
+            body = admission_review(gpu_pod())
+            body["request"]["uid"] = f"review-{n}"
+            start.wait()
+            return dict(replicas[n % 2][1].review(body)["response"])
+
+        with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
+            responses = list(pool.map(review, range(REPLICAS)))
+    finally:
+        for inventory, _ in replicas:
+            inventory.stop()
+    patches = [json.loads(base64.b64decode(r["patch"])) for r in responses]
+    fell_back = [p for p in patches if any(op["op"] == "remove" for op in p)]
+    assert len(fell_back) == 4 and all("warnings" not in r for r in responses)
+    # every held admission is marked on its pod, so an informer retires its claim
+    marks = [op for p in patches for op in p if "mig-admission" in json.dumps(op)]
+    assert len(marks) == REPLICAS
+    ledger = fake_api.get("configmaps", "nvshare-mig-admissions", namespace="nvshare-system")
+    assert len(ledger["data"]) == REPLICAS
