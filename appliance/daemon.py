@@ -29,7 +29,7 @@ from appliance.core import events as ev
 from appliance.core.authority import Authority
 from appliance.core.node import NodeCore
 from appliance.engine import Engine
-from appliance.gpu.backstop import BackstopLoop, KernelBackstop
+from appliance.gpu.backstop import RECORD_NAME, BackstopLoop, KernelBackstop
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import own_pod
@@ -107,7 +107,10 @@ class Daemon:
         self.pod_watcher: PodWatcher | None = None
         self.permissions: Permissions | None = None  # what RBAC refused, with --node-name
         self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
-            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
+            self.nvml,
+            cgroup_root=config.cgroup_root,
+            proc_root=config.proc_root,
+            record=config.socket_dir / RECORD_NAME,
         )
         self._backstop_loop: BackstopLoop | None = None
 
