@@ -494,7 +494,7 @@ def kubectl_create(fake_api: FakeApiServer, tmp_path: Path, pod: dict[str, Any])
     manifest.write_text(json.dumps(pod), encoding="utf-8")
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)}
     done = subprocess.run(
-        [exe, f"--server={fake_api.url}", "create", "--validate=false", "-f", str(manifest)],
+        [exe, f"--server={fake_api.url}", "create", "-f", str(manifest)],
         capture_output=True,
         text=True,
         env=env,
