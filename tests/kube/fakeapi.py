@@ -56,7 +56,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -483,11 +483,12 @@ class _ServiceConnection(http.client.HTTPSConnection):
 @dataclass
 class _Webhook:
     spec: Obj  # one entry of a MutatingWebhookConfiguration's `webhooks`
-    address: tuple[str, int]
+    addresses: list[tuple[str, int]]  # the Service's endpoints, one per replica
     server_name: str
     tls: ssl.SSLContext
     conditions: list[tuple[str, Any]]  # (name, compiled CEL program)
     idle: list[_ServiceConnection]
+    opened: int = 0  # connections opened: the next goes to endpoint `opened % len(addresses)`
 
 
 class MutatingAdmission:
@@ -509,8 +510,16 @@ class MutatingAdmission:
         self.connections = 0  # TCP connections opened for them
         self.failures: list[str] = []  # calls that failed under failurePolicy Ignore
 
-    def register(self, config: Obj, *, address: tuple[str, int]) -> None:
-        """`config`: a MutatingWebhookConfiguration; its Service answers at `address`."""
+    def register(
+        self,
+        config: Obj,
+        *,
+        address: tuple[str, int],
+        replicas: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        """`config`: a MutatingWebhookConfiguration; its Service answers at `address` (and at
+        the `replicas`' addresses: each new connection goes to the next, as kube-proxy spreads
+        connections over a Service's endpoints)."""
         import celpy  # type: ignore[import-untyped]
 
         env = celpy.Environment()
@@ -526,7 +535,7 @@ class MutatingAdmission:
             self._webhooks.append(
                 _Webhook(
                     spec=spec,
-                    address=address,
+                    addresses=[address, *replicas],
                     server_name=f"{service['name']}.{service['namespace']}.svc",
                     tls=tls,
                     conditions=conditions,
@@ -634,10 +643,12 @@ class MutatingAdmission:
         with self._lock:
             self.calls += 1
             conn = hook.idle.pop() if hook.idle else None
-        if conn is None:
-            conn = _ServiceConnection(hook.address, hook.server_name, hook.tls, timeout)
-            with self._lock:
+            if conn is None:
+                address = hook.addresses[hook.opened % len(hook.addresses)]
+                hook.opened += 1
                 self.connections += 1
+        if conn is None:
+            conn = _ServiceConnection(address, hook.server_name, hook.tls, timeout)
         try:
             conn.request("POST", path, json.dumps(review), {"Content-Type": "application/json"})
             answer = conn.getresponse()

@@ -7,6 +7,7 @@ once). The webhook must reserve what it admits: every pod past the twelfth falls
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -261,3 +262,62 @@ def test_two_replicas_answering_one_burst_admit_no_more_than_is_free(
     assert len(marks) == REPLICAS
     ledger = fake_api.get("configmaps", "nvshare-mig-admissions", namespace="nvshare-system")
     assert len(ledger["data"]) == REPLICAS
+
+
+def test_two_replicas_behind_one_service_leave_nothing_pending_in_a_burst(
+    fake_api: FakeApiServer,
+    certificate: tuple[Path, Path],
+    service_account_client: Callable[[str], client.ApiClient],
+) -> None:
+    """As deployed: two webhook replicas, each with its own caches, behind one Service (the API
+    server spreads its connections over both), and 16 pods created at once. Without the shared
+    ledger each replica admitted its half onto the same 12 free 2g.20gb."""
+    add_seed_004_nodes(fake_api)
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    inventories, servers = [], []
+    for _ in range(2):
+        api = service_account_client("nvshare-webhook")
+        inventory = start_inventory(
+            api, ledger=AdmissionLedger(api_client=api, namespace="nvshare-system")
+        )
+        inventories.append(inventory)
+        servers.append(
+            WebhookServer(
+                webhook=MigFallbackWebhook(chains=lambda: SEED_CHAINS, capacity=inventory),
+                cert_file=certificate[0],
+                key_file=certificate[1],
+                host="127.0.0.1",
+                port=0,
+            )
+        )
+    eventually(lambda: all(i.synced for i in inventories), "both replicas' caches synced")
+    # Their watches fall silent: neither replica sees the other's pods appear (the window a
+    # burst fills, held open), so only the shared ledger can tell them apart.
+    assert fake_api.stall_open_watches() >= 4
+    serve = contextlib.contextmanager(running)
+    with serve(servers[0], certificate[0]), serve(servers[1], certificate[0]):
+        fake_api.admission.register(
+            webhook_configuration(certificate[0]),
+            address=("127.0.0.1", servers[0].port),
+            replicas=[("127.0.0.1", servers[1].port)],
+        )
+        try:
+            cfg = client.Configuration(host=fake_api.url)
+            cfg.connection_pool_maxsize = REPLICAS
+            core = client.CoreV1Api(client.ApiClient(cfg))
+            start = threading.Barrier(REPLICAS)
+
+            def create() -> object:
+                start.wait()
+                return core.create_namespaced_pod("default", gpu_pod())
+
+            with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
+                for future in [pool.submit(create) for _ in range(REPLICAS)]:
+                    future.result()
+            core.api_client.close()
+        finally:
+            fake_api.admission.close()
+            for inventory in inventories:
+                inventory.stop()
+    assert fake_api.admission.connections >= 2  # connections alternate: both replicas answered
+    assert_nothing_pends_beside_a_free_fallback(fake_api)
