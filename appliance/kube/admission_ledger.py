@@ -11,7 +11,8 @@ The API server is the one arbiter; no clocks or leases are compared.
 Each claim is the AdmissionReview's uid, the devices admitted and an expiry (wall clock: the
 replicas share no monotonic clock). The webhook writes the uid on the pod too
 (`webhook.ADMISSION_ANNOTATION`), so that once an informer shows the pod, the pod counts and the
-claim no longer does (for that replica); a writer drops expired claims.
+claim no longer does (for that replica); a writer drops expired claims, and those whose pods
+its cache has shown for a while.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 LEDGER_NAME = "nvshare-mig-admissions"
 ATTEMPTS = 32  # decisions made again on conflicts before giving up (each a read and a write)
+# A claim whose pod the writer's cache shows is dropped this long after its admission: every
+# replica's cache shows the pod by then (milliseconds), and the ledger stays small in a burst.
+SEEN_KEEP_S = 5.0
 
 Devices = tuple[tuple[str, int], ...]  # (resource name, count), sorted
 
@@ -40,6 +44,7 @@ class SharedClaim:
     admission: str  # the AdmissionReview's uid, also on the pod (ADMISSION_ANNOTATION)
     devices: Devices
     expires: float  # wall clock (time.time)
+    admitted: float = 0.0  # wall clock; 0: not said (an older writer)
 
 
 class LedgerUnavailable(RuntimeError):
@@ -52,14 +57,21 @@ def _decode(data: Mapping[str, str]) -> list[SharedClaim]:
         try:
             doc = json.loads(raw)
             devices = tuple(sorted((str(r), int(n)) for r, n in doc["devices"].items()))
-            claims.append(SharedClaim(key, devices, float(doc["expires"])))
+            admitted = float(doc.get("admitted", 0.0))
+            claims.append(SharedClaim(key, devices, float(doc["expires"]), admitted))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("MIG admission ledger: entry %r is not a claim; ignored", key)
     return claims
 
 
 def _encode(claim: SharedClaim) -> str:
-    return json.dumps({"devices": dict(claim.devices), "expires": round(claim.expires, 3)})
+    return json.dumps(
+        {
+            "devices": dict(claim.devices),
+            "expires": round(claim.expires, 3),
+            "admitted": round(claim.admitted, 3),
+        }
+    )
 
 
 class AdmissionLedger:
@@ -90,15 +102,20 @@ class AdmissionLedger:
         """`decide(claims)` with the claims of every replica whose pods this replica's informer
         does not show yet (`seen(uid)`: it does); its claim (None: nothing to hold) is written
         unless another replica wrote first, then it decides again. Returns the claim written.
-        A claim stays until it expires, whoever has seen its pod: another replica's informer
-        may not show the pod yet. LedgerUnavailable when the API server refuses or cannot be
-        reached."""
+        A claim stays until it expires, or until SEEN_KEEP_S after its admission once this
+        replica's cache shows its pod: another replica's cache may show it a little later.
+        LedgerUnavailable when the API server refuses or cannot be reached."""
         for _ in range(ATTEMPTS):
             data, version = self._read()
             now = self._clock()
             unexpired = [c for c in _decode(data) if c.expires > now]
-            claim = decide([c for c in unexpired if not seen(c.admission)])
-            kept = {c.admission: _encode(c) for c in unexpired}
+            shown = {c.admission for c in unexpired if seen(c.admission)}
+            claim = decide([c for c in unexpired if c.admission not in shown])
+            kept = {
+                c.admission: _encode(c)
+                for c in unexpired
+                if c.admission not in shown or now - c.admitted < SEEN_KEEP_S
+            }
             if claim is not None:
                 kept[claim.admission] = _encode(claim)
             if claim is None and kept.keys() == data.keys():

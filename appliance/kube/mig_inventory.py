@@ -221,7 +221,8 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
         devices = pod_devices(pod) if pod is not None else ()
         if not devices or self._ledger is None:
             return None
-        return SharedClaim(admission, devices, self._ledger.now() + self._ttl)
+        now = self._ledger.now()
+        return SharedClaim(admission, devices, now + self._ttl, admitted=now)
 
     def _seen(self, admission: str) -> bool:
         """Whether the informer shows (or lately showed) the pod of that admission."""

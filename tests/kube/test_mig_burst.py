@@ -33,7 +33,7 @@ from test_webhook import (
     webhook_configuration,
 )
 
-from appliance.kube.admission_ledger import AdmissionLedger
+from appliance.kube.admission_ledger import SEEN_KEEP_S, AdmissionLedger, SharedClaim
 from appliance.kube.mig_inventory import MigInventory
 from appliance.kube.webhook import MigFallbackWebhook
 from appliance.kube.webhook_server import WebhookServer
@@ -321,3 +321,37 @@ def test_two_replicas_behind_one_service_leave_nothing_pending_in_a_burst(
                 inventory.stop()
     assert fake_api.admission.connections >= 2  # connections alternate: both replicas answered
     assert_nothing_pends_beside_a_free_fallback(fake_api)
+
+
+def test_the_ledger_drops_claims_whose_pods_are_shown_and_those_expired(
+    fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    now = [1000.0]
+    ledger = AdmissionLedger(
+        api_client=api_client, namespace="nvshare-system", clock=lambda: now[0]
+    )
+    devices = ((MIG + "2g.20gb", 1),)
+
+    def claim(uid: str, ttl: float = 30.0) -> Callable[[list[SharedClaim]], SharedClaim]:
+        return lambda claims: SharedClaim(uid, devices, now[0] + ttl, admitted=now[0])
+
+    def held() -> set[str]:
+        cm = fake_api.get("configmaps", "nvshare-mig-admissions", namespace="nvshare-system")
+        return set(cm["data"])
+
+    shown = {"a"}
+    ledger.admit(claim("a"), seen=shown.__contains__)
+    ledger.admit(claim("b", ttl=3.0), seen=shown.__contains__)
+    counted: list[list[str]] = []
+    ledger.admit(
+        lambda claims: counted.append([c.admission for c in claims]) or None,
+        seen=shown.__contains__,
+    )
+    assert counted == [["b"]] and held() == {"a", "b"}  # a's pod is shown: counted no more
+    now[0] += 4.0  # b expired; a is kept a while for replicas whose caches lag
+    ledger.admit(claim("c"), seen=shown.__contains__)
+    assert held() == {"a", "c"}
+    now[0] += SEEN_KEEP_S
+    ledger.admit(claim("d"), seen=shown.__contains__)
+    assert held() == {"c", "d"}
