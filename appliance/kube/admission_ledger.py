@@ -89,6 +89,9 @@ class AdmissionLedger:
         self._namespace = namespace
         self._name = name
         self._clock = clock
+        # What this replica last wrote (entries, resourceVersion): decided on without a read;
+        # if another replica wrote since, the write is a 409 and the next try reads.
+        self._last: tuple[dict[str, str], str | None] | None = None
 
     def now(self) -> float:
         return self._clock()
@@ -106,7 +109,8 @@ class AdmissionLedger:
         replica's cache shows its pod: another replica's cache may show it a little later.
         LedgerUnavailable when the API server refuses or cannot be reached."""
         for _ in range(ATTEMPTS):
-            data, version = self._read()
+            data, version = self._last if self._last is not None else self._read()
+            self._last = None
             now = self._clock()
             unexpired = [c for c in _decode(data) if c.expires > now]
             shown = {c.admission for c in unexpired if seen(c.admission)}
@@ -119,8 +123,10 @@ class AdmissionLedger:
             if claim is not None:
                 kept[claim.admission] = _encode(claim)
             if claim is None and kept.keys() == data.keys():
+                self._last = (data, version)
                 return None  # nothing to add, nothing to drop
-            if self._write(kept, version):
+            if (written := self._write(kept, version)) is not None:
+                self._last = (kept, written)
                 return claim
         raise LedgerUnavailable(f"{ATTEMPTS} writes lost to other replicas in a row")
 
@@ -137,8 +143,9 @@ class AdmissionLedger:
         meta = found.metadata
         return dict(found.data or {}), meta.resource_version if meta is not None else None
 
-    def _write(self, data: dict[str, str], version: str | None) -> bool:
-        """False when another replica wrote first (409: read and decide again)."""
+    def _write(self, data: dict[str, str], version: str | None) -> str | None:
+        """The new resourceVersion; None when another replica wrote first (409: read and
+        decide again)."""
         body = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(
                 name=self._name,
@@ -150,16 +157,16 @@ class AdmissionLedger:
         )
         try:
             if version is None:
-                self._api.create_namespaced_config_map(self._namespace, body)
+                done = self._api.create_namespaced_config_map(self._namespace, body)
             else:
-                self._api.replace_namespaced_config_map(self._name, self._namespace, body)
+                done = self._api.replace_namespaced_config_map(self._name, self._namespace, body)
         except client.ApiException as exc:
             if exc.status == 409:
-                return False
+                return None
             raise LedgerUnavailable(self._why(exc, "write")) from None
         except Exception as exc:
             raise LedgerUnavailable(f"cannot write {self._where}: {exc}") from None
-        return True
+        return str(done.metadata.resource_version) if done.metadata is not None else None
 
     @property
     def _where(self) -> str:
