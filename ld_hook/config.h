@@ -24,7 +24,7 @@ struct nvs_config {
     uint32_t daemon_timeout_ms; /* NVSHARE_DAEMON_TIMEOUT_MS: silence after which the daemon is gone */
     int single_oversub;        /* NVSHARE_ENABLE_SINGLE_OVERSUB=1: past the GPU's size (managed only) */
     char pod_namespace[NVS_NAME_LEN];
-    char pod_name[NVS_NAME_LEN];
+    char pod_name[NVS_POD_NAME_LEN];
     char gang[NVS_GANG_LEN];   /* the job outside pods (appliance/core/gang.py); "" = none */
     int has_priority;          /* NVSHARE_GPU_PRIORITY was given (and valid) */
     int32_t priority;          /* ... as a number: low -100, normal 0, high 100 */

@@ -88,6 +88,9 @@ CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *n);
 CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
 CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params);
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
+/* the CUDA 10-12 signature, which every driver since keeps under this name */
+CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *n);
 /* building graphs (the probe and the fake driver) */
 CUresult cuGraphCreate(CUgraph *graph, unsigned flags);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,

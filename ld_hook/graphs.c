@@ -1,11 +1,12 @@
 /*
  * Graph memory (see graphs.h). Each executable instantiated through the hook has a record: per
- * GPU, the bytes of its allocation nodes (child graphs included, 2 MiB granules) and whether
- * the driver holds them reserved for it now. A part stops being held when the device's graph
- * pool shrinks (cuDeviceGraphMemTrim releases what no scheduled graph uses, and the next launch
- * reserves it again), so it is checked again at its next upload or launch. Sizes are summed:
- * the driver may let allocations that are never live together share memory, and the charge
- * then settles to less after the call, but the check before it assumes no sharing.
+ * GPU, the most its allocation nodes can hold at once (graph_peak.c: along the graph's
+ * dependencies, so a graph that frees and allocates again inside itself is not charged twice;
+ * child graphs included, 2 MiB granules) and whether the driver holds it reserved for it now. A
+ * part stops being held when the device's graph pool shrinks (cuDeviceGraphMemTrim releases
+ * what no scheduled graph uses, and the next launch reserves it again), so it is checked again
+ * at its next upload or launch. The driver may share memory more tightly than the peak (the
+ * charge then settles to less after the call); the check before it never assumes less.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,11 @@
 #include "contexts.h"
 #include "dispatch.h"
 #include "gate.h"
+#include "graph_peak.h"
 #include "graphs.h"
 #include "ledger.h"
 #include "log.h"
 
-#define GRANULE (2ull << 20)
-#define MAX_NESTING 8
 
 struct graph_part {
     int gpu;
@@ -40,8 +40,6 @@ static struct {
     uint64_t generation[NVS_MAX_GPUS]; /* +1 each time the pool is seen to shrink */
     int used[NVS_MAX_GPUS];            /* a graph ran on it: worth re-reading */
 } graphs = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static uint64_t round_up(uint64_t n) { return (n + GRANULE - 1) / GRANULE * GRANULE; }
 
 static uint64_t pool_attr(int gpu, CUgraphMem_attribute a)
 {
@@ -76,39 +74,11 @@ int nvs_graphs_settle(struct nvs_gpu *g)
     return used ? settle_gpu(g) : 0;
 }
 
-/* Adds the bytes of the allocation nodes of `graph` (and its child graphs) per GPU. */
-static void walk(CUgraph graph, uint64_t *bytes, int depth)
-{
-    size_t n = 0;
-    if (NVS_CALL(cuGraphGetNodes, (graph, NULL, &n)) != CUDA_SUCCESS || n == 0) return;
-    CUgraphNode *nodes = calloc(n, sizeof *nodes);
-    if (nodes == NULL) return;
-    if (NVS_CALL(cuGraphGetNodes, (graph, nodes, &n)) != CUDA_SUCCESS) n = 0;
-    for (size_t i = 0; i < n; i++) {
-        CUgraphNodeType type = -1;
-        if (nodes[i] == NULL || NVS_CALL(cuGraphNodeGetType, (nodes[i], &type)) != CUDA_SUCCESS)
-            continue;
-        if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
-            CUDA_MEM_ALLOC_NODE_PARAMS p;
-            memset(&p, 0, sizeof p);
-            if (NVS_CALL(cuGraphMemAllocNodeGetParams, (nodes[i], &p)) == CUDA_SUCCESS &&
-                p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-                nvs_gpu_at(p.poolProps.location.id) != NULL)
-                bytes[p.poolProps.location.id] += round_up(p.bytesize);
-        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && depth < MAX_NESTING) {
-            CUgraph child = NULL;
-            if (NVS_CALL(cuGraphChildGraphNodeGetGraph, (nodes[i], &child)) == CUDA_SUCCESS)
-                walk(child, bytes, depth + 1);
-        }
-    }
-    free(nodes);
-}
-
 static struct graph_rec *record_of_graph(CUgraph graph)
 {
     uint64_t bytes[NVS_MAX_GPUS] = {0};
     int n = 0;
-    walk(graph, bytes, 0);
+    nvs_graph_peak(graph, bytes);
     for (int i = 0; i < NVS_MAX_GPUS; i++) n += bytes[i] > 0;
     struct graph_rec *rec = calloc(1, sizeof *rec + (size_t)n * sizeof rec->part[0]);
     if (rec == NULL) return NULL;

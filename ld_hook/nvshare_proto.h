@@ -1,5 +1,5 @@
 /*
- * nvshare wire protocol, version 1: the one definition of the frames exchanged between
+ * nvshare wire protocol, version 2: the one definition of the frames exchanged between
  * libnvshare.so (and nvsharectl) and the node scheduler over a Unix stream socket.
  * appliance/wire/protocol.py mirrors this file; tests/protocol/ compiles a probe that prints every
  * size and offset here and compares them with the Python side.
@@ -16,11 +16,12 @@
 #include <stdint.h>
 
 #define NVS_MAGIC 0x4853564Eu /* "NVSH" read as little-endian bytes */
-#define NVS_PROTO_VERSION 1u
+#define NVS_PROTO_VERSION 2u /* 2: pod names of 253 characters (1 held 63) */
 #define NVS_MAX_BODY (1u << 20) /* frames larger than this are rejected */
 
 #define NVS_UUID_LEN 48
-#define NVS_NAME_LEN 64
+#define NVS_NAME_LEN 64      /* a namespace: a DNS-1123 label, at most 63 */
+#define NVS_POD_NAME_LEN 256 /* a pod name: a DNS-1123 subdomain, at most 253 */
 #define NVS_MESSAGE_LEN 248
 #define NVS_GANG_LEN 128
 
@@ -135,7 +136,7 @@ struct nvs_register {
     uint64_t env_mem_limit;   /* NVSHARE_GPU_MEMORY_LIMIT from the process, 0 = none */
     char gpu_uuid[NVS_UUID_LEN];      /* "GPU-xxxxxxxx-..." */
     char pod_namespace[NVS_NAME_LEN]; /* client hint (NVSHARE_POD_NAMESPACE), may be empty */
-    char pod_name[NVS_NAME_LEN];      /* client hint (NVSHARE_POD_NAME), may be empty */
+    char pod_name[NVS_POD_NAME_LEN];  /* client hint (NVSHARE_POD_NAME), may be empty */
 };
 
 struct nvs_limits {
@@ -200,7 +201,7 @@ struct nvs_limit_set {
     uint32_t core_limit; /* 1-100, with HAS_CORE */
     uint32_t reserved;
     char pod_namespace[NVS_NAME_LEN];
-    char pod_name[NVS_NAME_LEN];
+    char pod_name[NVS_POD_NAME_LEN];
 };
 
 /* What NVML says the client's process holds on its GPU; the hook counts the part its own ledger
@@ -234,7 +235,7 @@ struct nvs_view_request {
     char gpu_uuid[NVS_UUID_LEN];
     uint64_t gpu_total_mem; /* bytes, as NVML reports them */
     char pod_namespace[NVS_NAME_LEN]; /* client hints, as in nvs_register */
-    char pod_name[NVS_NAME_LEN];
+    char pod_name[NVS_POD_NAME_LEN];
 };
 
 #define NVS_VIEW_MAX_PROCESSES 16
@@ -279,7 +280,7 @@ struct nvs_gang_cut {
 
 #define NVS_ASSERT_SIZE(t, n) _Static_assert(sizeof(t) == (n), #t " has the wrong size")
 NVS_ASSERT_SIZE(struct nvs_header, 24);
-NVS_ASSERT_SIZE(struct nvs_register, 200);
+NVS_ASSERT_SIZE(struct nvs_register, 392);
 NVS_ASSERT_SIZE(struct nvs_limits, 24);
 NVS_ASSERT_SIZE(struct nvs_registered, 32);
 NVS_ASSERT_SIZE(struct nvs_lock_grant, 8);
@@ -290,11 +291,11 @@ NVS_ASSERT_SIZE(struct nvs_result, 256);
 NVS_ASSERT_SIZE(struct nvs_mem_reserve, 16);
 NVS_ASSERT_SIZE(struct nvs_mem_grant, 16);
 NVS_ASSERT_SIZE(struct nvs_mem_return, 16);
-NVS_ASSERT_SIZE(struct nvs_limit_set, 152);
+NVS_ASSERT_SIZE(struct nvs_limit_set, 344);
 NVS_ASSERT_SIZE(struct nvs_mem_observed, 16);
 NVS_ASSERT_SIZE(struct nvs_ledger_peers, 8);
 NVS_ASSERT_SIZE(struct nvs_mem_refusals, 16);
-NVS_ASSERT_SIZE(struct nvs_view_request, 184);
+NVS_ASSERT_SIZE(struct nvs_view_request, 376);
 NVS_ASSERT_SIZE(struct nvs_view_process, 16);
 NVS_ASSERT_SIZE(struct nvs_view, 280);
 NVS_ASSERT_SIZE(struct nvs_gang_hint, 128);

@@ -201,6 +201,12 @@ uninstall() {
   done < "$ROOT$MANIFEST"
   if systemd_live; then
     act systemctl disable --now nvshare-scheduler.service || true
+    # A daemon stopped for good leaves the kernel backstop's limits set: clear them.
+    while read -r kind path extra; do
+      if [ "$kind" = venv ] && [ -x "$path/bin/nvshare-scheduler" ]; then
+        act "$path/bin/nvshare-scheduler" clear-backstop || true
+      fi
+    done < "$ROOT$MANIFEST"
   fi
   while read -r kind path extra; do
     case "$kind" in

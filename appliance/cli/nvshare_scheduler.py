@@ -153,10 +153,24 @@ host_option = click.option(
 @click.option("--cert-file", type=click.Path(path_type=Path), required=True)
 @click.option("--key-file", type=click.Path(path_type=Path), required=True)
 @click.option("--port", type=int, default=8443, show_default=True)
+@click.option(
+    "--namespace",
+    envvar="POD_NAMESPACE",
+    default="nvshare-system",
+    show_default=True,
+    help="Namespace of the ConfigMap in which the webhook's replicas share their admissions "
+    "(nvshare-mig-admissions); the webhook's own (POD_NAMESPACE) in deploy/.",
+)
 @host_option
 @kube_api_option
 def webhook(
-    policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
+    policy_dir: Path,
+    cert_file: Path,
+    key_file: Path,
+    port: int,
+    namespace: str,
+    host: str,
+    kube_api: str | None,
 ) -> None:
     """Serve the MIG-fallback mutating admission webhook over HTTPS."""
     from appliance.cluster.webhook_server import run_webhook
@@ -175,6 +189,7 @@ def webhook(
             port=port,
             host=host,
             kube_api=kube_api,
+            namespace=namespace,
         )
     )
 
@@ -203,3 +218,45 @@ def extender(
     sys.exit(
         run_extender(policy_dir=policy_dir, kube_api=kube_api, switch=switch, host=host, port=port)
     )
+
+
+@scheduler_main.command("clear-backstop")
+@click.pass_context
+def clear_backstop(ctx: click.Context) -> None:
+    """Clear the kernel backstop's limits once the daemon has stopped for good.
+
+    A stopping daemon leaves them set, to keep protecting while it restarts; this clears the
+    ones its record (backstop.json in the socket directory) names, one line each. Refused while
+    a daemon serves that directory: it would set them again.
+    """
+    from appliance.gpu.backstop import RECORD_NAME, clear_recorded
+    from appliance.gpu.nvml import Nvml
+    from appliance.serve.socket_claim import answering_pid
+
+    socket_dir = ctx.parent.params["socket_dir"] if ctx.parent else None
+    socket_dir = socket_dir or socket_dirs.socket_dir_from_env()
+    record = socket_dir / RECORD_NAME
+    pid = answering_pid(socket_dir / socket_dirs.SOCKET_NAME)
+    if pid is not None:
+        click.echo(
+            f"nvshare-scheduler clear-backstop: a daemon (pid {pid or 'unknown'}) serves "
+            f"{socket_dir} and would set the limits again; stop it first (systemctl stop "
+            "nvshare-scheduler); nothing was cleared",
+            err=True,
+        )
+        sys.exit(1)
+    if not record.is_file():
+        click.echo(f"no kernel backstop limits recorded in {record}: nothing to clear")
+        return
+    nvml = Nvml()
+    if not nvml.available:
+        click.echo(
+            f"nvshare-scheduler clear-backstop: {nvml.reason}; the limits in {record} stay set",
+            err=True,
+        )
+        sys.exit(1)
+    said = clear_recorded(nvml, record)
+    for line in said:
+        click.echo(line)
+    if any("still limited" in line for line in said):
+        sys.exit(1)

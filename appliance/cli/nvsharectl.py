@@ -214,9 +214,8 @@ def mode(ctx: click.Context, mode: str, gpu: str) -> None:
     _answer(_request(ctx, _set_mode(mode, gpu)))
 
 
-def _target(pid: int | None, pod: str | None, *, wire: bool = True) -> tuple[int, str, str]:
-    """(pid, namespace, name) of --pid or --pod; `wire`: the pod's name travels in a
-    fixed-size field of a control message, not in a query's JSON."""
+def _target(pid: int | None, pod: str | None) -> tuple[int, str, str]:
+    """(pid, namespace, name) of --pid or --pod; any name Kubernetes accepts fits the wire."""
     if (pid is None) == (pod is None):
         raise click.UsageError("name exactly one of --pid N or --pod NAMESPACE/NAME")
     if pod is not None:
@@ -228,12 +227,6 @@ def _target(pid: int | None, pod: str | None, *, wire: bool = True) -> tuple[int
             )
         if (problem := pod_name_problem(ns, name)) is not None:
             raise click.BadParameter(problem, param_hint="--pod")
-        if wire and len(name.encode()) >= p.NAME_LEN:
-            raise click.BadParameter(
-                f"pod names of up to {p.NAME_LEN - 1} characters can be given limits here; this "
-                f"one has {len(name)} (a known gap: pods a controller names stay within 63)",
-                param_hint="--pod",
-            )
         return 0, ns, name
     assert pid is not None
     return pid, "", ""
@@ -418,7 +411,7 @@ def policy_explain(ctx: click.Context, pid: int | None, pod: str | None) -> None
     if pid is None and pod is None:
         status_view.explain_layers(from_json(PolicyView, _query(ctx, "policy")))
         return
-    _target(pid, pod, wire=False)
+    _target(pid, pod)
     view = from_json(ExplainView, _query(ctx, "explain", pid=pid, pod=pod))
     if not view.clients:
         _fail(f"no connected client matches {'pid ' + str(pid) if pid else 'pod ' + str(pod)}")

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import click
 
 from appliance.cli import top_view
-from appliance.core.state import DroppedOverride
 from appliance.core.views import (
     ClientView,
     GpuView,
@@ -45,25 +44,10 @@ def short_uuid(uuid: str) -> str:
     return rest[:8] if rest else kind[:8]
 
 
-def _ago(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{max(seconds, 0):.0f} s"
-
-
 def scheduler_lines(status: StatusView) -> list[str]:
     """What every GPU runs with unless a `gpus` rule or a per-GPU mode says otherwise, and the
     overrides policy reloads replaced."""
-    lines = [f"default: {top_view.defaults(status)}"]
-    for d in status.dropped:
-        lines += _dropped(d, status.time)
-    return lines
-
-
-def _dropped(d: DroppedOverride, now: float) -> list[str]:
-    text = f"nvsharectl's {d.what} was dropped {_ago(now - d.time)} ago: {d.why}"
-    return textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return [f"default: {top_view.defaults(status)}", *top_view.dropped_lines(status, WIDTH)]
 
 
 def policy_lines(policy: PolicyStatus) -> list[str]:

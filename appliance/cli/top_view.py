@@ -26,6 +26,7 @@ import select
 import shutil
 import sys
 import termios
+import textwrap
 import time
 import tty
 from collections import deque
@@ -161,6 +162,26 @@ def defaults(status: StatusView) -> str:
         f"mode {said(mode, status.mode_set is not None, status.default_mode.value)}  "
         f"TQ {said(tq, status.time_quantum_set_s is not None, policy_tq)}"
     )
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
+
+
+def dropped_lines(status: StatusView, width: int | None) -> list[str]:
+    """The nvsharectl settings policy reloads replaced, and why, wrapped to `width` (None:
+    a line each): otherwise only the daemon's log would say the operator's setting is gone."""
+    lines = []
+    for d in status.dropped:
+        text = f"nvsharectl's {d.what} was dropped {_ago(status.time - d.time)} ago: {d.why}"
+        if width is None:
+            lines.append("  " + text)
+        else:
+            lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="    ")
+    return lines
 
 
 def _gang(key: str) -> str:
@@ -300,6 +321,7 @@ def frame(status: StatusView, history: ShareHistory, width: int | None = None) -
         f"nvshare: {len(status.clients)} client(s) on {len(status.gpus)} GPU(s){policy}  "
         f"({share_note}; CTX = NVML - USED: context and driver memory)",
         f"default: {defaults(status)}",
+        *dropped_lines(status, width),
     ]
     if any(state(c) == UNGATED for c in status.clients):
         lines.append(UNGATED_NOTE)

@@ -20,21 +20,37 @@ fallback exists to prevent. So a decision counts three kinds of claim:
   (a later webhook refused it, a quota) expires after `admission_ttl_s`.
 
 A deleted pod frees what it held at once; a pod bound to a node moves its claim there.
+
+With several replicas (`ledger`), their admissions are shared through
+`appliance.cluster.admission_ledger` instead: each decision counts every replica's claims not yet
+shown by the informer (the pod carries its admission's uid, `ADMISSION_ANNOTATION`). Where the
+ledger cannot be used (RBAC, the API server) a replica decides from its own admissions, as a
+single replica does, and says so in its log.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.cluster.admission_ledger import AdmissionLedger, LedgerUnavailable, SharedClaim
 from appliance.cluster.cluster_cache import NodesAndBoundPods
-from appliance.cluster.webhook import MIG_RESOURCE_PREFIX, NotSynced, requested_mig_resources
+from appliance.cluster.webhook import (
+    ADMISSION_ANNOTATION,
+    MIG_RESOURCE_PREFIX,
+    Decision,
+    NotSynced,
+    requested_mig_resources,
+)
 from appliance.placement.resources import pod_request
 from appliance.placement.resources import resource_count as _count
+
+log = logging.getLogger(__name__)
 
 _TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 ADMISSION_TTL_S = 30.0  # far above the milliseconds from admission to the pod's watch event
@@ -50,6 +66,7 @@ class MigPod:
     node: str  # "" while the pod waits for the scheduler
     devices: Devices
     origin: Origin = ("", "")
+    admission: str = ""  # the review that admitted it, where a replica recorded it in the ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +101,9 @@ def mig_pod(pod: Mapping[str, Any]) -> MigPod | None:
     if not devices:
         return None
     node = (pod.get("spec") or {}).get("nodeName") or ""
-    return MigPod(node=node, devices=devices, origin=pod_origin(pod))
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    admission = str(annotations.get(ADMISSION_ANNOTATION) or "")
+    return MigPod(node=node, devices=devices, origin=pod_origin(pod), admission=admission)
 
 
 def node_mig_allocatable(node: Mapping[str, Any]) -> Devices:
@@ -138,11 +157,15 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
         page_size: int = 500,
         clock: Callable[[], float] = time.monotonic,
         admission_ttl_s: float = ADMISSION_TTL_S,
+        ledger: AdmissionLedger | None = None,
         **informer_options: Any,
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._ttl = admission_ttl_s
+        self._ledger = ledger
+        self._shown: Counter[str] = Counter()  # admission uid -> pods shown that carry it
+        self._gone: dict[str, float] = {}  # admission uid -> when its pod went (clock)
         self._allocatable: dict[str, dict[str, int]] = {}
         self._used: dict[str, dict[str, int]] = {}  # node -> resource -> held by bound pods
         self._pods: dict[str, MigPod] = {}  # pod uid -> its claim, bound or not
@@ -163,6 +186,50 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
             raise NotSynced("the node and pod caches are still being listed")
         return any(free.get(resource, 0) >= count for free in self.free_per_node().values())
 
+    def admit(self, *, admission: str, namespace: str, decide: Decision) -> Mapping[str, str]:
+        """Decide and hold what was admitted: in the shared ledger, else in this replica."""
+        if self._ledger is not None:
+            try:
+                held = self._ledger.admit(
+                    lambda claims: self._decide_with(claims, admission, decide),
+                    seen=self._seen,
+                )
+            except LedgerUnavailable as exc:
+                log.warning(
+                    "MIG fallback: %s; this replica decides from its own admissions only", exc
+                )
+            else:
+                return {ADMISSION_ANNOTATION: admission} if held else {}
+        pod = decide(self)
+        if pod is not None:
+            self.reserve(admission=admission, pod=pod, namespace=namespace)
+        return {}
+
+    def _decide_with(
+        self, claims: list[SharedClaim], admission: str, decide: Decision
+    ) -> SharedClaim | None:
+        # a review the API server sends again replaces its own claim
+        others = [c.devices for c in claims if c.admission != admission]
+
+        def available(resource: str, count: int) -> bool:
+            if not self.synced:
+                raise NotSynced("the node and pod caches are still being listed")
+            free = self.free_per_node(claims=others).values()
+            return any(f.get(resource, 0) >= count for f in free)
+
+        pod = decide(available)
+        devices = pod_devices(pod) if pod is not None else ()
+        if not devices or self._ledger is None:
+            return None
+        now = self._ledger.now()
+        return SharedClaim(admission, devices, now + self._ttl, admitted=now)
+
+    def _seen(self, admission: str) -> bool:
+        """Whether the informer shows (or lately showed) the pod of that admission."""
+        with self._lock:
+            self._expire()
+            return self._shown[admission] > 0 or admission in self._gone
+
     def reserve(self, *, admission: str, pod: Mapping[str, Any], namespace: str = "") -> None:
         """Count `pod` (as admitted, after any rewrite) until the informer shows it."""
         devices = pod_devices(pod)
@@ -176,15 +243,20 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
             self._admitted[admission] = claim
             self._claim(devices, +1)
 
-    def free_per_node(self) -> dict[str, dict[str, int]]:
-        """Devices free per node once every bound, pending and just-admitted pod has its own."""
+    def free_per_node(self, *, claims: Iterable[Devices] = ()) -> dict[str, dict[str, int]]:
+        """Devices free per node once every bound, pending and just-admitted pod has its own,
+        and `claims` (other replicas' admissions) too."""
         with self._lock:
             self._expire()
             free = {
                 node: {r: n - self._used.get(node, {}).get(r, 0) for r, n in allocatable.items()}
                 for node, allocatable in self._allocatable.items()
             }
-            place_unbound(free, self._unbound)
+            unbound = {r: Counter(sizes) for r, sizes in self._unbound.items()}
+        for devices in claims:
+            for resource, count in devices:
+                unbound.setdefault(resource, Counter())[count] += 1
+        place_unbound(free, unbound)
         return free
 
     def admissions_pending(self) -> int:
@@ -208,6 +280,8 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
             old = self._pods.get(uid)
             if old is None:
                 self._take_over_admission(pod)
+                if pod.admission:
+                    self._shown[pod.admission] += 1
             else:
                 self._forget(old)
             self._pods[uid] = pod
@@ -218,6 +292,11 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
             old = self._pods.pop(uid, None)
             if old is not None:
                 self._forget(old)
+                if old.admission:
+                    self._shown[old.admission] -= 1
+                    if self._shown[old.admission] <= 0:
+                        del self._shown[old.admission]
+                        self._gone[old.admission] = self._clock()  # its claim may linger
 
     # ---- under the lock
 
@@ -232,6 +311,8 @@ class MigInventory(NodesAndBoundPods[Devices, MigPod]):
         now = self._clock()
         for key in [k for k, c in self._admitted.items() if c.expires <= now]:
             self._claim(self._admitted.pop(key).devices, -1)
+        for key in [k for k, t in self._gone.items() if t + self._ttl <= now]:
+            del self._gone[key]  # past the ttl its claim has expired everywhere
 
     def _count(self, pod: MigPod) -> None:
         if pod.node:

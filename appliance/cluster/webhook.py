@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 FALLBACK_ANNOTATION = "nvshare.com/mig-fallback"
+# The AdmissionReview's uid, on a pod whose devices a replica recorded in the shared admission
+# ledger (`appliance.cluster.admission_ledger`): an informer that shows the pod retires the claim.
+ADMISSION_ANNOTATION = "nvshare.com/mig-admission"
 # A pod labelled `nvshare.com/mig-fallback: disabled` keeps the profile it asked for. The
 # configuration's objectSelector keeps such pods away from the webhook; the webhook checks too.
 OPT_OUT_LABEL = "nvshare.com/mig-fallback"
@@ -41,16 +44,19 @@ Chains = Sequence[Sequence[str]]
 Availability = Callable[[str, int], bool]  # (resource name, count) -> some node has it free
 
 
+Decision = Callable[[Availability], "Mapping[str, Any] | None"]  # -> the pod as admitted
+
+
 class MigCapacity(Protocol):
     """Where the webhook learns what is free and records what it admitted.
 
-    `reserve` must make the admitted pod count against what is free from then on, so that the
-    next review (of the same burst, before anything is bound) sees it taken.
+    `admit` calls `decide` with what is free (perhaps more than once, when another replica
+    admitted meanwhile) and makes the pod it returns (None: nothing to hold) count against what
+    is free from then on, so that the next review (of the same burst, before anything is bound,
+    on this replica or another) sees it taken. It returns annotations for the pod.
     """
 
-    def __call__(self, resource: str, count: int) -> bool: ...
-
-    def reserve(self, *, admission: str, pod: Mapping[str, Any], namespace: str = "") -> None: ...
+    def admit(self, *, admission: str, namespace: str, decide: Decision) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +144,14 @@ def _escape(key: str) -> str:
 
 
 def fallback_patch(
-    pod: Mapping[str, Any], fallbacks: Sequence[Fallback], *, annotation: str = FALLBACK_ANNOTATION
+    pod: Mapping[str, Any],
+    fallbacks: Sequence[Fallback],
+    *,
+    annotation: str = FALLBACK_ANNOTATION,
+    marks: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """RFC 6902 operations that move every request/limit and add the annotation."""
+    """RFC 6902 operations that move every request/limit and add the annotation (where
+    anything moved) and `marks`."""
     ops: list[dict[str, Any]] = []
     spec = pod.get("spec") or {}
     for kind in ("containers", "initContainers"):
@@ -163,17 +174,20 @@ def fallback_patch(
                         }
                     )
     summary = ",".join(f.summary for f in fallbacks)
+    annotations = {annotation: summary} if fallbacks else {}
+    return ops + annotation_ops(pod, {**annotations, **(marks or {})})
+
+
+def annotation_ops(pod: Mapping[str, Any], annotations: Mapping[str, str]) -> list[dict[str, Any]]:
+    """RFC 6902 operations that add `annotations` to the pod."""
+    if not annotations:
+        return []
     if (pod.get("metadata") or {}).get("annotations") is None:
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {annotation: summary}})
-    else:
-        ops.append(
-            {
-                "op": "add",
-                "path": f"/metadata/annotations/{_escape(annotation)}",
-                "value": summary,
-            }
-        )
-    return ops
+        return [{"op": "add", "path": "/metadata/annotations", "value": dict(annotations)}]
+    return [
+        {"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
+        for key, value in annotations.items()
+    ]
 
 
 class MigFallbackWebhook:
@@ -227,22 +241,29 @@ class MigFallbackWebhook:
         if not requested_mig_resources(pod):
             return
         chains = self._chains()
+        decided: list[tuple[list[Fallback], list[str]]] = []
+
+        def decide(available: Availability) -> Mapping[str, Any] | None:
+            decided.append(choose_fallbacks(pod, chains=chains, available=available))
+            # a dry run creates nothing: nothing to hold
+            return None if request.get("dryRun") else apply_fallbacks(pod, decided[-1][0])
+
         with self._deciding:
-            fallbacks, warnings = choose_fallbacks(pod, chains=chains, available=self._capacity)
-            if not request.get("dryRun"):  # a dry run creates nothing: nothing to hold
-                self._capacity.reserve(
-                    admission=str(request.get("uid", "")),
-                    pod=apply_fallbacks(pod, fallbacks),
-                    namespace=str(request.get("namespace") or ""),
-                )
+            marks = self._capacity.admit(
+                admission=str(request.get("uid", "")),
+                namespace=str(request.get("namespace") or ""),
+                decide=decide,
+            )
+        fallbacks, warnings = decided[-1]
         if warnings:
             response["warnings"] = [warning_text(w) for w in warnings]
             for warning in warnings:
                 log.warning("pod %s: %s", _pod_name(request), warning)
-        if fallbacks:
-            patch = fallback_patch(pod, fallbacks, annotation=self._annotation())
+        if fallbacks or marks:
+            patch = fallback_patch(pod, fallbacks, annotation=self._annotation(), marks=marks)
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        if fallbacks:
             log.info(
                 "pod %s: MIG fallback %s",
                 _pod_name(request),

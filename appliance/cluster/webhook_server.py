@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from appliance.cluster.admission_ledger import AdmissionLedger
 from appliance.cluster.mig_inventory import MigInventory
 from appliance.cluster.serving import (
     BadBody,
@@ -170,13 +171,16 @@ def build_webhook_server(
     port: int,
     api_client: Any,
     host: str = EVERY_ADDRESS,
+    namespace: str = "nvshare-system",
 ) -> WebhookServer:
     """The production webhook, bound but not yet serving (port 0 picks a free port).
 
     Its node and pod caches start listing at once (/readyz answers 503 until both have and
-    the policy loaded), and the policy directory is watched from then on.
+    the policy loaded), and the policy directory is watched from then on. Its admissions are
+    shared with the other replicas through a ConfigMap in `namespace`.
     """
-    inventory = MigInventory(api_client=api_client)
+    ledger = AdmissionLedger(api_client=api_client, namespace=namespace)
+    inventory = MigInventory(api_client=api_client, ledger=ledger)
     chains = PolicyChains(policy_dir)
     server = bind(
         lambda at: WebhookServer(
@@ -201,7 +205,14 @@ def build_webhook_server(
 
 
 def run_webhook(
-    *, policy_dir: Path, cert_file: Path, key_file: Path, port: int, host: str, kube_api: str | None
+    *,
+    policy_dir: Path,
+    cert_file: Path,
+    key_file: Path,
+    port: int,
+    host: str,
+    kube_api: str | None,
+    namespace: str = "nvshare-system",
 ) -> int:
     """`nvshare-scheduler webhook`: 0 when stopped by a signal, 1 when it cannot start."""
     log = logging.getLogger("nvshare.webhook")
@@ -217,6 +228,7 @@ def run_webhook(
                 port=port,
                 host=host,
                 api_client=api_client_from_env(kube_api),
+                namespace=namespace,
             )
         except KubeConfigError as exc:
             raise Refused(str(exc)) from None

@@ -30,7 +30,7 @@ from appliance.daemon.engine import Engine
 from appliance.daemon.limit_log import LimitChangeLog, limit_context
 from appliance.daemon.limits_file import LimitsFile
 from appliance.daemon.queries import Answers
-from appliance.gpu.backstop import BackstopLoop, KernelBackstop
+from appliance.gpu.backstop import RECORD_NAME, BackstopLoop, KernelBackstop
 from appliance.gpu.nvml import Nvml
 from appliance.gpu.sampler import Consumer, NvmlSampler, gpu_sampled, processes_seen
 from appliance.host.cgroup import own_pod
@@ -117,8 +117,9 @@ class Daemon:
             on_error=lambda errors: None,  # the watcher logs them; status and metrics show them
         )
         self.registry = CollectorRegistry()
+        record = config.socket_dir / RECORD_NAME  # what it set, for a later daemon to clear
         self.backstop = KernelBackstop(  # driver-enforced limits, where the policy asks
-            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root
+            self.nvml, cgroup_root=config.cgroup_root, proc_root=config.proc_root, record=record
         )
         self._stopping = asyncio.Event()
         self._ready = False

@@ -19,12 +19,22 @@ one stays 0: no guarantee, as without the backstop). A limit is set when it appe
 changes, and cleared when its pod or cgroup has no client left on that GPU, or the policy turns
 the backstop off. Nothing here decides anything the core decides: it only mirrors the limits
 the core resolved.
+
+What is set is also written to `backstop.json` in the socket directory (a tmpfs: limits and
+record both end with the boot). Limits stay set while the daemon restarts; the next daemon
+takes the record over and, once its clients had `ADOPT_GRACE_S` to reconnect, clears those no
+client asks for any more (a workstation cgroup whose processes ended meanwhile would otherwise
+keep its limit for good). A daemon stopped for good leaves them set: `nvshare-scheduler
+clear-backstop` clears what the record names (`clear_recorded`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +62,8 @@ class Reader(Protocol):
 log = logging.getLogger(__name__)
 
 _OFF = "off in policy (memory.kernelBackstop: off)"
+RECORD_NAME = "backstop.json"
+ADOPT_GRACE_S = 30.0  # what a restarted daemon's clients have to reconnect
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +93,20 @@ class KernelBackstop:
         gpus: Callable[[], list[GpuFacts]] | None = None,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         proc_root: Path = Path("/proc"),
+        record: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml = nvml
         self._gpus = gpus or nvml.inventory
         self._root = cgroup_root
         self._proc = proc_root
+        self._record = record
+        self._clock = clock
         self._lock = threading.Lock()
-        self._set: dict[tuple[str, str], int] = {}  # (gpu, cgroup dir) -> hard limit set
+        # (gpu, cgroup dir) -> hard limit set, by this daemon or the one before it (adopted)
+        self._set: dict[tuple[str, str], int] = read_record(record) if record else {}
+        self._adopted = set(self._set)  # kept until the grace ends unless a client wants them
+        self._grace_ends = clock() + ADOPT_GRACE_S
         self._refused: dict[str, MemoryLimitRefused] = {}  # gpu -> why none can be set there
         self._views: tuple[BackstopView, ...] = ()
         self._where: dict[tuple[str, int], str] = {}  # (gpu, pid) -> what explain says
@@ -102,15 +121,22 @@ class KernelBackstop:
             gpus = {g.uuid: g for g in self._gpus()} if self._nvml.available else {}
             why_not = {uuid: self._why_not(enabled, g) for uuid, g in gpus.items()}
             want, where = self._wanted(clients, allowance)
+            before = dict(self._set)
             for (gpu, cgroup), hard in sorted(want.items()):
                 usable = why_not.get(gpu, "unknown GPU") is None and gpu not in self._refused
                 if usable and self._set.get((gpu, cgroup)) != hard:
                     self._apply(gpu, cgroup, hard)
-            for gpu, cgroup in sorted(set(self._set) - set(want)):
+            self._adopted -= set(want)
+            if self._adopted and self._clock() >= self._grace_ends:
+                self._adopted.clear()  # no client came back for them
+            for gpu, cgroup in sorted(set(self._set) - set(want) - self._adopted):
                 self._clear(gpu, cgroup)
             if not enabled or not self._nvml.available:
                 for gpu, cgroup in sorted(self._set):
                     self._clear(gpu, cgroup)
+                self._adopted.clear()
+            if self._set != before:
+                self._save()
             why_not = {uuid: self._why_not(enabled, g) for uuid, g in gpus.items()}  # refusals
             self._views = tuple(self._view(uuid, why_not[uuid]) for uuid in sorted(gpus))
             self._where = {
@@ -167,6 +193,22 @@ class KernelBackstop:
             log.warning("kernel backstop: clearing %s on GPU %s failed: %s", cgroup, gpu, exc)
             return
         log.info("kernel backstop: %s on GPU %s no longer limited", cgroup, gpu)
+
+    def _save(self) -> None:
+        if self._record is None:
+            return
+        entries = [{"gpu": g, "cgroup": c, "hard": h} for (g, c), h in sorted(self._set.items())]
+        try:
+            part = self._record.with_name(self._record.name + ".part")
+            part.write_text(json.dumps(entries, indent=1) + "\n")
+            os.replace(part, self._record)
+        except OSError as exc:
+            log.warning(
+                "kernel backstop: cannot record the limits set in %s (%s); after this daemon "
+                "stops for good, clear-backstop will not know them",
+                self._record,
+                exc.strerror or exc,
+            )
 
     def _note_refusal(self, gpu: str, exc: MemoryLimitRefused) -> None:
         if exc.gpu_wide:
@@ -240,6 +282,37 @@ class KernelBackstop:
             return dict(self._set)
 
 
+def read_record(record: Path) -> dict[tuple[str, str], int]:
+    """The limits a daemon recorded as set: (gpu, cgroup) -> hard limit; {} when none."""
+    try:
+        entries = json.loads(record.read_text())
+        return {(str(e["gpu"]), str(e["cgroup"])): int(e["hard"]) for e in entries}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("kernel backstop: %s is not a record of limits (%s); ignored", record, exc)
+        return {}
+
+
+def clear_recorded(nvml: Nvml, record: Path) -> list[str]:
+    """Clears every limit `record` names (a daemon stopped for good left them set) and removes
+    the record; one line per limit, saying what became of it."""
+    said = []
+    for (gpu, cgroup), hard in sorted(read_record(record).items()):
+        if not Path(cgroup).is_dir():
+            said.append(f"{cgroup} on GPU {gpu}: gone (its limit went with it)")
+            continue
+        try:
+            nvml.set_memory_limit(gpu, cgroup, None)
+        except MemoryLimitRefused as exc:
+            said.append(f"{cgroup} on GPU {gpu}: still limited to {hard >> 20} MiB: {exc}")
+            continue
+        said.append(f"{cgroup} on GPU {gpu}: {hard >> 20} MiB limit cleared")
+    if all("still limited" not in line for line in said):
+        record.unlink(missing_ok=True)
+    return said
+
+
 def _code(why_not: str) -> str:
     for prefix, code in (("off in policy", "off"), ("no cgroup v2", "cgroup"), ("MIG", "mig")):
         if why_not.startswith(prefix):
@@ -251,8 +324,8 @@ class BackstopLoop:
     """Reconciles every `interval_s` on a thread, and at once when woken (limits published).
 
     `snapshot` returns (enabled, allowance, clients) as the core has them now. Limits stay set
-    when the daemon stops: they keep protecting while it restarts (the next daemon sets them
-    again; a pod's go with its cgroup).
+    when the daemon stops: they keep protecting while it restarts (the next daemon takes them
+    over from the record; a pod's go with its cgroup; `clear_recorded` after a stop for good).
     """
 
     def __init__(

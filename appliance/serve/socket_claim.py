@@ -30,21 +30,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.host.backlog import listen_backlog
 from appliance.host.peer import peer_credentials
 from appliance.wire.socket_dirs import CONTROL_SOCKET_NAME, SOCKET_NAME
 
 LOCK_NAME = "scheduler.lock"
-_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
-
-
-def listen_backlog() -> int:
-    """The longest listen backlog the kernel allows. Every CUDA program starting at once, or one
-    process connecting and closing in a loop, queues here until accepted; with 128, a churner
-    kept it full and programs starting meanwhile found no room."""
-    try:
-        return max(socket.SOMAXCONN, int(_SOMAXCONN.read_text()))
-    except (OSError, ValueError):
-        return socket.SOMAXCONN
 
 
 class SocketUnavailable(Exception):

@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from appliance.host.backlog import listen_backlog
+
 log = logging.getLogger("nvshare.listen")
 
 EVERY_ADDRESS = "::"
@@ -49,6 +51,9 @@ class DualStack(socketserver.TCPServer):
 
     def __init__(self, address: tuple[str, int], *args: object, **kwargs: object) -> None:
         self.address_family = family_of(address[0])
+        # socketserver's default backlog is 5: an API server opening connections for a burst of
+        # reviews would see its SYNs dropped and retried a second later
+        self.request_queue_size = listen_backlog()
         super().__init__(address, *args, **kwargs)  # type: ignore[arg-type]
 
     def server_bind(self) -> None:

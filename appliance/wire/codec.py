@@ -26,7 +26,8 @@ from appliance.wire import protocol_view as pv
 # More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
 MAX_GPU_BYTES = 1 << 50
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,46}")  # GPU-<uuid>, MIG-<uuid>
-_DNS_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")  # a namespace or pod name
+_NAMESPACE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")  # a DNS-1123 label, lenient on '.'
+_POD_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")  # a DNS-1123 subdomain
 
 _RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
 _STATUS = {
@@ -91,8 +92,11 @@ def _place_problem(m: p.Register | pv.ViewRequest) -> str | None:
         return f"GPU name {m.gpu_uuid[:48]!r} is not a device UUID"
     if m.gpu_total_mem > MAX_GPU_BYTES:
         return "a byte count beyond any GPU"
-    for what, name in (("namespace", m.pod_namespace), ("pod name", m.pod_name)):
-        if name and not _DNS_NAME.fullmatch(name):
+    for what, name, pattern in (
+        ("namespace", m.pod_namespace, _NAMESPACE),
+        ("pod name", m.pod_name, _POD_NAME),
+    ):
+        if name and not pattern.fullmatch(name):
             return f"{what} {name[:64]!r} is not a Kubernetes name"
     return None
 

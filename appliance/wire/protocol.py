@@ -23,9 +23,10 @@ from appliance.policy.model import Backing, Mode
 from appliance.wire.layout import Fixed, empty, same_body
 
 MAGIC = 0x4853564E
-VERSION = 1
+VERSION = 2  # 2: pod names of 253 characters (1 held 63)
 UUID_LEN = 48
-NAME_LEN = 64
+NAME_LEN = 64  # a namespace: a DNS-1123 label, at most 63
+POD_NAME_LEN = 256  # a pod name: a DNS-1123 subdomain, at most 253
 MESSAGE_LEN = 248
 
 HEADER = struct.Struct("<IHHIIQ")
@@ -131,7 +132,7 @@ SET_FOLLOW_POLICY = 0x1  # SetTq/SetMode flags: drop nvsharectl's value, follow 
 @dataclass(frozen=True, slots=True)
 class Register(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.REGISTER
-    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQQ{UUID_LEN}s{NAME_LEN}s{NAME_LEN}s")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQQ{UUID_LEN}s{NAME_LEN}s{POD_NAME_LEN}s")
     LAYOUT: ClassVar[tuple[str, ...]] = (
         "pid",
         "env_core_limit",
@@ -336,7 +337,7 @@ class MemRefusals(Fixed):
 @dataclass(frozen=True, slots=True)
 class LimitSet(Fixed):
     TYPE: ClassVar[MsgType] = MsgType.LIMIT_SET
-    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{NAME_LEN}s")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<IIQII{NAME_LEN}s{POD_NAME_LEN}s")
     LAYOUT: ClassVar[tuple[str, ...]] = (
         "pid",
         "flags",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from appliance.wire.layout import Fixed
-from appliance.wire.protocol import NAME_LEN, UUID_LEN, MsgType
+from appliance.wire.protocol import NAME_LEN, POD_NAME_LEN, UUID_LEN, MsgType
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class ViewRequest(Fixed):
     """How a GPU looks to the asking process; no REGISTER needed (nvidia-smi, monitoring)."""
 
     TYPE: ClassVar[MsgType] = MsgType.VIEW_REQUEST
-    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<{UUID_LEN}sQ{NAME_LEN}s{NAME_LEN}s")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct(f"<{UUID_LEN}sQ{NAME_LEN}s{POD_NAME_LEN}s")
     gpu_uuid: str
     gpu_total_mem: int = 0  # bytes, as NVML reports them
     pod_namespace: str = ""  # hints, as in Register

@@ -29,12 +29,16 @@ struct fake_ctx {
 };
 
 /* A graph node; CUgraphNode handles point at these. */
+#define FAKE_MAX_DEPS 8 /* the fake's graphs: more dependencies per node are refused */
+
 struct fake_node {
     int type;         /* CU_GRAPH_NODE_TYPE_* */
     int dev;          /* allocation nodes: the device of their pool */
     size_t bytesize;  /* allocation nodes: as asked for */
     CUdeviceptr dptr; /* allocation and free nodes */
     struct fake_graph *child;
+    struct fake_node *deps[FAKE_MAX_DEPS]; /* the nodes it depends on */
+    size_t ndeps;
 };
 
 /* A graph: its nodes, added by capture or by the cuGraphAdd* calls (fake_graph.c). */
@@ -44,6 +48,7 @@ struct fake_graph {
     struct fake_node **nodes;
     size_t n, cap;
     int instantiated; /* with memory nodes, a graph has one executable at a time */
+    int captured;     /* from one stream's capture: each node depends on the one before it */
 };
 
 struct fake_stream {

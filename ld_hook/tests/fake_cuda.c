@@ -509,6 +509,7 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode)
         fs->invalidated = 0;
         fs->mode = mode;
         fs->graph = fake_graph_new(fs->ctx->dev);
+        fs->graph->captured = 1;
         if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) dev.global_captures++;
     }
     pthread_mutex_unlock(&dev.mu);
@@ -854,6 +855,7 @@ static const struct proc procs[] = {
     P(cuGraphInstantiateWithParams) P(cuGraphInstantiateWithParams_ptsz) P(cuGraphExecDestroy)
     P(cuDeviceGraphMemTrim) P(cuDeviceGetGraphMemAttribute) P(cuGraphGetNodes)
     P(cuGraphNodeGetType) P(cuGraphMemAllocNodeGetParams) P(cuGraphChildGraphNodeGetGraph)
+    P(cuGraphNodeGetDependencies) P(cuGraphMemFreeNodeGetParams)
     NVS_SYNC_COPIES(P_COPY, ) NVS_SYNC_COPIES(P_COPY, _ptds) NVS_ASYNC_COPIES(P_COPY, )
     NVS_ASYNC_COPIES(P_COPY, _ptsz) NVS_STREAM_OPS(P_COPY, ) NVS_STREAM_OPS(P_COPY, _ptsz)
     P(cuMemAlloc_v2) P(cuMemAllocPitch_v2) P(cuMemAllocManaged) P(cuMemAllocAsync)

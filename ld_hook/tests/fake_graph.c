@@ -47,8 +47,22 @@ struct fake_node *fake_graph_add(struct fake_graph *g, struct fake_node node)
     }
     struct fake_node *n = malloc(sizeof *n);
     *n = node;
+    if (g->captured && g->n > 0) { /* a stream's work runs in order */
+        n->deps[0] = g->nodes[g->n - 1];
+        n->ndeps = 1;
+    }
     g->nodes[g->n++] = n;
     return n;
+}
+
+/* The node `node` with dependencies `deps`, or NULL where the fake cannot hold that many. */
+static struct fake_node *add_after(struct fake_graph *g, const CUgraphNode *deps, size_t ndeps,
+                                   struct fake_node node)
+{
+    if (ndeps > FAKE_MAX_DEPS || (ndeps > 0 && deps == NULL)) return NULL;
+    for (size_t i = 0; i < ndeps; i++) node.deps[i] = (struct fake_node *)deps[i];
+    node.ndeps = ndeps;
+    return fake_graph_add(g, node);
 }
 
 static struct fake_graph *graph_of(CUgraph graph)
@@ -93,33 +107,32 @@ EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned flags)
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *p)
 {
-    (void)deps, (void)ndeps;
     struct fake_graph *g = graph_of(graph);
-    if (g == NULL || p == NULL || p->bytesize == 0 ||
+    if (g == NULL || p == NULL || p->bytesize == 0 || ndeps > FAKE_MAX_DEPS ||
         p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         p->poolProps.location.id < 0 || p->poolProps.location.id >= dev.count)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&dev.mu);
     p->dptr = next_va;
     next_va += fake_rounded(p->bytesize);
-    *node = (CUgraphNode)fake_graph_add(
-        g, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dev = p->poolProps.location.id,
-                              .bytesize = p->bytesize, .dptr = p->dptr});
+    *node = (CUgraphNode)add_after(
+        g, deps, ndeps,
+        (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .dev = p->poolProps.location.id,
+                           .bytesize = p->bytesize, .dptr = p->dptr});
     pthread_mutex_unlock(&dev.mu);
-    return CUDA_SUCCESS;
+    return *node != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                       size_t ndeps, CUdeviceptr dptr)
 {
-    (void)deps, (void)ndeps;
     struct fake_graph *g = graph_of(graph);
     if (g == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&dev.mu);
-    *node = (CUgraphNode)fake_graph_add(
-        g, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dptr = dptr});
+    *node = (CUgraphNode)add_after(
+        g, deps, ndeps, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .dptr = dptr});
     pthread_mutex_unlock(&dev.mu);
-    return CUDA_SUCCESS;
+    return *node != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Embeds `child` (the real driver clones it; the fake's graphs are not changed once embedded).
@@ -187,6 +200,26 @@ EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NO
     p->poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, n->dev};
     p->bytesize = n->bytesize;
     p->dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr)
+{
+    struct fake_node *n = (struct fake_node *)node;
+    if (n == NULL || dptr == NULL || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+/* As CUDA documents it: with `deps` NULL the count; else up to *n of them, *n set to how many. */
+EXPORT CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *n)
+{
+    struct fake_node *f = (struct fake_node *)node;
+    if (f == NULL || n == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (deps != NULL)
+        for (size_t i = 0; i < *n; i++) deps[i] = i < f->ndeps ? (CUgraphNode)f->deps[i] : NULL;
+    if (deps == NULL || *n > f->ndeps) *n = f->ndeps;
     return CUDA_SUCCESS;
 }
 

@@ -285,8 +285,9 @@ static int memory_case(const char *cmd, unsigned long long x, unsigned long long
     return 1;
 }
 
-/* cuGraphAddMemAllocNode of BYTES on DEVICE, freed in the graph by a free node after it. */
-static CUresult graph_alloc(CUgraph g, int d, size_t bytes)
+/* cuGraphAddMemAllocNode of BYTES on DEVICE, freed in the graph by a free node after it; with
+ * `after`, the allocation depends on *after, which becomes the free node. */
+static CUresult graph_alloc(CUgraph g, int d, size_t bytes, CUgraphNode *after)
 {
     CUDA_MEM_ALLOC_NODE_PARAMS p;
     memset(&p, 0, sizeof p);
@@ -294,8 +295,11 @@ static CUresult graph_alloc(CUgraph g, int d, size_t bytes)
     p.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, d};
     p.bytesize = bytes;
     CUgraphNode alloc, freed;
-    CUresult r = cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &p);
-    return r ? r : cuGraphAddMemFreeNode(&freed, g, &alloc, 1, p.dptr);
+    int ordered = after != NULL && *after != NULL;
+    CUresult r = cuGraphAddMemAllocNode(&alloc, g, ordered ? after : NULL, ordered, &p);
+    if (!r) r = cuGraphAddMemFreeNode(&freed, g, &alloc, 1, p.dptr);
+    if (!r && after != NULL) *after = freed;
+    return r;
 }
 
 static int graph_case(const char *cmd, unsigned long long x, unsigned long long y,
@@ -308,7 +312,17 @@ static int graph_case(const char *cmd, unsigned long long x, unsigned long long 
         r = cuGraphCreate(&g, 0);
         reply(r, "ok %llu\n", r ? 0 : keep('G', (uint64_t)(uintptr_t)g, 0));
     } else if (strcmp(cmd, "graph_alloc") == 0) { /* graph_alloc GRAPH DEVICE BYTES */
-        r = handle_of(x, 'G', &v) ? graph_alloc((CUgraph)(uintptr_t)v, (int)y, z)
+        r = handle_of(x, 'G', &v) ? graph_alloc((CUgraph)(uintptr_t)v, (int)y, z, NULL)
+                                  : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok\n", 0);
+    } else if (strcmp(cmd, "graph_chain") == 0) { /* graph_chain GRAPH DEVICE BYTES: after */
+        static CUgraph chain_graph;                   /* the free of the last graph_chain */
+        static CUgraphNode chain_tail;
+        if (handle_of(x, 'G', &v) && (CUgraph)(uintptr_t)v != chain_graph) {
+            chain_graph = (CUgraph)(uintptr_t)v;
+            chain_tail = NULL;
+        }
+        r = handle_of(x, 'G', &v) ? graph_alloc((CUgraph)(uintptr_t)v, (int)y, z, &chain_tail)
                                   : CUDA_ERROR_INVALID_VALUE;
         reply(r, "ok\n", 0);
     } else if (strcmp(cmd, "graph_child") == 0) { /* graph_child PARENT CHILD */

@@ -100,6 +100,8 @@ def test_a_policy_edit_that_leaves_the_mode_keeps_the_operators(node: RunningDae
         dropped,
     ), dropped
     assert "replaces what nvsharectl set: mode off on every GPU" in node.output()
+    top = " ".join(ctl(node, "top", "--once").stdout.split())  # top says it as status does
+    assert re.search(r"nvsharectl's mode off on every GPU was dropped \d+ s ago", top), top
 
 
 def test_status_fits_80_columns_with_pid_and_process_name(node: RunningDaemon) -> None:

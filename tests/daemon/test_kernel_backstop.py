@@ -7,6 +7,8 @@ its limit changes, when it ends, for a workstation cgroup, and every way it is r
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,9 +19,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from appliance.cli.client import ControlClient
 from appliance.core.views import ExplainQuery, StatusView
 from appliance.daemon.daemon import Daemon
-from appliance.gpu.backstop import Holder, KernelBackstop
+from appliance.gpu.backstop import (
+    ADOPT_GRACE_S,
+    Holder,
+    KernelBackstop,
+    clear_recorded,
+    read_record,
+)
 from appliance.gpu.nvml import MEMORY_LIMIT_MAX, Nvml
 from appliance.policy.model import Mode
+from appliance.serve.socket_claim import claim_sockets
 from appliance.web.metrics import ApplianceCollector
 from appliance.wire import protocol as p
 
@@ -241,6 +250,67 @@ def test_turning_the_policy_off_clears_what_was_set(cgroups: Path) -> None:
     (view,) = b.views()
     assert (view.active, view.code) == (False, "off")
     assert b.explain(GPU, 10).startswith("none: off in policy")
+
+
+def test_a_restarted_daemon_takes_its_limits_over_and_clears_those_no_client_wants(
+    tmp_path: Path, cgroups: Path
+) -> None:
+    """Limits stay set while the daemon restarts; a workstation cgroup whose processes ended
+    meanwhile used to keep its limit for good, since the next daemon did not know of it."""
+    scope = "/user.slice/user-1000.slice/run-u7.scope"
+    proc = proc_tree(tmp_path, cgroups, {20: scope})
+    workstation, pod = str(cgroups / scope.lstrip("/")), pod_dir(cgroups)
+    record, now, nvml = tmp_path / "backstop.json", [0.0], PartitioningNvml()
+
+    def daemon() -> KernelBackstop:
+        return KernelBackstop(
+            Nvml(library=nvml), cgroup_root=cgroups, proc_root=proc, record=record,
+            clock=lambda: now[0],
+        )  # fmt: skip
+
+    ws_client = Holder(gpu=GPU, pid=20, pod_uid="", memory_limit=GiB)
+    daemon().reconcile(enabled=True, allowance=ALLOWANCE, clients=[ws_client, pod_client(10, GiB)])
+    assert set(nvml.limits) == {(0, workstation), (0, pod)}
+    now[0] = 100.0  # stopped; the next daemon starts, and no client has reconnected yet
+    second = daemon()
+    second.reconcile(enabled=True, allowance=ALLOWANCE, clients=[])
+    assert set(nvml.limits) == {(0, workstation), (0, pod)}  # still protecting
+    second.reconcile(enabled=True, allowance=ALLOWANCE, clients=[pod_client(10, GiB)])
+    now[0] += ADOPT_GRACE_S  # the workstation's process never came back
+    second.reconcile(enabled=True, allowance=ALLOWANCE, clients=[pod_client(10, GiB)])
+    assert nvml.calls[-1] == (workstation, GPU, None)
+    assert set(nvml.limits) == {(0, pod)}
+    assert read_record(record) == {(GPU, pod): GiB + ALLOWANCE}
+
+
+def test_clear_backstop_after_a_stop_for_good_clears_what_the_record_names(
+    tmp_path: Path, cgroups: Path
+) -> None:
+    record, nvml = tmp_path / "backstop.json", PartitioningNvml()
+    b = KernelBackstop(Nvml(library=nvml), cgroup_root=cgroups, record=record)
+    b.reconcile(enabled=True, allowance=ALLOWANCE, clients=[pod_client(10, GiB)])
+    assert nvml.limits and record.is_file()
+    said = clear_recorded(
+        Nvml(library=nvml), record
+    )  # what `nvshare-scheduler clear-backstop` does
+    assert said == [f"{pod_dir(cgroups)} on GPU {GPU}: {(GiB + ALLOWANCE) >> 20} MiB limit cleared"]
+    assert nvml.limits == {} and not record.exists()
+
+
+def test_clear_backstop_refuses_while_a_daemon_serves(tmp_path: Path) -> None:
+    claim = claim_sockets(tmp_path / "s", tmp_path / "s")  # as a running daemon holds them
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "appliance", "--socket-dir", str(tmp_path / "s"),
+             "clear-backstop"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        claim.hook.sock.close()
+        claim.control.sock.close()
+        claim.release()
+    assert r.returncode == 1
+    assert "would set the limits again; stop it first" in r.stderr, r.stderr
 
 
 def test_status_metrics_show_per_gpu_whether_it_is_active_and_why_not(cgroups: Path) -> None:

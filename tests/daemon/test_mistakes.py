@@ -98,10 +98,6 @@ def registered(d: RunningDaemon, **hints: str) -> ControlClient:
             "a namespace of 64 characters",
         ),
         (
-            ["limit", "clear", "--pod", "default/" + "a" * 64],
-            "pod names of up to 63 characters can be given limits here; this one has 64",
-        ),
-        (
             ["limit", "clear", "--pod", "ml/trainer", "--no-memory", "--no-core"],
             "--no-memory and --no-core together leave nothing to clear",
         ),

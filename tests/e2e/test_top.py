@@ -33,7 +33,7 @@ from kube.extender_client import eventually
 
 from appliance.cli.top_view import ShareHistory, frame, size
 from appliance.core.gputime import LockTime
-from appliance.core.state import Phase
+from appliance.core.state import DroppedOverride, Phase
 from appliance.core.views import ClientView, GpuView, StatusView
 from appliance.policy.model import Mode
 
@@ -468,3 +468,13 @@ def test_a_narrow_terminal_drops_the_least_useful_columns_and_keeps_the_ends_of_
     assert header.split()[8:] == ["QUOTA", "USED", "LIMIT", "NVML", "CTX", "GANG"]
     assert row.split()[2] == "ml-team/vllm-serve-7d9f8"  # POD is 24 wide at most
     assert row.endswith(" pod:1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+
+
+def test_top_says_which_operator_setting_a_policy_reload_dropped() -> None:
+    why = "a policy reload changed the policy's mode (scheduler.mode on -> auto)"
+    dropped = DroppedOverride(what="mode off on every GPU", why=why, time=40.0)
+    status = StatusView((), (), {}, Mode.AUTO, 30.0, time=100.0, dropped=(dropped,))
+    shown = [line for line in frame(status, ShareHistory(), 80) if line.startswith("  ")]
+    assert shown and max(map(len, shown)) <= 80  # wrapped, not cut at the terminal's edge
+    text = " ".join(" ".join(shown).split())
+    assert f"nvsharectl's mode off on every GPU was dropped 1 min ago: {why}" in text

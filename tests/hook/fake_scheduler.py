@@ -145,7 +145,7 @@ class FakeScheduler:
             if self.holder is None and self.queue:
                 self._next_holder(force=True)
 
-    def send_raw(self, type_: int, body: bytes, *, seq: int = 0, version: int = 1) -> None:
+    def send_raw(self, type_: int, body: bytes, *, seq: int = 0, version: int = p.VERSION) -> None:
         """A frame to every client, as given: for testing how the hook treats bad ones."""
         with self.mu:
             clients = list(self.clients)

@@ -65,7 +65,7 @@ def test_hook_threads_are_named_and_block_every_signal(
         ("NVSHARE_IDLE_RELEASE_MS", "-5", "NVSHARE_IDLE_RELEASE_MS=-5 is not a whole number"),
         ("NVSHARE_DAEMON_TIMEOUT_MS", "5", "NVSHARE_DAEMON_TIMEOUT_MS=5 is not a whole number"),
         ("NVSHARE_DEBUG", "yes", "NVSHARE_DEBUG=yes is neither 0 nor 1"),
-        ("NVSHARE_POD_NAME", "p" * 80, "NVSHARE_POD_NAME is 80 bytes long"),
+        ("NVSHARE_POD_NAME", "p" * 300, "NVSHARE_POD_NAME is 300 bytes long"),
     ],
 )
 def test_bad_environment_values_are_reported_and_ignored(

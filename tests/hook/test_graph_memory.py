@@ -199,11 +199,11 @@ def test_a_capture_with_memory_nodes_survives_a_drop_and_its_graph_is_checked(
         a.ok(f"capture_alloc {s} {48 * MiB}")
         b.send("launch 1")  # b asks for the lock: a is told to drop it mid-capture
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_DROP) == 1)
-        a.ok(f"capture_alloc {s} {32 * MiB}")
+        a.ok(f"capture_alloc {s} {80 * MiB}")
         graph = a.ok(f"capture_end {s}").split()[1]  # not CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_RELEASED) == 1)
         assert b.answer() == "ok"
-        assert a.do(f"instantiate {graph}") == OOM  # 48 + 32 MiB of memory nodes under 64 MiB
+        assert a.do(f"instantiate {graph}") == OOM  # its 80 MiB node under 64 MiB (48 freed first)
         assert graph_pool(a) == (0, 0)
         for p in (a, b):
             assert_clean(*p.finish())
@@ -230,7 +230,7 @@ def test_a_driver_that_shares_memory_within_a_graph_is_charged_what_it_reserved(
     p.ok(f"capture_alloc {s} {256 * MiB}")
     p.ok(f"capture_alloc {s} {256 * MiB}")  # never live at once: the driver shares them
     first = p.ok(f"instantiate {p.ok(f'capture_end {s}').split()[1]}").split()[1]
-    p.ok(f"graph_launch {first} {s}")  # checked for 512 MiB, settled to the 256 reserved
+    p.ok(f"graph_launch {first} {s}")  # checked for its 256 MiB peak, the 256 reserved
     assert graph_pool(p) == (256 * MiB, 256 * MiB)
     assert free_bytes(p) == GiB - 256 * MiB
     p.ok(f"alloc mem {256 * MiB}")
@@ -239,6 +239,30 @@ def test_a_driver_that_shares_memory_within_a_graph_is_charged_what_it_reserved(
     assert free_bytes(p) == GiB - 640 * MiB
     p.ok(f"graph_launch {first} {s}")  # still mapped: not checked for its 512 MiB again
     assert free_bytes(p) == GiB - 640 * MiB
+    assert_clean(*p.finish())
+
+
+def test_a_graph_that_frees_before_it_allocates_again_is_checked_for_its_peak_not_the_sum(
+    variant: Variant, start_probe, sock_dir: str
+) -> None:
+    """Three 400 MiB allocations, each freed before the next is made: at most 400 MiB live. The
+    sum of the nodes (1200 MiB) used to refuse it under 1 GiB. Allocations that nothing orders
+    may all be live at once, and still count together."""
+    p = start(variant, start_probe, sock_dir, NVSHARE_FAKE_GRAPH_SHARE="1")
+    s = p.ok("stream 0").split()[1]
+    chain = p.ok("graph_create").split()[1]
+    for _ in range(3):
+        p.ok(f"graph_chain {chain} 0 {400 * MiB}")
+    exe = p.ok(f"instantiate_v2 {chain}").split()[1]
+    p.ok(f"graph_launch {exe} {s}")
+    assert graph_pool(p) == (400 * MiB, 400 * MiB)
+    assert free_bytes(p) == GiB - 400 * MiB
+    unordered = p.ok("graph_create").split()[1]
+    p.ok(f"graph_alloc {unordered} 0 {400 * MiB}")
+    p.ok(f"graph_alloc {unordered} 0 {400 * MiB}")
+    assert p.do(f"instantiate_v2 {unordered}") == OOM  # 800 MiB may be live; 624 are left
+    assert "graph memory of 800 MiB on GPU 0 refused" in p.stderr()
+    assert free_bytes(p) == GiB - 400 * MiB
     assert_clean(*p.finish())
 
 

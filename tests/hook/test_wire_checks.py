@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 import time
 
-from appliance.wire.protocol import MsgType, WireLimits, WireMode
+from appliance.wire.protocol import VERSION, MsgType, WireLimits, WireMode
 
 from . import fake_scheduler as fs
 from .conftest import Variant, assert_clean
@@ -38,11 +38,11 @@ def test_malformed_frames_are_reported_and_ignored(
         p.ok("init")
         assert p.do("total") == f"ok {64 * MiB}"
         for type_, body, version in (
-            (MsgType.LIMIT_UPDATE, b"", 1),  # empty: not "no limit, mode off"
-            (MsgType.LIMIT_UPDATE, limits(mode=7), 1),
-            (MsgType.LIMIT_UPDATE, limits(core=0), 1),
-            (MsgType.LIMIT_UPDATE, limits(backing=5), 1),
-            (MsgType.LIMIT_UPDATE, limits(), 2),  # a protocol version the hook does not speak
+            (MsgType.LIMIT_UPDATE, b"", VERSION),  # empty: not "no limit, mode off"
+            (MsgType.LIMIT_UPDATE, limits(mode=7), VERSION),
+            (MsgType.LIMIT_UPDATE, limits(core=0), VERSION),
+            (MsgType.LIMIT_UPDATE, limits(backing=5), VERSION),
+            (MsgType.LIMIT_UPDATE, limits(), VERSION + 1),  # a version the hook does not speak
         ):
             sched.send_raw(type_, body, version=version)
         err = wait_for_lines(p, "ignored a frame of type 23", 5)

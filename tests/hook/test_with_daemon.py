@@ -185,6 +185,40 @@ def test_without_a_pod_watch_a_trusted_claim_shares_its_pods_limit(
     assert "ignored" not in d.output() and "Traceback" not in d.output()
 
 
+def test_a_pod_name_of_253_characters_gets_its_limit_end_to_end(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
+) -> None:
+    """Kubernetes allows pod names of 253 characters; the wire used to hold 63, so `limit set`
+    refused longer ones and a hook could not name its pod."""
+    name = ("p" * 62 + ".") * 3 + "q" * 64
+    assert len(name) == 253
+    d = start(
+        running,
+        daemon_dir,
+        f"scheduler: {{mode: 'off'}}\ntrust: {{podClaimUids: [{os.getuid()}]}}\n",
+    )
+    nvsharectl = [str(BIN / "nvsharectl")]
+    ctl = subprocess.run(
+        [*nvsharectl, "limit", "set", "--pod", f"ml/{name}", "1Gi"],
+        env=d.env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert ctl.returncode == 0, ctl.stderr
+    env = plain.env(
+        NVSHARE_SOCKET_DIR=str(d.socket_dir), NVSHARE_POD_NAMESPACE="ml", NVSHARE_POD_NAME=name
+    )
+    a = start_probe(plain, env)
+    a.ok("init")
+    until(a, "total", f"ok {1024 * MiB}")  # the hook's register carried the whole name
+    assert a.do(f"alloc mem {2048 * MiB}") == "err 2"
+    for view in (["limit", "list"], ["status", "--wide"]):
+        shown = subprocess.run(
+            [*nvsharectl, *view], env=d.env, capture_output=True, text=True, timeout=30
+        )
+        assert shown.returncode == 0 and f"ml/{name}" in shown.stdout, shown.stdout
+    assert_clean(*a.finish())
+    assert "Traceback" not in d.output()
+
+
 def test_a_process_lowers_its_own_priority_through_its_environment(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:

@@ -18,17 +18,24 @@ server where it matters to them, including where it says no:
   webhook is called over HTTPS with the configuration's caBundle, timeout, selectors, CEL
   matchConditions and failurePolicy, its patch applied and its warnings passed on;
 * merge, strategic-merge and JSON patches; optimistic concurrency on PUT and PATCH; the
-  discovery endpoints kubectl reads.
+  discovery endpoints kubectl reads;
+* server-side field validation, as kubectl's default `--validate=strict` asks for it: the
+  OpenAPI v3 documents (`/openapi/v3`, one per group version) list each kind's PATCH with
+  the `fieldValidation` parameter, which is all kubectl reads of them, and a create, update or
+  patch with `fieldValidation=Strict` is checked against Kubernetes' own schema for that kind
+  (kubernetes-validate's, strict: an unknown field is a 400, as a real server says it).
 
 Defaulting is what the tests need of it: resource quantities are stored as strings, and a new
 pod's requests default to its limits and its phase to Pending.
 
-What it does not do (and says so here rather than pretending): no validation of object
-schemas, no validating admission, strategic-merge patches replace lists instead of merging
-them by key, deleting a pod is immediate (no graceful phase), deleting a namespace keeps its
-contents. Resources: pods (with pods/status), nodes (with nodes/status), events, configmaps,
-namespaces (core/v1); deployments and replicasets (apps/v1) and jobs (batch/v1), stored and
-watched like the others, with no controller inside: `mig_cluster.Controllers` is one.
+What it does not do (and says so here rather than pretending): no validation of object schemas
+unless a request asks for it (`fieldValidation=Strict`), and then only of what Kubernetes' JSON
+schema says (no semantic checks such as DNS names); no validating admission, strategic-merge
+patches replace lists instead of merging them by key, deleting a pod is immediate (no graceful
+phase), deleting a namespace keeps its contents. Resources: pods (with pods/status), nodes (with
+nodes/status), events, configmaps, namespaces (core/v1); deployments and replicasets (apps/v1)
+and jobs (batch/v1), stored and watched like the others, with no controller inside:
+`mig_cluster.Controllers` is one.
 
 Use it in-process (`FakeApiServer().start()`, or the `fake_api` fixture in conftest.py), or
 standalone: `python tests/kube/fakeapi.py --port 8080 [--seed-node n1 --seed-pods 100]`.
@@ -49,7 +56,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -476,11 +483,12 @@ class _ServiceConnection(http.client.HTTPSConnection):
 @dataclass
 class _Webhook:
     spec: Obj  # one entry of a MutatingWebhookConfiguration's `webhooks`
-    address: tuple[str, int]
+    addresses: list[tuple[str, int]]  # the Service's endpoints, one per replica
     server_name: str
     tls: ssl.SSLContext
     conditions: list[tuple[str, Any]]  # (name, compiled CEL program)
     idle: list[_ServiceConnection]
+    opened: int = 0  # connections opened: the next goes to endpoint `opened % len(addresses)`
 
 
 class MutatingAdmission:
@@ -502,8 +510,16 @@ class MutatingAdmission:
         self.connections = 0  # TCP connections opened for them
         self.failures: list[str] = []  # calls that failed under failurePolicy Ignore
 
-    def register(self, config: Obj, *, address: tuple[str, int]) -> None:
-        """`config`: a MutatingWebhookConfiguration; its Service answers at `address`."""
+    def register(
+        self,
+        config: Obj,
+        *,
+        address: tuple[str, int],
+        replicas: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        """`config`: a MutatingWebhookConfiguration; its Service answers at `address` (and at
+        the `replicas`' addresses: each new connection goes to the next, as kube-proxy spreads
+        connections over a Service's endpoints)."""
         import celpy  # type: ignore[import-untyped]
 
         env = celpy.Environment()
@@ -519,7 +535,7 @@ class MutatingAdmission:
             self._webhooks.append(
                 _Webhook(
                     spec=spec,
-                    address=address,
+                    addresses=[address, *replicas],
                     server_name=f"{service['name']}.{service['namespace']}.svc",
                     tls=tls,
                     conditions=conditions,
@@ -627,10 +643,12 @@ class MutatingAdmission:
         with self._lock:
             self.calls += 1
             conn = hook.idle.pop() if hook.idle else None
-        if conn is None:
-            conn = _ServiceConnection(hook.address, hook.server_name, hook.tls, timeout)
-            with self._lock:
+            if conn is None:
+                address = hook.addresses[hook.opened % len(hook.addresses)]
+                hook.opened += 1
                 self.connections += 1
+        if conn is None:
+            conn = _ServiceConnection(address, hook.server_name, hook.tls, timeout)
         try:
             conn.request("POST", path, json.dumps(review), {"Content-Type": "application/json"})
             answer = conn.getresponse()
@@ -904,6 +922,77 @@ class _HttpServer(ThreadingHTTPServer):
     fake: FakeApiServer
 
 
+def _gv_path(group_version: str) -> str:
+    return "api/v1" if group_version == "v1" else f"apis/{group_version}"
+
+
+def _openapi_root() -> Obj:
+    """/openapi/v3: where each group version's document is."""
+    gvs = sorted({api_version(plural) for plural in RESOURCES})
+    return {
+        "paths": {
+            _gv_path(gv): {"serverRelativeURL": f"/openapi/v3/{_gv_path(gv)}?hash=nvshare-fake"}
+            for gv in gvs
+        }
+    }
+
+
+def _openapi_group_version(group_version: str) -> Obj:
+    """A group version's OpenAPI v3 document as far as kubectl reads it: each kind's PATCH and
+    whether it takes `fieldValidation` (it does). No schemas: the server checks, not kubectl."""
+    group, _, version = group_version.rpartition("/")
+    paths: Obj = {}
+    for plural, (kind, namespaced, _) in RESOURCES.items():
+        if api_version(plural) != group_version:
+            continue
+        scope = "/namespaces/{namespace}" if namespaced else ""
+        paths[f"/{_gv_path(group_version)}{scope}/{plural}/{{name}}"] = {
+            "patch": {
+                "operationId": f"patch{kind}",
+                "x-kubernetes-action": "patch",
+                "x-kubernetes-group-version-kind": {
+                    "group": group,
+                    "version": version,
+                    "kind": kind,
+                },
+                "parameters": [
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes (nvshare fake)", "version": "v1.32.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }
+
+
+_SCHEMA_VERSION = "1.32.0"  # the version the discovery endpoints claim
+
+
+def _check_fields(plural: str, obj: Obj, query: dict[str, str]) -> Obj:
+    """`fieldValidation=Strict`: a 400 for a field Kubernetes' schema of the kind lacks."""
+    if query.get("fieldValidation") != "Strict" or not isinstance(obj, dict):
+        return obj
+    import kubernetes_validate  # type: ignore[import-untyped]
+
+    kind = RESOURCES[plural][0]
+    typed = {"apiVersion": api_version(plural), "kind": kind, **obj}
+    try:
+        kubernetes_validate.validate(typed, _SCHEMA_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(p) for p in e.path) or "(the object)"
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'{kind} in version "{api_version(plural)}" cannot be handled as a {kind}: '
+            f"strict decoding error: {where}: {e.message}",
+        ) from None
+    return obj
+
+
 def _route(path: str) -> tuple[str, str, str, str]:
     """/api/v1[/namespaces/NS]/PLURAL[/NAME[/SUB]] (or /apis/GROUP/VERSION/... for the
     resources of GROUP_VERSIONS) -> (plural, namespace, name, subresource)."""
@@ -971,6 +1060,11 @@ class FakeApiServer:
                 for gv in {"apps/v1", "batch/v1"}
             },
             **{f"/apis/{g}": lambda g=g: self._api_group(g) for g in ("apps", "batch")},
+            "/openapi/v3": _openapi_root,
+            **{
+                f"/openapi/v3/{_gv_path(gv)}": lambda gv=gv: _openapi_group_version(gv)
+                for gv in {api_version(plural) for plural in RESOURCES}
+            },
             "/version": lambda: {
                 "major": "1",
                 "minor": "32",
@@ -1228,7 +1322,8 @@ class FakeApiServer:
                     namespace = body.get("metadata", {}).get("namespace") or ""
                     if not namespace:
                         raise ApiError(400, "BadRequest", "a namespace is required")
-                return 201, self._create(h, plural, namespace, body)
+                _check_fields(plural, body, query)
+            return 201, self._create(h, plural, namespace, body)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
         if RESOURCES[plural][1] and not namespace:
             raise ApiError(
@@ -1239,10 +1334,15 @@ class FakeApiServer:
         if method == "PUT":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "PUT needs a JSON object body")
+            _check_fields(plural, body, query)
             return 200, self._write(key, sub, lambda cur: body)
         if method == "PATCH":
             ctype = h.headers.get("Content-Type", "")
-            return 200, self._write(key, sub, lambda cur: _apply_patch(cur, ctype, body))
+
+            def patched(cur: Obj) -> Obj:
+                return _check_fields(plural, _apply_patch(cur, ctype, body), query)
+
+            return 200, self._write(key, sub, patched)
         if method == "DELETE" and not sub:
             return 200, self.store.delete(key)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")

@@ -165,6 +165,7 @@ def run(work: Path) -> int:
     fake = FakeApiServer().start()
     fake.load_rbac(list(manifests.rendered()))
     add_seed_004_nodes(fake)
+    fake.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})  # the ledger's
     kubectl = Kubectl(fake.url, work)
     print(BANNER.format(kubectl=kubectl.version(), key=SEED_KEY), flush=True)
     cert_file, key_file = issue(work / "tls")
@@ -217,7 +218,7 @@ def scenarios(fake: FakeApiServer, kubectl: Kubectl, controllers: Controllers) -
     )
 
     print("\n### Test 1: a Pod asking for 2g.20gb (12 free: it keeps its request)")
-    kubectl("apply", "--validate=false", "-f", f"{rel}/test-medium-gpu.yaml")
+    kubectl("apply", "-f", f"{rel}/test-medium-gpu.yaml")
     wait(
         "test-medium-gpu bound",
         lambda: bool(
@@ -227,7 +228,7 @@ def scenarios(fake: FakeApiServer, kubectl: Kubectl, controllers: Controllers) -
     kubectl("get", "pod", "test-medium-gpu", "-o", f"custom-columns={seed_columns}{extra}")
 
     print("\n### Test 2: a Deployment of 16 replicas asking for 2g.20gb (11 left)")
-    kubectl("apply", "--validate=false", "-f", f"{rel}/test-deployment.yaml")
+    kubectl("apply", "-f", f"{rel}/test-deployment.yaml")
     wait("16 gpu-test pods", lambda: len(owned_pods(fake, "app", "gpu-test")) == 16)
     wait(
         "every gpu-test pod bound",
@@ -248,7 +249,7 @@ def scenarios(fake: FakeApiServer, kubectl: Kubectl, controllers: Controllers) -
     )
 
     print("\n### Test 3: a Job of 4 pods asking for 2g.20gb (none left)")
-    kubectl("apply", "--validate=false", "-f", f"{rel}/test-job.yaml")
+    kubectl("apply", "-f", f"{rel}/test-job.yaml")
     wait(
         "test-gpu-job complete",
         lambda: (

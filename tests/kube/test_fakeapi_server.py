@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 import urllib3
-from fakeapi import FakeApiServer
+from fakeapi import ApiError, FakeApiServer
 from kubernetes import client
 
 Event = dict[str, Any]
@@ -490,3 +490,34 @@ def test_standalone_process_serves_seeded_pods(tmp_path: Path) -> None:
         finally:
             proc.terminate()
             assert proc.wait(timeout=10) == 0
+
+
+def test_kubectl_validates_by_default_through_the_server(
+    fake_api: FakeApiServer, tmp_path: Path
+) -> None:
+    """kubectl's default `--validate=strict` asks the server: without the OpenAPI v3 documents
+    every `kubectl apply` failed with "failed to download openapi" unless --validate=false."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.skip("kubectl is not on PATH (Debian: apt-get install kubernetes-client)")
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent-kubeconfig"), "HOME": str(tmp_path)}
+    container = {"name": "c", "image": "busybox"}
+    for name, extra in (("good", {}), ("typo", {"imagePulPolicy": "Always"})):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}}
+        pod["spec"] = {"containers": [{**container, **extra}]}
+        (tmp_path / f"{name}.json").write_text(json.dumps(pod))
+
+    def apply(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [exe, f"--server={fake_api.url}", "apply", "-f", str(tmp_path / f"{name}.json")],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+
+    good = apply("good")
+    assert good.returncode == 0, good.stderr
+    typo = apply("typo")
+    assert typo.returncode == 1
+    assert "strict decoding error" in typo.stderr and "imagePulPolicy" in typo.stderr, typo.stderr
+    assert fake_api.get("pods", "good", namespace="default")
+    with pytest.raises(ApiError):
+        fake_api.get("pods", "typo", namespace="default")

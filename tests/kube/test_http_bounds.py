@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from appliance.cluster.cluster_view import ClusterView
 from appliance.cluster.extender import Extender
 from appliance.cluster.extender_server import MAX_BODY_BYTES, ExtenderServer
-from appliance.cluster.serving import IN_FLIGHT
+from appliance.cluster.serving import IN_FLIGHT, CacheBackedServer, ProbedHandler
 from appliance.policy.model import Policy
 
 WAIT = 30.0  # a bound for what takes a second or two; never a measurement
@@ -255,3 +255,19 @@ def test_sigterm_stops_the_webhook_cleanly_while_peers_hold_it(tmp_path: Path) -
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def test_a_burst_of_connections_waits_in_the_backlog_not_in_syn_retries() -> None:
+    """socketserver listens with a backlog of 5: the 7th connection of a burst to the webhook
+    or the extender had its SYN dropped and retried a second later. They take the kernel's
+    maximum, as the node daemon's socket does."""
+    server = CacheBackedServer(("127.0.0.1", 0), ProbedHandler)  # bound, listening, not accepting
+    burst = []
+    try:
+        for _ in range(64):
+            burst.append(socket.create_connection(("127.0.0.1", server.port), timeout=0.5))
+    finally:
+        for s in burst:
+            s.close()
+        server.server_close()
+    assert len(burst) == 64

@@ -6,6 +6,8 @@ once). The webhook must reserve what it admits: every pod past the twelfth falls
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import shutil
@@ -17,12 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from certs import issue
 from fakeapi import FakeApiServer
 from kubernetes import client
 from mig_cluster import Binder, add_seed_004_nodes, gpu_pod, mig_requests, pods_by_state, slow_start
-from test_webhook import Webhook, eventually, running, start_inventory, webhook_configuration
+from test_webhook import (
+    Webhook,
+    admission_review,
+    eventually,
+    running,
+    start_inventory,
+    webhook_configuration,
+)
 
+from appliance.cluster.admission_ledger import SEEN_KEEP_S, AdmissionLedger, SharedClaim
 from appliance.cluster.mig_inventory import MigInventory
 from appliance.cluster.webhook import MigFallbackWebhook
 from appliance.cluster.webhook_server import WebhookServer
@@ -134,12 +145,14 @@ def test_kubectl_create_of_sixteen_pods_leaves_nothing_pending(
     exe = shutil.which("kubectl")
     if exe is None:
         pytest.skip("kubectl is not on PATH (Debian: apt-get install kubernetes-client)")
-    manifest = tmp_path / "pods.json"
+    # one document per pod: kubectl checks a `kind: List` itself, against /openapi/v2, which
+    # the fake API server does not serve (each pod is checked by the server instead)
+    manifest = tmp_path / "pods.yaml"
     items = [gpu_pod(generate_name=f"gpu-test-{i}-") for i in range(REPLICAS)]
-    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    manifest.write_text(yaml.safe_dump_all(items))
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)}
     done = subprocess.run(
-        [exe, f"--server={fake_api.url}", "create", "--validate=false", "-f", str(manifest)],
+        [exe, f"--server={fake_api.url}", "create", "-f", str(manifest)],
         capture_output=True,
         text=True,
         env=env,
@@ -207,3 +220,138 @@ def test_the_informer_takes_an_admission_over_and_a_deleted_pod_frees_it(
     )
     fake_api.delete("pods", name, namespace="default")
     eventually(lambda: free_2g(mig) == 12, "the deleted pod's device freed")
+
+
+def test_two_replicas_answering_one_burst_admit_no_more_than_is_free(
+    fake_api: FakeApiServer, service_account_client: Callable[[str], client.ApiClient]
+) -> None:
+    """Seed 004's 16 pods reviewed by two webhook replicas at once, before any pod exists: each
+    replica's informer shows nothing of the other's admissions, so each used to keep all 12
+    2g.20gb for its own half. The shared ledger (a ConfigMap written under its resourceVersion)
+    makes exactly 12 keep the profile and 4 fall back."""
+    add_seed_004_nodes(fake_api)
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    replicas = []
+    for _ in range(2):
+        api = service_account_client("nvshare-webhook")  # RBAC as deploy/ renders it
+        ledger = AdmissionLedger(api_client=api, namespace="nvshare-system")
+        inventory = start_inventory(api, ledger=ledger)
+        replicas.append(
+            (inventory, MigFallbackWebhook(chains=lambda: SEED_CHAINS, capacity=inventory))
+        )
+    try:
+        eventually(lambda: all(i.synced for i, _ in replicas), "both replicas' caches synced")
+        start = threading.Barrier(REPLICAS)
+
+        def review(n: int) -> dict[str, Any]:
+            body = admission_review(gpu_pod())
+            body["request"]["uid"] = f"review-{n}"
+            start.wait()
+            return dict(replicas[n % 2][1].review(body)["response"])
+
+        with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
+            responses = list(pool.map(review, range(REPLICAS)))
+    finally:
+        for inventory, _ in replicas:
+            inventory.stop()
+    patches = [json.loads(base64.b64decode(r["patch"])) for r in responses]
+    fell_back = [p for p in patches if any(op["op"] == "remove" for op in p)]
+    assert len(fell_back) == 4 and all("warnings" not in r for r in responses)
+    # every held admission is marked on its pod, so an informer retires its claim
+    marks = [op for p in patches for op in p if "mig-admission" in json.dumps(op)]
+    assert len(marks) == REPLICAS
+    ledger = fake_api.get("configmaps", "nvshare-mig-admissions", namespace="nvshare-system")
+    assert len(ledger["data"]) == REPLICAS
+
+
+def test_two_replicas_behind_one_service_leave_nothing_pending_in_a_burst(
+    fake_api: FakeApiServer,
+    certificate: tuple[Path, Path],
+    service_account_client: Callable[[str], client.ApiClient],
+) -> None:
+    """As deployed: two webhook replicas, each with its own caches, behind one Service (the API
+    server spreads its connections over both), and 16 pods created at once. Without the shared
+    ledger each replica admitted its half onto the same 12 free 2g.20gb."""
+    add_seed_004_nodes(fake_api)
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    inventories, servers = [], []
+    for _ in range(2):
+        api = service_account_client("nvshare-webhook")
+        inventory = start_inventory(
+            api, ledger=AdmissionLedger(api_client=api, namespace="nvshare-system")
+        )
+        inventories.append(inventory)
+        servers.append(
+            WebhookServer(
+                webhook=MigFallbackWebhook(chains=lambda: SEED_CHAINS, capacity=inventory),
+                cert_file=certificate[0],
+                key_file=certificate[1],
+                host="127.0.0.1",
+                port=0,
+            )
+        )
+    eventually(lambda: all(i.synced for i in inventories), "both replicas' caches synced")
+    # Their watches fall silent: neither replica sees the other's pods appear (the window a
+    # burst fills, held open), so only the shared ledger can tell them apart.
+    assert fake_api.stall_open_watches() >= 4
+    serve = contextlib.contextmanager(running)
+    with serve(servers[0], certificate[0]), serve(servers[1], certificate[0]):
+        fake_api.admission.register(
+            webhook_configuration(certificate[0]),
+            address=("127.0.0.1", servers[0].port),
+            replicas=[("127.0.0.1", servers[1].port)],
+        )
+        try:
+            cfg = client.Configuration(host=fake_api.url)
+            cfg.connection_pool_maxsize = REPLICAS
+            core = client.CoreV1Api(client.ApiClient(cfg))
+            start = threading.Barrier(REPLICAS)
+
+            def create() -> object:
+                start.wait()
+                return core.create_namespaced_pod("default", gpu_pod())
+
+            with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
+                for future in [pool.submit(create) for _ in range(REPLICAS)]:
+                    future.result()
+            core.api_client.close()
+        finally:
+            fake_api.admission.close()
+            for inventory in inventories:
+                inventory.stop()
+    assert fake_api.admission.connections >= 2  # connections alternate: both replicas answered
+    assert_nothing_pends_beside_a_free_fallback(fake_api)
+
+
+def test_the_ledger_drops_claims_whose_pods_are_shown_and_those_expired(
+    fake_api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    fake_api.store.create("namespaces", "", {"metadata": {"name": "nvshare-system"}})
+    now = [1000.0]
+    ledger = AdmissionLedger(
+        api_client=api_client, namespace="nvshare-system", clock=lambda: now[0]
+    )
+    devices = ((MIG + "2g.20gb", 1),)
+
+    def claim(uid: str, ttl: float = 30.0) -> Callable[[list[SharedClaim]], SharedClaim]:
+        return lambda claims: SharedClaim(uid, devices, now[0] + ttl, admitted=now[0])
+
+    def held() -> set[str]:
+        cm = fake_api.get("configmaps", "nvshare-mig-admissions", namespace="nvshare-system")
+        return set(cm["data"])
+
+    shown = {"a"}
+    ledger.admit(claim("a"), seen=shown.__contains__)
+    ledger.admit(claim("b", ttl=3.0), seen=shown.__contains__)
+    counted: list[list[str]] = []
+    ledger.admit(
+        lambda claims: counted.append([c.admission for c in claims]) or None,
+        seen=shown.__contains__,
+    )
+    assert counted == [["b"]] and held() == {"a", "b"}  # a's pod is shown: counted no more
+    now[0] += 4.0  # b expired; a is kept a while for replicas whose caches lag
+    ledger.admit(claim("c"), seen=shown.__contains__)
+    assert held() == {"a", "c"}
+    now[0] += SEEN_KEEP_S
+    ledger.admit(claim("d"), seen=shown.__contains__)
+    assert held() == {"c", "d"}

@@ -29,9 +29,9 @@ def test_make_sim_runs_the_seeds_three_tests_and_passes_its_checks() -> None:
     assert out.startswith("=== SIMULATION of seed 004's cluster")
     assert "Simulated: the API server" in out and "Real:      kubectl" in out
     for command in (
-        "$ kubectl apply --validate=false -f tests/kube/seed_004/test-medium-gpu.yaml",
-        "$ kubectl apply --validate=false -f tests/kube/seed_004/test-deployment.yaml",
-        "$ kubectl apply --validate=false -f tests/kube/seed_004/test-job.yaml",
+        "$ kubectl apply -f tests/kube/seed_004/test-medium-gpu.yaml",
+        "$ kubectl apply -f tests/kube/seed_004/test-deployment.yaml",
+        "$ kubectl apply -f tests/kube/seed_004/test-job.yaml",
     ):
         assert command in out
     assert "NAME                        FALLBACK           GPU-REQUEST" in out

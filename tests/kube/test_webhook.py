@@ -30,7 +30,13 @@ from fakeapi import FakeApiServer, json_patch
 from kubernetes import client
 
 from appliance.cluster.mig_inventory import MigInventory
-from appliance.cluster.webhook import OPT_OUT_LABEL, OPT_OUT_VALUE, MigFallbackWebhook, warning_text
+from appliance.cluster.webhook import (
+    OPT_OUT_LABEL,
+    OPT_OUT_VALUE,
+    Decision,
+    MigFallbackWebhook,
+    warning_text,
+)
 from appliance.cluster.webhook_server import PolicyChains, WebhookServer, build_webhook_server
 
 MIG = "nvidia.com/mig-"
@@ -91,11 +97,9 @@ class Webhook:
 class EverythingFree:
     """A capacity that has every profile free and forgets what it admitted."""
 
-    def __call__(self, resource: str, count: int) -> bool:
-        return True
-
-    def reserve(self, *, admission: str, pod: dict[str, Any], namespace: str = "") -> None:
-        pass
+    def admit(self, *, admission: str, namespace: str, decide: Decision) -> dict[str, str]:
+        decide(lambda resource, count: True)
+        return {}
 
 
 def admission_review(pod: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
@@ -274,11 +278,8 @@ def test_its_own_failure_admits_unchanged_with_a_printable_warning(
     certificate: tuple[Path, Path],
 ) -> None:
     class Broken:
-        def __call__(self, resource: str, count: int) -> bool:
+        def admit(self, *, admission: str, namespace: str, decide: Decision) -> dict[str, str]:
             raise RuntimeError("line one\n\x1b[31mred\x1b[0m\tand\x00more" + "x" * 500)
-
-        def reserve(self, *, admission: str, pod: dict[str, Any], namespace: str = "") -> None:
-            raise AssertionError("nothing was decided, so nothing is reserved")
 
     cert_file, key_file = certificate
     server = WebhookServer(
@@ -493,7 +494,7 @@ def kubectl_create(fake_api: FakeApiServer, tmp_path: Path, pod: dict[str, Any])
     manifest.write_text(json.dumps(pod), encoding="utf-8")
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path)}
     done = subprocess.run(
-        [exe, f"--server={fake_api.url}", "create", "--validate=false", "-f", str(manifest)],
+        [exe, f"--server={fake_api.url}", "create", "-f", str(manifest)],
         capture_output=True,
         text=True,
         env=env,

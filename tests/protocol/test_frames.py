@@ -80,7 +80,7 @@ def test_unknown_type_and_bad_body_are_protocol_errors() -> None:
 
 
 def test_wrong_version_is_reported_and_stream_continues() -> None:
-    bad = p.HEADER.pack(p.MAGIC, 2, p.MsgType.LOCK_REQUEST, 0, 0, 1)
+    bad = p.HEADER.pack(p.MAGIC, p.VERSION + 1, p.MsgType.LOCK_REQUEST, 0, 0, 1)
     good = framing.encode(p.LockRequest(), seq=2)
     out = framing.FrameDecoder().feed(bad + good)
     assert isinstance(out[0], framing.ProtocolError) and out[0].status == p.Status.BAD_VERSION
