@@ -36,6 +36,23 @@ GiB = 1 << 30
 MiB = 1 << 20
 GPU = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"  # the fake driver's device 0
 HOST_CGROUP = "0::/user.slice/user-0.slice/session-1.scope\n"
+# A process of a pod (placed by the test, which then writes a line) that registers N hook
+# connections on GPU, says "registered" and waits for a line; a test appends what it sends next.
+REGISTER_MANY = """
+import socket, sys
+from appliance.wire import framing
+from appliance.wire import protocol as p
+path, n, gpu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sys.stdin.readline()  # placed in its pod
+conns = [socket.socket(socket.AF_UNIX) for _ in range(n)]
+for s in conns:
+    s.connect(path)
+    s.sendall(framing.encode(p.Register(pid=0, gpu_uuid=gpu, gpu_total_mem=80 << 30), seq=1))
+for s in conns:
+    s.recv(1 << 16)  # registered
+print("registered", flush=True)
+sys.stdin.readline()
+"""
 
 
 class FakeProc:

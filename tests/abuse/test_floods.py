@@ -23,26 +23,16 @@ from appliance.core.annotations import PodInfo
 from appliance.core.node import NodeCore
 from appliance.wire import protocol as p
 
-from .conftest import FakeProc
+from .conftest import REGISTER_MANY, FakeProc
 
 POD = "0b1c5e5e-7777-4888-9999-f100d5f100d5"
 CONNECTIONS = 100
 FRAMES = 32  # four turns of a connection
 
 # Registers N connections, waits for "go", sends each four turns of hints, requests, releases.
-FLOODER = """
-import socket, sys
-from appliance.wire import framing, protocol as p
-path, n, gpu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-sys.stdin.readline()  # placed in its pod
-conns = [socket.socket(socket.AF_UNIX) for _ in range(n)]
-for s in conns:
-    s.connect(path)
-    s.sendall(framing.encode(p.Register(pid=0, gpu_uuid=gpu, gpu_total_mem=80 << 30), seq=1))
-for s in conns:
-    s.recv(1 << 16)  # registered
-print("registered", flush=True)
-sys.stdin.readline()
+FLOODER = (
+    REGISTER_MANY
+    + """
 churn = [p.PriorityHint(-1), p.PriorityHint(-2), p.LockRequest()]
 churn += [p.LockReleased(p.ReleaseReason.IDLE)]
 for s in conns:
@@ -50,6 +40,7 @@ for s in conns:
 print("sent", flush=True)
 sys.stdin.readline()
 """
+)
 
 
 def test_a_flood_of_hints_and_lock_churn_waits_for_an_honest_tenant(tmp_path: Path) -> None:

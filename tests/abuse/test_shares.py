@@ -11,28 +11,13 @@ from typing import Any
 
 import pytest
 
-from .conftest import GPU, Stage, eventually, listed_pods, wait_listed
+from .conftest import GPU, REGISTER_MANY, Stage, eventually, listed_pods, wait_listed
 
 REQUEST = "nvshare.com/gpu-core-request"
 MEMORY = "nvshare.com/gpu-memory-limit"
 CONNECTIONS = 10
 
 # Registers N hook connections from one process, says so, and keeps them until stdin closes.
-MANY = """
-import socket, sys
-from appliance.wire import framing
-from appliance.wire import protocol as p
-path, n, gpu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-sys.stdin.readline()  # placed in its pod
-conns = [socket.socket(socket.AF_UNIX) for _ in range(n)]
-for s in conns:
-    s.connect(path)
-    s.sendall(framing.encode(p.Register(pid=0, gpu_uuid=gpu, gpu_total_mem=80 << 30), seq=1))
-for s in conns:
-    s.recv(1 << 16)  # registered
-print("registered", flush=True)
-sys.stdin.readline()
-"""
 
 
 @pytest.fixture
@@ -50,7 +35,7 @@ def test_ten_connections_of_a_pod_share_its_capped_request(
     listed.ok("init")
     wait_listed(stage, listed, 1 << 30)
     many = subprocess.Popen(
-        [sys.executable, "-c", MANY, str(stage.socket_dir / "scheduler.sock"), "10", GPU],
+        [sys.executable, "-c", REGISTER_MANY, str(stage.socket_dir / "scheduler.sock"), "10", GPU],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -119,22 +119,27 @@ def test_slow_start_batches_with_a_binder_running_leave_nothing_pending(
     assert_nothing_pends_beside_a_free_fallback(fake_api)
 
 
-def test_a_burst_of_concurrent_creates_before_any_binding_leaves_nothing_pending(
-    fake_api: FakeApiServer, seed_cluster: Webhook
-) -> None:
+def create_at_once(fake_api: FakeApiServer, count: int) -> None:
+    """`count` pods created by as many threads released together, before any is bound."""
     cfg = client.Configuration(host=fake_api.url)
-    cfg.connection_pool_maxsize = REPLICAS
+    cfg.connection_pool_maxsize = count
     core = client.CoreV1Api(client.ApiClient(cfg))
-    start = threading.Barrier(REPLICAS)
+    start = threading.Barrier(count)
 
     def create() -> object:
         start.wait()
         return core.create_namespaced_pod("default", gpu_pod())
 
-    with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
-        for future in [pool.submit(create) for _ in range(REPLICAS)]:
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        for future in [pool.submit(create) for _ in range(count)]:
             future.result()
     core.api_client.close()
+
+
+def test_a_burst_of_concurrent_creates_before_any_binding_leaves_nothing_pending(
+    fake_api: FakeApiServer, seed_cluster: Webhook
+) -> None:
+    create_at_once(fake_api, REPLICAS)
     assert len(pods_by_state(fake_api)["pending"]) == REPLICAS  # nothing bound yet
     assert_nothing_pends_beside_a_free_fallback(fake_api)
 
@@ -302,19 +307,7 @@ def test_two_replicas_behind_one_service_leave_nothing_pending_in_a_burst(
             replicas=[("127.0.0.1", servers[1].port)],
         )
         try:
-            cfg = client.Configuration(host=fake_api.url)
-            cfg.connection_pool_maxsize = REPLICAS
-            core = client.CoreV1Api(client.ApiClient(cfg))
-            start = threading.Barrier(REPLICAS)
-
-            def create() -> object:
-                start.wait()
-                return core.create_namespaced_pod("default", gpu_pod())
-
-            with ThreadPoolExecutor(max_workers=REPLICAS) as pool:
-                for future in [pool.submit(create) for _ in range(REPLICAS)]:
-                    future.result()
-            core.api_client.close()
+            create_at_once(fake_api, REPLICAS)
         finally:
             fake_api.admission.close()
             for inventory in inventories:
