@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from appliance.core.identity import ClientIdentity
 from appliance.policy.model import (
@@ -37,6 +37,8 @@ HAMI_REALTIME_CHECK = "hami.io/enable-realtime-check"
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,44 +141,66 @@ def resolve_overrides(
     """
     prev = previous or NO_OVERRIDES
     problems: list[AnnotationProblem] = []
-    values: dict[str, Any] = {}
-    for f in _FIELDS:
-        key = f.key
-        if key == REALTIME_CHECK and key not in annotations:
-            key = HAMI_REALTIME_CHECK  # HAMi's name for the same switch
-        value = f.parse(annotations.get(key), policy)
-        if isinstance(value, str):
-            kept_value = getattr(prev, f.attr)
-            if not f.allowed(kept_value, policy):
-                kept_value = None
-            kept = (
-                f"previous override {f.show(kept_value)}"
-                if kept_value is not None
-                else "the policy value"
-            )
-            problems.append(
-                AnnotationProblem(
-                    pod=pod, key=key, value=annotations[key], message=value, kept=kept
-                )
-            )
-            value = kept_value
-        values[f.attr] = value
-    return PodOverrides(**values), problems
+    overrides = PodOverrides(
+        memory_bytes=_MEMORY.judge(annotations, pod, policy, prev.memory_bytes, problems),
+        core_percent=_CORE.judge(annotations, pod, policy, prev.core_percent, problems),
+        realtime_check=_REALTIME.judge(annotations, pod, policy, prev.realtime_check, problems),
+        priority=_PRIORITY.judge(annotations, pod, policy, prev.priority, problems),
+        core_request=_CORE_REQUEST.judge(annotations, pod, policy, prev.core_request, problems),
+    )
+    return overrides, problems
 
 
 @dataclass(frozen=True, slots=True)
-class _Field:
-    """One annotation: how it is parsed (a value, None when absent, or why it was refused),
-    whether a value is allowed under the policy, and how a kept value is shown."""
+class Refused:
+    """Why an annotation's value was not taken (what a parser returns instead of a value)."""
 
-    key: str
-    attr: str  # of PodOverrides
-    parse: Callable[[str | None, AnnotationPolicy], Any]
-    allowed: Callable[[Any, AnnotationPolicy], bool]
-    show: Callable[[Any], str]
+    message: str
 
 
-def _percent(value: Any) -> str:
+_DISABLED = Refused("annotations are disabled by policy (annotations.allowed is false)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Field(Generic[T]):
+    """One annotation: the keys it is read from (the first present), how its text is parsed (a
+    value or why it was refused; only asked while the policy allows annotations), whether a
+    value is still allowed under the policy, and how a kept value is shown."""
+
+    keys: tuple[str, ...]
+    parse: Callable[[str, AnnotationPolicy], T | Refused]
+    allowed: Callable[[T, AnnotationPolicy], bool]
+    show: Callable[[T], str]
+
+    def judge(
+        self,
+        annotations: Mapping[str, str],
+        pod: PodRef,
+        policy: AnnotationPolicy,
+        previous: T | None,
+        problems: list[AnnotationProblem],
+    ) -> T | None:
+        """The override this field takes: the annotation's value, none when it is absent, or,
+        when it is refused, the previous override if still allowed (the refusal added to
+        `problems`)."""
+        key = next((k for k in self.keys if k in annotations), None)
+        if key is None:
+            return None
+        raw = annotations[key]
+        parsed = self.parse(raw, policy) if policy.allowed else _DISABLED
+        if not isinstance(parsed, Refused):
+            return parsed
+        kept = previous
+        if kept is not None and not (policy.allowed and self.allowed(kept, policy)):
+            kept = None
+        shown = "the policy value" if kept is None else f"previous override {self.show(kept)}"
+        problems.append(
+            AnnotationProblem(pod=pod, key=key, value=raw, message=parsed.message, kept=shown)
+        )
+        return kept
+
+
+def _percent(value: int) -> str:
     return f"{value}%"
 
 
@@ -231,130 +255,104 @@ class PodTable:
         return self.overrides.get(pod.uid) if pod is not None else None
 
 
-# Each parser returns the value, None for "no annotation", or a str saying why it was refused.
+# Each parser returns the value or why it was refused; it is only asked for an annotation
+# present while the policy allows annotations.
 
 
-def _memory(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
-    if raw is None:
-        return None
-    if not policy.allowed:
-        return "annotations are disabled by policy (annotations.allowed is false)"
+def _memory(raw: str, policy: AnnotationPolicy) -> int | Refused:
     try:
         value = parse_size(raw)
     except QuantityError as e:
-        return str(e)
+        return Refused(str(e))
     if value <= 0:
-        return "a memory limit must be greater than zero"
+        return Refused("a memory limit must be greater than zero")
     if not _memory_allowed(value, policy):
         assert policy.max_memory_bytes is not None
-        return (
+        return Refused(
             f"{format_bytes(value)} is above the policy cap annotations.maxMemory="
             f"{format_bytes(policy.max_memory_bytes)}"
         )
     return value
 
 
-def _memory_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
-    if value is None or not policy.allowed:
-        return False
+def _memory_allowed(value: int, policy: AnnotationPolicy) -> bool:
     return policy.max_memory_bytes is None or value <= policy.max_memory_bytes
 
 
-def _core(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
-    if raw is None:
-        return None
-    if not policy.allowed:
-        return "annotations are disabled by policy (annotations.allowed is false)"
+def _core(raw: str, policy: AnnotationPolicy) -> int | Refused:
     text = raw.strip()
     if not text.isdigit():
-        return f"{raw!r} is not a whole number of percent (expected 1-100)"
+        return Refused(f"{raw!r} is not a whole number of percent (expected 1-100)")
     value = int(text)
     if not 1 <= value <= 100:
-        return f"{value} is outside 1-100"
+        return Refused(f"{value} is outside 1-100")
     if not _core_allowed(value, policy):
-        return (
+        return Refused(
             f"{value} is outside the policy range {policy.min_core_percent}-"
             f"{policy.max_core_percent}"
         )
     return value
 
 
-def _core_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
-    if value is None or not policy.allowed:
-        return False
+def _core_allowed(value: int, policy: AnnotationPolicy) -> bool:
     return policy.min_core_percent <= value <= policy.max_core_percent
 
 
-def _realtime(raw: str | None, policy: AnnotationPolicy) -> bool | str | None:
-    if raw is None:
-        return None
-    if not policy.allowed:
-        return "annotations are disabled by policy (annotations.allowed is false)"
+def _realtime(raw: str, policy: AnnotationPolicy) -> bool | Refused:
     text = raw.strip().lower()
     if text in _TRUE:
         return True
     if text in _FALSE:
         return False
-    return f"{raw!r} is not a boolean (expected true or false)"
+    return Refused(f"{raw!r} is not a boolean (expected true or false)")
 
 
-def _priority(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
-    if raw is None:
-        return None
-    if not policy.allowed:
-        return "annotations are disabled by policy (annotations.allowed is false)"
+def _priority(raw: str, policy: AnnotationPolicy) -> int | Refused:
     text = raw.strip().lower()
     if text in PRIORITY_NAMES:
         value = PRIORITY_NAMES[text]
     elif text.lstrip("-").isdigit():
         value = int(text)
     else:
-        return f"{raw!r} is not a priority (expected low, normal, high or a whole number)"
+        return Refused(f"{raw!r} is not a priority (expected low, normal, high or a whole number)")
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        return f"{value} is outside {MIN_PRIORITY} to {MAX_PRIORITY}"
+        return Refused(f"{value} is outside {MIN_PRIORITY} to {MAX_PRIORITY}")
     if not _priority_allowed(value, policy):
-        return (
+        return Refused(
             f"{priority_name(value)} is outside the policy range annotations.priorityRange "
             f"{priority_name(policy.min_priority)} to {priority_name(policy.max_priority)}"
         )
     return value
 
 
-def _priority_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
-    if value is None or not policy.allowed:
-        return False
+def _priority_allowed(value: int, policy: AnnotationPolicy) -> bool:
     return policy.min_priority <= value <= policy.max_priority
 
 
-def _core_request(raw: str | None, policy: AnnotationPolicy) -> int | str | None:
-    if raw is None:
-        return None
-    if not policy.allowed:
-        return "annotations are disabled by policy (annotations.allowed is false)"
+def _core_request(raw: str, policy: AnnotationPolicy) -> int | Refused:
     text = raw.strip()
     if not text.isdigit() or int(text) > 100:
-        return f"{raw!r} is not a whole number of percent (expected 0-100)"
+        return Refused(f"{raw!r} is not a whole number of percent (expected 0-100)")
     if not _request_allowed(int(text), policy):
-        return (
+        return Refused(
             f"{text} is above the policy cap annotations.maxCoreRequest={policy.max_core_request}"
         )
     return int(text)
 
 
-def _request_allowed(value: int | None, policy: AnnotationPolicy) -> bool:
-    return value is not None and policy.allowed and value <= policy.max_core_request
+def _request_allowed(value: int, policy: AnnotationPolicy) -> bool:
+    return value <= policy.max_core_request
 
 
-def _realtime_allowed(value: bool | None, policy: AnnotationPolicy) -> bool:
-    return value is not None and policy.allowed
+def _any_value(value: bool, policy: AnnotationPolicy) -> bool:
+    return True
 
 
-_FIELDS = (
-    _Field(MEMORY_LIMIT, "memory_bytes", _memory, _memory_allowed, format_bytes),
-    _Field(CORE_LIMIT, "core_percent", _core, _core_allowed, _percent),
-    _Field(
-        REALTIME_CHECK, "realtime_check", _realtime, _realtime_allowed, lambda v: str(v).lower()
-    ),
-    _Field(PRIORITY, "priority", _priority, _priority_allowed, priority_name),
-    _Field(CORE_REQUEST, "core_request", _core_request, _request_allowed, _percent),
+_MEMORY = _Field((MEMORY_LIMIT,), _memory, _memory_allowed, format_bytes)
+_CORE = _Field((CORE_LIMIT,), _core, _core_allowed, _percent)
+# HAMi's name for the same switch, read where ours is absent
+_REALTIME = _Field(
+    (REALTIME_CHECK, HAMI_REALTIME_CHECK), _realtime, _any_value, lambda v: str(v).lower()
 )
+_PRIORITY = _Field((PRIORITY,), _priority, _priority_allowed, priority_name)
+_CORE_REQUEST = _Field((CORE_REQUEST,), _core_request, _request_allowed, _percent)
