@@ -202,8 +202,8 @@ class Admin:
         """The mode and time quantum a policy gives by default ("") and to each GPU."""
         settings = {"": (policy.scheduler.mode, policy.scheduler.time_quantum_s)}
         for uuid in gpus:
-            mode, tq, _ = gpu_settings(policy, self._s.facts(uuid))
-            settings[uuid] = (mode, tq)
+            given = gpu_settings(policy, self._s.facts(uuid))
+            settings[uuid] = (given.mode, given.time_quantum_s)
         return settings
 
     def _changes(self, changes: dict[str, tuple[str, str]], default: str) -> str:

@@ -77,15 +77,24 @@ def gpu_rule_matches(rule: GpuRule, gpu: GpuFacts) -> bool:
     )
 
 
-def gpu_settings(policy: Policy, gpu: GpuFacts) -> tuple[Mode, float, int]:
-    """(mode, time quantum, memory size) of a GPU after the policy's `gpus` rules."""
+@dataclass(frozen=True, slots=True)
+class GpuSettings:
+    """What the policy's `gpus` rules make of one GPU."""
+
+    mode: Mode
+    time_quantum_s: float
+    memory_bytes: int  # its size: declared by a rule, else NVML's; 0 where neither knows
+
+
+def gpu_settings(policy: Policy, gpu: GpuFacts) -> GpuSettings:
+    """The mode, time quantum and memory size of a GPU after the policy's `gpus` rules."""
     mode, tq, memory = policy.scheduler.mode, policy.scheduler.time_quantum_s, gpu.memory_total
     for rule in policy.gpus:
         if gpu_rule_matches(rule, gpu):
             mode = rule.mode or mode
             tq = rule.time_quantum_s or tq
             memory = rule.memory_bytes or memory
-    return mode, tq, memory
+    return GpuSettings(mode=mode, time_quantum_s=tq, memory_bytes=memory)
 
 
 def _source(policy: Policy, path: str) -> str:
@@ -164,7 +173,7 @@ def resolve_limits(
         if rule.mode is not None:
             exempt = rule.mode is Mode.OFF
             limits.sources["mode"] = label
-    _, _, gpu_memory = gpu_settings(policy, gpu)
+    gpu_memory = gpu_settings(policy, gpu).memory_bytes
     if limits.memory is None and gpu_memory and gpu_memory != gpu.memory_total:
         limits.over(gpu_memory, None, "declared GPU size (policy gpus)")
     if annotations is not None:

@@ -243,7 +243,7 @@ class NodeCore:
             return facts
         trusted = s.policy.trust.hook_gpu_size
         facts = GpuFacts(uuid=e.gpu_uuid, memory_total=e.gpu_total_memory if trusted else 0)
-        if not gpu_settings(s.policy, facts)[2]:
+        if not gpu_settings(s.policy, facts).memory_bytes:
             self._note_once(
                 "unknown-size",
                 "GPU %s is not one NVML lists and the policy declares no size for it "

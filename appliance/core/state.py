@@ -19,7 +19,13 @@ from appliance.core.drops import DropReason
 from appliance.core.events import LimitTarget
 from appliance.core.gpus import GpuFacts, GpuUse
 from appliance.core.identity import ClientIdentity
-from appliance.core.limits import EffectiveLimits, HookLimits, gpu_settings, resolve_limits
+from appliance.core.limits import (
+    EffectiveLimits,
+    GpuSettings,
+    HookLimits,
+    gpu_settings,
+    resolve_limits,
+)
 from appliance.core.quota import GuaranteeAccount, QuotaAccount
 from appliance.policy.model import Limits, Mode, Policy
 
@@ -254,9 +260,7 @@ class NodeState:
     retained: OrderedDict[str, RetainedPod] = field(default_factory=OrderedDict)  # by pod uid
     use: dict[str, GpuUse] = field(default_factory=dict)  # by uuid: NVML's last sample
     # by uuid: (policy, facts, what `gpu_settings` made of them), asked on every event
-    settings_seen: dict[str, tuple[Policy, GpuFacts, tuple[Mode, float, int]]] = field(
-        default_factory=dict
-    )
+    settings_seen: dict[str, tuple[Policy, GpuFacts, GpuSettings]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ GPUs
 
@@ -269,16 +273,16 @@ class NodeState:
     def gpu_mode(self, uuid: str) -> Mode:
         modes = self.overrides.modes
         override = modes.get(uuid) or modes.get("")
-        return override or self._settings(uuid)[0]
+        return override or self._settings(uuid).mode
 
     def time_quantum(self, uuid: str) -> float:
         tq = self.overrides.time_quantum_s
-        return tq or self._settings(uuid)[1]
+        return tq or self._settings(uuid).time_quantum_s
 
     def gpu_memory(self, uuid: str) -> int:
-        return self._settings(uuid)[2]
+        return self._settings(uuid).memory_bytes
 
-    def _settings(self, uuid: str) -> tuple[Mode, float, int]:
+    def _settings(self, uuid: str) -> GpuSettings:
         """`gpu_settings`, worked out again only when the policy or the GPU's facts change."""
         facts = self.facts(uuid)
         seen = self.settings_seen.get(uuid)

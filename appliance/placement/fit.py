@@ -224,7 +224,7 @@ def _say_failed(
 
 def _declared(gpu: GpuStatus, policy: Policy) -> int:
     facts = GpuFacts(uuid=gpu.uuid, index=gpu.index, model=gpu.model, memory_total=gpu.memory_total)
-    return gpu_settings(policy, facts)[2]
+    return gpu_settings(policy, facts).memory_bytes
 
 
 def _judge_cached(
