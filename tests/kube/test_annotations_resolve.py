@@ -133,3 +133,25 @@ def test_by_default_a_pod_may_not_ask_for_high_priority_or_more_than_half_the_gp
     assert (overrides.priority, overrides.core_request, problems) == (-100, 50, [])
     trusting = AnnotationPolicy(max_priority=100, max_core_request=100)
     assert resolve({PRIORITY: "high"}, policy=trusting)[0].priority == 100
+
+
+def test_disabled_annotations_refuse_every_key_and_drop_previous_overrides() -> None:
+    asked = {
+        MEMORY_LIMIT: "4Gi",
+        CORE_LIMIT: "40",
+        HAMI_REALTIME_CHECK: "true",
+        PRIORITY: "low",
+        CORE_REQUEST: "10",
+    }
+    previous = PodOverrides(
+        memory_bytes=GiB, core_percent=50, realtime_check=True, priority=-100, core_request=5
+    )
+    closed = AnnotationPolicy(allowed=False)
+    got, problems, kept = resolve(asked, policy=closed, previous=previous)
+    assert got == PodOverrides()
+    assert kept == ["the policy value"] * 5
+    assert [p.split(" ignored: ")[0] for p in problems] == [
+        f"pod team-a/trainer-0: annotation {key}={value!r}" for key, value in asked.items()
+    ]
+    disabled = "annotations are disabled by policy (annotations.allowed is false)"
+    assert all(p.endswith(f"ignored: {disabled}; kept the policy value") for p in problems)
