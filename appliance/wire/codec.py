@@ -19,6 +19,7 @@ from appliance.core.gpus import GpuFacts
 from appliance.core.limits import HookLimits
 from appliance.policy.model import MAX_PRIORITY, MIN_PRIORITY, Limits, Policy
 from appliance.policy.quantity import MAX_SIZE_BYTES
+from appliance.wire import messages
 from appliance.wire import protocol as p
 from appliance.wire import protocol_gang as pg
 from appliance.wire import protocol_view as pv
@@ -29,7 +30,6 @@ _DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,46}")  # GPU-<uuid>, MI
 _NAMESPACE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")  # a DNS-1123 label, lenient on '.'
 _POD_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")  # a DNS-1123 subdomain
 
-_RELEASE_REASONS = {reason: ev.ReleaseReason[reason.name] for reason in p.ReleaseReason}
 _STATUS = {
     act.Outcome.DONE: p.Status.OK,
     act.Outcome.INVALID: p.Status.INVALID,
@@ -37,18 +37,9 @@ _STATUS = {
     act.Outcome.REFUSED: p.Status.PERMISSION,
 }
 
-# A registered hook's message, its client id and the frame's seq -> the core's event.
-HOOK_EVENTS: dict[type, Callable[[Any, int, int], ev.Event]] = {
-    p.LockRequest: lambda msg, cid, seq: ev.LockRequested(cid, seq),
-    pg.GangCatchup: lambda msg, cid, seq: ev.LockRequested(cid, seq, catch_up=True),
-    pg.GangHint: lambda msg, cid, seq: ev.GangHint(cid, msg.name),
-    p.PriorityHint: lambda msg, cid, seq: ev.PriorityHint(cid, msg.priority),
-    pg.GangPosition: lambda msg, cid, seq: ev.GangPosition(cid, msg.cut_id, msg.collectives),
-    p.LockReleased: lambda msg, cid, seq: ev.LockReleased(cid, _RELEASE_REASONS[msg.reason]),
-    p.MemReserve: lambda msg, cid, seq: ev.MemoryReserveRequested(cid, seq, msg.nbytes, msg.used),
-    p.MemReturn: lambda msg, cid, seq: ev.MemoryReturned(cid, msg.nbytes, msg.used),
-    p.MemRefusals: lambda msg, cid, seq: ev.MemoryRefusedByHook(cid, msg.count, msg.largest),
-}
+# A registered hook's message, its client id and the frame's seq -> the core's event: each
+# message's line of the table (`appliance.wire.messages`) names it.
+HOOK_EVENTS = messages.HOOK_EVENTS
 
 
 # A state change nvsharectl asks for -> its event, from (message, who asked, reply to); the
@@ -199,7 +190,7 @@ def _ms(seconds: float) -> int:
 
 
 # Each action for a hook as (client id, message, seq): the whole of what the core says to hooks.
-TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
+TO_HOOKS: dict[type, Callable[[Any], tuple[int, messages.Message, int]]] = {
     act.Registered: lambda a: (
         a.client_id,
         p.Registered(a.client_id, wire_limits(a.limits)),

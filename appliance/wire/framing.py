@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from appliance.wire import messages
 from appliance.wire import protocol as p
-from appliance.wire.protocol import HEADER, MAGIC, VERSION, Message, MsgType, Status
+from appliance.wire.messages import Decoded, Message
+from appliance.wire.protocol import HEADER, MAGIC, VERSION, MsgType, Status
 
 MAX_BODY = 1 << 20
 MAX_DOCUMENT = 64 << 20  # a JSON reply split over JSON_PART frames (status of 10,000 clients: 4 MB)
@@ -61,7 +62,7 @@ def encode_body(msg_type: MsgType, body: bytes, *, seq: int = 0) -> bytes:
     return b"".join(frames)
 
 
-def decode_body(frame: Frame) -> Message:
+def decode_body(frame: Frame) -> Decoded:
     """Parse a frame's body; raises ProtocolError saying what is wrong with it."""
     try:
         msg_type = MsgType(frame.msg_type)

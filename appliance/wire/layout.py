@@ -12,8 +12,7 @@ import dataclasses
 import re
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 
 def _cstr(raw: bytes) -> str:
@@ -47,7 +46,7 @@ class Fixed:
         return self.FORMAT.pack(*values)
 
     @classmethod
-    def unpack(cls, body: bytes) -> Any:
+    def unpack(cls, body: bytes) -> Self:
         fields = {}
         for name, value in zip(cls._layout(), cls.FORMAT.unpack(body), strict=True):
             if name:
@@ -56,34 +55,17 @@ class Fixed:
         return cls(**fields)
 
 
-def empty(name: str, msg_type: Any) -> Any:
-    """A message type with no body (LOCK_REQUEST, HEARTBEAT, ...)."""
+class Empty:
+    """A message with no body (LOCK_REQUEST, HEARTBEAT, ...): each is a frozen dataclass
+    subclass naming its TYPE, so a message is told from another by its class."""
 
-    @dataclass(frozen=True, slots=True)
-    class Empty:
-        TYPE: ClassVar[Any] = msg_type
-        FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
 
-        def pack(self) -> bytes:
-            return b""
+    def pack(self) -> bytes:
+        return b""
 
-        @classmethod
-        def unpack(cls, body: bytes) -> Any:
-            if body:
-                raise struct.error(f"{name} carries no body")
-            return cls()
-
-    Empty.__name__ = Empty.__qualname__ = name
-    return Empty
-
-
-def same_body(base: Any, name: str, msg_type: Any) -> Any:
-    """A message type with the body of another (LOCK_TERMS is a LOCK_GRANT's): its own class,
-    not a subclass, so that telling one message from the other by type never confuses them."""
-    fields = [(f.name, f.type, f) for f in dataclasses.fields(base)]
-    namespace = {"TYPE": msg_type, "FORMAT": base.FORMAT, "LAYOUT": base.LAYOUT}
-    made = dataclasses.make_dataclass(
-        name, fields, bases=(Fixed,), namespace=namespace, frozen=True, slots=True
-    )
-    made.__module__ = base.__module__
-    return made
+    @classmethod
+    def unpack(cls, body: bytes) -> Self:
+        if body:
+            raise struct.error(f"{cls.__name__} carries no body")
+        return cls()

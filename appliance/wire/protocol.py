@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from appliance.policy.model import Backing, Mode
-from appliance.wire.layout import Fixed, empty, same_body
+from appliance.wire.layout import Empty, Fixed
 
 MAGIC = 0x4853564E
 VERSION = 2  # 2: pod names of 253 characters (1 held 63)
@@ -206,25 +206,64 @@ class LimitUpdate:
         return cls(WireLimits.unpack(body))
 
 
-LockRequest = empty("LockRequest", MsgType.LOCK_REQUEST)
-LockDrop = empty("LockDrop", MsgType.LOCK_DROP)
-LockLent = empty("LockLent", MsgType.LOCK_LENT)  # lent idle: take it back without waiting
-LockUnlent = empty("LockUnlent", MsgType.LOCK_UNLENT)  # no longer: ask and wait again
-StatusRequest = empty("StatusRequest", MsgType.STATUS_REQUEST)
-Heartbeat = empty("Heartbeat", MsgType.HEARTBEAT)
-HeartbeatAck = empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
+@dataclass(frozen=True, slots=True)
+class LockRequest(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_REQUEST
 
 
 @dataclass(frozen=True, slots=True)
-class LockGrant(Fixed):
-    TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
+class LockDrop(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_DROP
+
+
+@dataclass(frozen=True, slots=True)
+class LockLent(Empty):
+    """Lent idle: take the lock back without waiting."""
+
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_LENT
+
+
+@dataclass(frozen=True, slots=True)
+class LockUnlent(Empty):
+    """Lent no longer: ask and wait again."""
+
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_UNLENT
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.STATUS_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAck(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT_ACK
+
+
+@dataclass(frozen=True, slots=True)
+class GrantBody(Fixed):
+    """The terms of a grant (LOCK_GRANT, LOCK_TERMS). Each message is its own subclass, neither
+    a subclass of the other, so telling one from the other by class never confuses them."""
+
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<II")
     tq_ms: int  # the hook bounds how long a stream capture may outlive a drop by it
     idle_release_ms: int = 0  # policy scheduler.idleRelease; 0 = the hook's default
 
 
-# New terms for the grant held (the idle window while others wait); a hook not holding ignores it.
-LockTerms = same_body(LockGrant, "LockTerms", MsgType.LOCK_TERMS)
+class LockGrant(GrantBody):
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_GRANT
+
+
+class LockTerms(GrantBody):
+    """New terms for the grant held (the idle window while others wait); a hook not holding
+    ignores it."""
+
+    TYPE: ClassVar[MsgType] = MsgType.LOCK_TERMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +415,3 @@ class JsonBody:
 
     def pack(self) -> bytes:
         return json.dumps(self.doc, sort_keys=True).encode("utf-8")
-
-
-Message = Any  # one of the body classes above

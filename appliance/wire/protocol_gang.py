@@ -11,12 +11,15 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
-from appliance.wire.layout import Fixed, empty
+from appliance.wire.layout import Empty, Fixed
 from appliance.wire.protocol import MsgType
 
 GANG_LEN = 128
 
-GangCatchup = empty("GangCatchup", MsgType.GANG_CATCHUP)
+
+@dataclass(frozen=True, slots=True)
+class GangCatchup(Empty):
+    TYPE: ClassVar[MsgType] = MsgType.GANG_CATCHUP
 
 
 @dataclass(frozen=True, slots=True)

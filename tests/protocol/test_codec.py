@@ -13,6 +13,7 @@ from appliance.wire import codec, framing
 from appliance.wire import protocol as p
 from appliance.wire import protocol_gang as pg
 from appliance.wire import protocol_view as pv
+from appliance.wire.messages import Decoded
 
 LIMITS = HookLimits(None, 50, Mode.OFF, Backing.MANAGED, single_process_oversubscription=True)
 SAMPLES = [
@@ -107,7 +108,7 @@ def test_a_hooks_fields_out_of_range_are_named() -> None:
 
 
 def test_gang_frames_become_the_core_events() -> None:
-    def hook(message: p.Message) -> ev.Event:
+    def hook(message: Decoded) -> ev.Event:
         (frame,) = framing.FrameDecoder().feed(framing.encode(message, seq=5))
         return codec.HOOK_EVENTS[type(framing.decode_body(frame))](framing.decode_body(frame), 7, 5)
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from appliance.serve.hooks import HookSessions
 from appliance.wire import codec, framing, messages
 from appliance.wire import protocol as p
+from appliance.wire import protocol_view as pv
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = re.compile(
@@ -76,3 +80,20 @@ def test_the_hooks_reader_takes_every_message_sent_to_hooks_with_the_tables_body
         and m.type is not p.MsgType.VIEW  # read by the one bounded question (dial.c)
     }
     assert reader == to_hooks
+
+
+def test_every_message_a_hook_sends_is_answered_by_the_hooks_socket() -> None:
+    """A message added to the table as sent by hooks names its core event there, or the hooks'
+    socket answers it itself (REGISTER, HEARTBEAT, VIEW_REQUEST); one with neither is caught."""
+    sessions = HookSessions(
+        dispatch=lambda event: None,
+        view=lambda *asked: pytest.fail("no view is asked for"),
+        gpus=codec.NodeGpus,
+        proc_root=Path("/proc"),
+    )
+    assert set(sessions.handlers) == messages.SENT_BY_HOOKS
+    assert set(codec.HOOK_EVENTS) == messages.SENT_BY_HOOKS - {
+        p.Register,
+        p.Heartbeat,
+        pv.ViewRequest,
+    }
