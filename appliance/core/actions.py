@@ -8,6 +8,7 @@ hook and control actions into frames (`appliance.wire.protocol`); the core never
 from __future__ import annotations
 
 import enum
+import typing
 from dataclasses import dataclass
 
 from appliance.core.annotations import PodRef
@@ -125,20 +126,21 @@ class PeersChanged:
     processes: int
 
 
-HOOK_ACTIONS = (
-    Registered,
-    Grant,
-    LockTerms,
-    Lent,
-    Drop,
-    GangDrop,
-    GangCut,
-    GangCutOver,
-    LimitsChanged,
-    MemoryGranted,
-    MemoryObserved,
-    PeersChanged,
+HookAction = (
+    Registered
+    | Grant
+    | LockTerms
+    | Lent
+    | Drop
+    | GangDrop
+    | GangCut
+    | GangCutOver
+    | LimitsChanged
+    | MemoryGranted
+    | MemoryObserved
+    | PeersChanged
 )
+HOOK_ACTIONS: tuple[type, ...] = typing.get_args(HookAction)
 
 # ---------------------------------------------------------- to everyone else
 
@@ -183,21 +185,4 @@ class ReplicasChanged:
     replicas_per_gpu: int
 
 
-Action = (
-    Registered
-    | Grant
-    | LockTerms
-    | Lent
-    | Drop
-    | GangDrop
-    | GangCut
-    | GangCutOver
-    | LimitsChanged
-    | MemoryGranted
-    | MemoryObserved
-    | PeersChanged
-    | Reply
-    | PodWarning
-    | LimitsPublished
-    | ReplicasChanged
-)
+Action = HookAction | Reply | PodWarning | LimitsPublished | ReplicasChanged

@@ -52,9 +52,9 @@ class HookSessions:
             pv.ViewRequest: self._on_view_request,
         }
 
-    def send(self, action: act.Action) -> None:
+    def send(self, action: act.HookAction) -> None:
         """An action of the core for a hook, to that hook; one that is gone is skipped."""
-        client_id, message, seq = codec.TO_HOOKS[type(action)](action)
+        client_id, message, seq = codec.to_hook(action)
         if (conn := self._clients.get(client_id)) is not None:
             conn.send(message, seq)
 

@@ -95,7 +95,7 @@ class SchedulerServer:
         }
 
     # The actions this server turns into frames (`send`).
-    ACTIONS: tuple[type, ...] = (*codec.TO_HOOKS, act.Reply)
+    ACTIONS: tuple[type, ...] = (*act.HOOK_ACTIONS, act.Reply)
 
     @property
     def path(self) -> Path:
@@ -129,7 +129,7 @@ class SchedulerServer:
             self._claim.release()  # only if the sockets at the paths are still ours
             self._claim = None
 
-    def send(self, action: act.Action) -> None:
+    def send(self, action: act.HookAction | act.Reply) -> None:
         """An action of the core, to the peer it names; one that is gone is skipped."""
         if isinstance(action, act.Reply):
             if (conn := self._connections.get(action.to.connection)) is not None:

@@ -1,7 +1,7 @@
 """Between the core's words and the wire's: the socket server's translation tables.
 
 Frames from hooks become core events (`HOOK_EVENTS`), nvsharectl's state changes become control
-events (`CONTROL`), and the core's actions become message bodies (`TO_HOOKS`, `result`). Pure
+events (`CONTROL`), and the core's actions become message bodies (`to_hook`, `result`). Pure
 and in one place, so what the core hears and says on the wire can be read here at a glance; the
 server applies these per connection, after it has checked identity and permission.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from appliance.core import actions as act
 from appliance.core import events as ev
@@ -23,6 +23,7 @@ from appliance.wire import messages
 from appliance.wire import protocol as p
 from appliance.wire import protocol_gang as pg
 from appliance.wire import protocol_view as pv
+from appliance.wire.messages import Decoded, Message
 
 # More than any GPU holds, far below any overflow: a hook's byte counts beyond it are lies.
 MAX_GPU_BYTES = 1 << 50
@@ -154,22 +155,23 @@ class NodeGpus:
         )
 
 
-# A hook's message -> what is out of range in it, if anything (the daemon then closes it).
-_HOOK_CHECKS: dict[type, Callable[[Any], str | None]] = {
-    pg.GangHint: _gang_hint_problem,
-    p.PriorityHint: _priority_hint_problem,
-    p.Register: _register_problem,
-    pv.ViewRequest: _place_problem,
-    p.MemReserve: _bytes_problem,
-    p.MemReturn: _bytes_problem,
-    p.MemRefusals: _refusals_problem,
-}
-
-
-def hook_problem(message: Any) -> str | None:
-    """What makes a hook's message unacceptable (a field out of range), or None."""
-    check = _HOOK_CHECKS.get(type(message))
-    return check(message) if check is not None else None
+def hook_problem(message: Decoded) -> str | None:
+    """What makes a hook's message unacceptable (a field out of range), or None (the daemon
+    closes a hook that sends one)."""
+    match message:
+        case pg.GangHint():
+            return _gang_hint_problem(message)
+        case p.PriorityHint():
+            return _priority_hint_problem(message)
+        case p.Register():
+            return _register_problem(message)
+        case pv.ViewRequest():
+            return _place_problem(message)
+        case p.MemReserve() | p.MemReturn():
+            return _bytes_problem(message)
+        case p.MemRefusals():
+            return _refusals_problem(message)
+    return None
 
 
 CONTROL: dict[type, Control] = {p.SetTq: _set_tq, p.SetMode: _set_mode, p.LimitSet: _limit_set}
@@ -189,33 +191,51 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-# Each action for a hook as (client id, message, seq): the whole of what the core says to hooks.
-TO_HOOKS: dict[type, Callable[[Any], tuple[int, messages.Message, int]]] = {
-    act.Registered: lambda a: (
-        a.client_id,
-        p.Registered(a.client_id, wire_limits(a.limits)),
-        a.seq,
-    ),
-    act.Grant: lambda a: (
-        a.client_id,
-        p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
-        a.seq,
-    ),
-    act.LockTerms: lambda a: (
-        a.client_id,
-        p.LockTerms(_ms(a.time_quantum_s), _ms(a.idle_release_s)),
-        0,
-    ),
-    act.Lent: lambda a: (a.client_id, p.LockLent() if a.lent else p.LockUnlent(), 0),
-    act.Drop: lambda a: (a.client_id, p.LockDrop(), 0),
-    act.GangDrop: lambda a: (a.client_id, pg.GangDrop(a.cut_id), 0),
-    act.GangCut: lambda a: (a.client_id, pg.GangCut(a.cut_id, a.collectives), 0),
-    act.GangCutOver: lambda a: (a.client_id, pg.GangCutOver(a.cut_id), 0),
-    act.LimitsChanged: lambda a: (a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0),
-    act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
-    act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),
-    act.PeersChanged: lambda a: (a.client_id, p.LedgerPeers(a.processes), 0),
-}
+def to_hook(a: act.HookAction) -> tuple[int, Message, int]:
+    """An action for a hook as (client id, message, seq): the whole of what the core says to
+    hooks (mypy fails on an action of `HookAction` left out)."""
+    match a:
+        case act.Registered():
+            return a.client_id, p.Registered(a.client_id, wire_limits(a.limits)), a.seq
+        case act.Grant():
+            return a.client_id, p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)), a.seq
+        case act.LockTerms():
+            return a.client_id, p.LockTerms(_ms(a.time_quantum_s), _ms(a.idle_release_s)), 0
+        case act.Lent():
+            return a.client_id, p.LockLent() if a.lent else p.LockUnlent(), 0
+        case act.Drop():
+            return a.client_id, p.LockDrop(), 0
+        case act.GangDrop() | act.GangCut() | act.GangCutOver():
+            return a.client_id, _gang_message(a), 0
+        case act.LimitsChanged() | act.MemoryGranted() | act.MemoryObserved() | act.PeersChanged():
+            return _memory_message(a)
+    assert_never(a)
+
+
+def _gang_message(a: act.GangDrop | act.GangCut | act.GangCutOver) -> Message:
+    match a:
+        case act.GangDrop():
+            return pg.GangDrop(a.cut_id)
+        case act.GangCut():
+            return pg.GangCut(a.cut_id, a.collectives)
+        case act.GangCutOver():
+            return pg.GangCutOver(a.cut_id)
+    assert_never(a)
+
+
+def _memory_message(
+    a: act.LimitsChanged | act.MemoryGranted | act.MemoryObserved | act.PeersChanged,
+) -> tuple[int, Message, int]:
+    match a:
+        case act.LimitsChanged():
+            return a.client_id, p.LimitUpdate(wire_limits(a.limits)), 0
+        case act.MemoryGranted():
+            return a.client_id, p.MemGrant(a.granted, a.reserved), a.seq
+        case act.MemoryObserved():
+            return a.client_id, p.MemObserved(a.used, a.allowance), 0
+        case act.PeersChanged():
+            return a.client_id, p.LedgerPeers(a.processes), 0
+    assert_never(a)
 
 
 def result(reply: act.Reply, ref: int) -> p.Result:
