@@ -335,10 +335,10 @@ def _env_note(matched: list[Client]) -> str:
     """Say when a process's own, lower environment limit still wins over the override."""
     notes = []
     for c in matched:
-        if c.limits.sources.get("memory", "").startswith("env "):
+        if c.limits.sources.memory.startswith("env "):
             own = f"NVSHARE_GPU_MEMORY_LIMIT={format_bytes(c.env_memory)}"
             notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
-        if c.limits.sources.get("core", "").startswith("env "):
+        if c.limits.sources.core.startswith("env "):
             own = f"NVSHARE_GPU_CORE_LIMIT={c.env_core}%"
             notes.append(f"pid {c.ident.pid}'s own {own} is lower and still applies")
     return "; " + "; ".join(dict.fromkeys(notes)) if notes else ""

@@ -8,8 +8,7 @@ lower the result. Every value carries the name of what set it, for `policy expla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from appliance.core.annotations import PodInfo, PodOverrides
@@ -28,11 +27,33 @@ from appliance.policy.quantity import format_bytes
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """What set each resolved limit ("policy default (file)", "rule 'x' (file)", "annotation",
+    "nvsharectl limit set", "env NAME", ...), for `policy explain`, status and the limit log."""
+
+    memory: str = "default"
+    core: str = "default"
+    priority: str = "default"
+    request: str = "default"
+    mode: str | None = None  # the rule that set a mode, where one did
+
+    def as_dict(self) -> dict[str, str]:
+        """As status shows it (`limits_from`): by limit, "mode" only where a rule set one."""
+        shown = {
+            "memory": self.memory,
+            "core": self.core,
+            "priority": self.priority,
+            "request": self.request,
+        }
+        return shown | ({"mode": self.mode} if self.mode is not None else {})
+
+
+@dataclass(frozen=True, slots=True)
 class EffectiveLimits:
     memory_bytes: int | None  # None: the whole GPU
     core_percent: int
     exempt: bool  # a rule set mode off: never gated
-    sources: Mapping[str, str] = field(default_factory=dict)
+    sources: Provenance = Provenance()
     priority: int = 0  # higher is granted first (`core.priority`)
     core_request: int = 0  # guaranteed percent under contention (`core.share`), <= core_percent
 
@@ -109,20 +130,33 @@ class _Layers:
     core: int
     priority: int
     request: int
-    sources: dict[str, str]
+    memory_from: str
+    core_from: str
+    priority_from: str
+    request_from: str
+    mode_from: str | None = None
 
     def over(self, memory: int | None, core: int | None, source: str) -> None:
         if memory is not None:
-            self.memory, self.sources["memory"] = memory, source
+            self.memory, self.memory_from = memory, source
         if core is not None:
-            self.core, self.sources["core"] = core, source
+            self.core, self.core_from = core, source
 
     def over_scheduling(self, given: Limits | PodOverrides, source: str) -> None:
         """The priority and the guaranteed share, where `given` says them."""
         if given.priority is not None:
-            self.priority, self.sources["priority"] = given.priority, source
+            self.priority, self.priority_from = given.priority, source
         if given.core_request is not None:
-            self.request, self.sources["request"] = given.core_request, source
+            self.request, self.request_from = given.core_request, source
+
+    def provenance(self) -> Provenance:
+        return Provenance(
+            memory=self.memory_from,
+            core=self.core_from,
+            priority=self.priority_from,
+            request=self.request_from,
+            mode=self.mode_from,
+        )
 
 
 def _own(limits: _Layers, memory: int, core: int, priority: int | None) -> None:
@@ -133,7 +167,7 @@ def _own(limits: _Layers, memory: int, core: int, priority: int | None) -> None:
     if core and core < limits.core:
         limits.over(None, core, "env NVSHARE_GPU_CORE_LIMIT")
     if priority is not None and priority < limits.priority:
-        limits.priority, limits.sources["priority"] = priority, "env NVSHARE_GPU_PRIORITY"
+        limits.priority, limits.priority_from = priority, "env NVSHARE_GPU_PRIORITY"
 
 
 def _lower(memory: int | None, than: int | None) -> bool:
@@ -158,12 +192,10 @@ def resolve_limits(
         policy.defaults.core_percent or 100,
         policy.defaults.priority or 0,
         policy.defaults.core_request or 0,
-        {
-            "memory": f"policy default ({_source(policy, '/defaults/memoryLimit')})",
-            "core": f"policy default ({_source(policy, '/defaults/coreLimit')})",
-            "priority": f"policy default ({_source(policy, '/defaults/priority')})",
-            "request": f"policy default ({_source(policy, '/defaults/coreRequest')})",
-        },
+        memory_from=f"policy default ({_source(policy, '/defaults/memoryLimit')})",
+        core_from=f"policy default ({_source(policy, '/defaults/coreLimit')})",
+        priority_from=f"policy default ({_source(policy, '/defaults/priority')})",
+        request_from=f"policy default ({_source(policy, '/defaults/coreRequest')})",
     )
     exempt = False
     for rule in (r for r in policy.rules if rule_matches(r.match, ident, pod)):
@@ -172,7 +204,7 @@ def resolve_limits(
         limits.over_scheduling(rule.limits, label)
         if rule.mode is not None:
             exempt = rule.mode is Mode.OFF
-            limits.sources["mode"] = label
+            limits.mode_from = label
     gpu_memory = gpu_settings(policy, gpu).memory_bytes
     if limits.memory is None and gpu_memory and gpu_memory != gpu.memory_total:
         limits.over(gpu_memory, None, "declared GPU size (policy gpus)")
@@ -187,12 +219,12 @@ def resolve_limits(
     _own(limits, env_memory_bytes, env_core_percent, env_priority)
     if limits.request > limits.core:  # a guarantee beyond the cap cannot be kept
         limits.request = limits.core
-        limits.sources["request"] += f", cut to the core limit {limits.core}%"
+        limits.request_from += f", cut to the core limit {limits.core}%"
     return EffectiveLimits(
         memory_bytes=limits.memory,
         core_percent=limits.core,
         exempt=exempt,
-        sources=limits.sources,
+        sources=limits.provenance(),
         priority=limits.priority,
         core_request=limits.request,
     )
@@ -201,10 +233,9 @@ def resolve_limits(
 def describe(limits: EffectiveLimits) -> dict[str, str]:
     mem = "none" if limits.memory_bytes is None else format_bytes(limits.memory_bytes)
     return {
-        "memory": f"{mem} (from {limits.sources.get('memory', 'default')})",
-        "core": f"{limits.core_percent}% (from {limits.sources.get('core', 'default')})",
+        "memory": f"{mem} (from {limits.sources.memory})",
+        "core": f"{limits.core_percent}% (from {limits.sources.core})",
         "gated": "no (rule mode off)" if limits.exempt else "yes",
-        "priority": f"{priority_name(limits.priority)} "
-        f"(from {limits.sources.get('priority', 'default')})",
-        "request": f"{limits.core_request}% (from {limits.sources.get('request', 'default')})",
+        "priority": f"{priority_name(limits.priority)} (from {limits.sources.priority})",
+        "request": f"{limits.core_request}% (from {limits.sources.request})",
     }

@@ -170,7 +170,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
         memory_observed=c.nvml_used,
         held_for_s=round(now - c.granted_at, 3) if c.phase is Phase.HOLDING else None,
         waiting_for_s=round(now - c.requested_at, 3) if c.phase is Phase.WAITING else None,
-        limits_from=dict(c.limits.sources),
+        limits_from=c.limits.sources.as_dict(),
         late_drops=c.late_drops,
         namespace=pod.namespace if pod else "",
         pod_name=pod.name if pod else "",

@@ -113,6 +113,6 @@ def limit_context(core: NodeCore, client_id: int) -> LimitContext | None:
     sources = c.limits.sources
     return LimitContext(
         who=who,
-        memory_source=sources.get("memory", "default"),
-        core_source=sources.get("core", "default"),
+        memory_source=sources.memory,
+        core_source=sources.core,
     )

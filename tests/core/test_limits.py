@@ -37,7 +37,7 @@ def test_rules_apply_in_order_and_say_where_they_came_from() -> None:
     )
     r = resolve_limits(policy=policy, ident=IDENT, gpu=GPU)
     assert (r.memory_bytes, r.core_percent, r.exempt) == (16 * GiB, 50, True)
-    assert r.sources["memory"] == "rule 'ml-group' (10-ws.yaml#/rules/0)"
+    assert r.sources.memory == "rule 'ml-group' (10-ws.yaml#/rules/0)"
 
 
 def test_pod_rules_annotation_and_caps() -> None:
@@ -56,7 +56,7 @@ def test_pod_rules_annotation_and_caps() -> None:
     r = resolve_limits(
         policy=policy, ident=IDENT, gpu=GPU, pod=pod, annotations=PodOverrides(memory_bytes=6 * GiB)
     )
-    assert r.memory_bytes == 6 * GiB and r.sources["memory"] == "annotation"
+    assert r.memory_bytes == 6 * GiB and r.sources.memory == "annotation"
     other = PodInfo(uid="v", namespace="team-b", name="x", node="n", labels={"tier": "batch"})
     assert resolve_limits(policy=policy, ident=IDENT, gpu=GPU, pod=other).memory_bytes is None
 

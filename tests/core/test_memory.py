@@ -80,7 +80,7 @@ def test_admin_limit_beats_annotation_and_clear_restores_it() -> None:
         ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(memory_bytes=1 * GiB), reply_to=ADMIN)
     )
     assert of(out, act.LimitsChanged, a)[0].limits.memory_bytes == 1 * GiB
-    assert h.state.clients[a].limits.sources["memory"] == "nvsharectl limit set"
+    assert h.state.clients[a].limits.sources.memory == "nvsharectl limit set"
     out = h.feed(
         ev.AdminLimitSet(LimitTarget.pod("ns", "web"), Limits(), clear_memory=True, reply_to=ADMIN)
     )
