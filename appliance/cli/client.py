@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import socket
 from pathlib import Path
-from typing import Any
 
 from appliance.wire import framing, socket_dirs
 from appliance.wire import protocol as p
+from appliance.wire.messages import Decoded, Message
 
 
 class DaemonUnavailable(Exception):
@@ -81,12 +81,12 @@ class ControlClient:
     def close(self) -> None:
         self._sock.close()
 
-    def send(self, message: Any) -> int:
+    def send(self, message: Message) -> int:
         seq = next(self._seq)
         self._sock.sendall(framing.encode(message, seq=seq))
         return seq
 
-    def receive(self) -> tuple[int, Any]:
+    def receive(self) -> tuple[int, Decoded]:
         """The next frame from the daemon, as (seq, decoded body)."""
         while not self._pending:
             data = self._sock.recv(65536)
@@ -98,7 +98,7 @@ class ControlClient:
             return 0, p.Result(item.status, item.ref_type, str(item))
         return item.seq, framing.decode_body(item)
 
-    def request(self, message: Any) -> Any:
+    def request(self, message: Message) -> Decoded:
         """Send and wait for the reply carrying the same sequence number."""
         seq = self.send(message)
         while True:

@@ -31,6 +31,7 @@ from appliance.policy.model import MAX_DURATION_S, MIN_TIME_QUANTUM_S, Mode
 from appliance.policy.quantity import QuantityError, format_bytes, parse_size
 from appliance.wire import framing, socket_dirs
 from appliance.wire import protocol as p
+from appliance.wire.messages import Decoded, Message
 
 FOLLOW_POLICY = "policy"
 V = TypeVar("V")
@@ -66,7 +67,7 @@ def _connect(ctx: click.Context) -> ControlClient:
         _fail(str(exc))
 
 
-def _answer(reply: Any) -> None:
+def _answer(reply: Decoded) -> None:
     """Print the daemon's OK/ERROR reply; exit 1 on an error."""
     if isinstance(reply, p.Result):
         if reply.status is p.Status.OK:
@@ -76,7 +77,7 @@ def _answer(reply: Any) -> None:
     _fail(f"unexpected reply from the scheduler: {reply!r}")
 
 
-def _request(ctx: click.Context, message: Any) -> Any:
+def _request(ctx: click.Context, message: Message) -> Decoded:
     with _connect(ctx) as conn:
         try:
             return conn.request(message)
@@ -368,9 +369,11 @@ def policy_validate(paths: tuple[Path, ...]) -> None:
 
 def _query(ctx: click.Context, name: str, **args: Any) -> Any:
     reply = _request(ctx, p.JsonBody(p.MsgType.QUERY, {"query": name, **args}))
-    if not isinstance(reply, p.JsonBody):
-        _answer(reply)
-    return reply.doc
+    if isinstance(reply, p.JsonBody):
+        return reply.doc
+    if isinstance(reply, p.Result) and reply.status is not p.Status.OK:
+        _fail(f"the scheduler refused: {reply.message}")
+    _fail(f"unexpected reply from the scheduler to a {name} query: {reply!r:.200}")
 
 
 def _view(ctx: click.Context, name: str, kind: type[V], *, as_json: bool) -> V | None:

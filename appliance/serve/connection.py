@@ -35,6 +35,7 @@ from appliance.host.peer import peer_credentials
 from appliance.serve.session import Session
 from appliance.wire import framing
 from appliance.wire import protocol as p
+from appliance.wire.messages import Message
 
 log = logging.getLogger("nvshare.server")
 
@@ -301,7 +302,7 @@ class PeerConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ writing
 
-    def send(self, message: Any, seq: int = 0) -> bool:
+    def send(self, message: Message, seq: int = 0) -> bool:
         if self.closed or self.transport is None:
             return False
         if self.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
@@ -316,7 +317,7 @@ class PeerConnection(asyncio.BufferedProtocol):
         if not self.closed and self.transport is not None:
             self.transport.write(data)
 
-    def refuse(self, message: Any, why: str, seq: int = 0) -> None:
+    def refuse(self, message: p.Result, why: str, seq: int = 0) -> None:
         """Say why in one frame (answering `seq`) and close: this peer alone."""
         log.warning("%s %s; closing its connection", self.peer, why)
         self.send(message, seq)
