@@ -130,22 +130,30 @@ def _priority_hint(msg: p.PriorityHint, client: int, seq: int) -> ev.Event:
     return ev.PriorityHint(client, msg.priority)
 
 
+def _event(
+    msg_type: MsgType, body: builtins.type[M], c_body: str, event: Callable[[M, int, int], ev.Event]
+) -> Wire[Any]:
+    """A message a registered hook sends, which becomes the core event `event` makes of it
+    (a function of its own, so that mypy holds the event's body to the body class)."""
+    return Wire(msg_type, HOOK, body, c_body, event)
+
+
 MESSAGES: tuple[Wire[Any], ...] = (
     Wire(MsgType.REGISTER, HOOK, p.Register, "struct nvs_register"),
     Wire(MsgType.REGISTERED, TO_HOOK, p.Registered, "struct nvs_registered"),
-    Wire(MsgType.LOCK_REQUEST, HOOK, p.LockRequest, EMPTY, _lock_requested),
+    _event(MsgType.LOCK_REQUEST, p.LockRequest, EMPTY, _lock_requested),
     Wire(MsgType.LOCK_GRANT, TO_HOOK, p.LockGrant, "struct nvs_lock_grant"),
     Wire(MsgType.LOCK_DROP, TO_HOOK, p.LockDrop, EMPTY),
-    Wire(MsgType.LOCK_RELEASED, HOOK, p.LockReleased, "struct nvs_lock_released", _lock_released),
+    _event(MsgType.LOCK_RELEASED, p.LockReleased, "struct nvs_lock_released", _lock_released),
     Wire(MsgType.SET_TQ, CTL, p.SetTq, "struct nvs_set_tq"),
     Wire(MsgType.SET_MODE, CTL, p.SetMode, "struct nvs_set_mode"),
     Wire(MsgType.STATUS_REQUEST, CTL, p.StatusRequest, EMPTY),
     Wire(MsgType.STATUS_REPLY, TO_CTL, None, JSON),
     Wire(MsgType.ERROR, EITHER, p.Result, "struct nvs_result"),
     Wire(MsgType.OK, TO_CTL, p.Result, "struct nvs_result"),
-    Wire(MsgType.MEM_RESERVE, HOOK, p.MemReserve, "struct nvs_mem_reserve", _reserve),
+    _event(MsgType.MEM_RESERVE, p.MemReserve, "struct nvs_mem_reserve", _reserve),
     Wire(MsgType.MEM_GRANT, TO_HOOK, p.MemGrant, "struct nvs_mem_grant"),
-    Wire(MsgType.MEM_RETURN, HOOK, p.MemReturn, "struct nvs_mem_return", _return),
+    _event(MsgType.MEM_RETURN, p.MemReturn, "struct nvs_mem_return", _return),
     Wire(MsgType.LIMIT_UPDATE, TO_HOOK, p.LimitUpdate, "struct nvs_limits"),
     Wire(MsgType.LIMIT_SET, CTL, p.LimitSet, "struct nvs_limit_set"),
     Wire(MsgType.QUERY, CTL, None, JSON),
@@ -157,14 +165,14 @@ MESSAGES: tuple[Wire[Any], ...] = (
     Wire(MsgType.LEDGER_PEERS, TO_HOOK, p.LedgerPeers, "struct nvs_ledger_peers"),
     Wire(MsgType.VIEW_REQUEST, HOOK, pv.ViewRequest, "struct nvs_view_request"),
     Wire(MsgType.VIEW, TO_HOOK, pv.View, "struct nvs_view"),
-    Wire(MsgType.MEM_REFUSALS, HOOK, p.MemRefusals, "struct nvs_mem_refusals", _refusals),
-    Wire(MsgType.GANG_HINT, HOOK, pg.GangHint, "struct nvs_gang_hint", _gang_hint),
+    _event(MsgType.MEM_REFUSALS, p.MemRefusals, "struct nvs_mem_refusals", _refusals),
+    _event(MsgType.GANG_HINT, pg.GangHint, "struct nvs_gang_hint", _gang_hint),
     Wire(MsgType.GANG_DROP, TO_HOOK, pg.GangDrop, "struct nvs_gang_cut"),
-    Wire(MsgType.GANG_POSITION, HOOK, pg.GangPosition, "struct nvs_gang_cut", _gang_position),
+    _event(MsgType.GANG_POSITION, pg.GangPosition, "struct nvs_gang_cut", _gang_position),
     Wire(MsgType.GANG_CUT, TO_HOOK, pg.GangCut, "struct nvs_gang_cut"),
-    Wire(MsgType.GANG_CATCHUP, HOOK, pg.GangCatchup, EMPTY, _caught_up),
+    _event(MsgType.GANG_CATCHUP, pg.GangCatchup, EMPTY, _caught_up),
     Wire(MsgType.GANG_CUT_OVER, TO_HOOK, pg.GangCutOver, "struct nvs_gang_cut"),
-    Wire(MsgType.PRIORITY_HINT, HOOK, p.PriorityHint, "struct nvs_priority_hint", _priority_hint),
+    _event(MsgType.PRIORITY_HINT, p.PriorityHint, "struct nvs_priority_hint", _priority_hint),
     Wire(MsgType.LOCK_TERMS, TO_HOOK, p.LockTerms, "struct nvs_lock_grant"),
     Wire(MsgType.LOCK_LENT, TO_HOOK, p.LockLent, EMPTY),
     Wire(MsgType.LOCK_UNLENT, TO_HOOK, p.LockUnlent, EMPTY),
