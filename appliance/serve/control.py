@@ -59,10 +59,10 @@ class ControlSessions:
         ref = conn.session.asked.pop(action.to.seq, 0)
         conn.send(codec.result(action, ref), action.to.seq)
 
-    def _on_control(self, conn: PeerConnection, msg: Any, seq: int) -> None:
+    def _on_control(self, conn: PeerConnection, msg: codec.ControlMessage, seq: int) -> None:
         conn.session.asked[seq] = msg.TYPE  # the reply names the request it answers
         asker = ev.Requester(conn.number, seq, conn.session.ident)
-        self._dispatch(codec.CONTROL[type(msg)](msg, conn.peer, asker))
+        self._dispatch(codec.control_event(msg, conn.peer, asker))
 
     def _on_status_request(self, conn: PeerConnection, msg: Any, seq: int) -> None:
         if self._status_document is None or self._fresh_status() is not None:

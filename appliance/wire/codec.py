@@ -1,7 +1,7 @@
 """Between the core's words and the wire's: the socket server's translation tables.
 
 Frames from hooks become core events (`HOOK_EVENTS`), nvsharectl's state changes become control
-events (`CONTROL`), and the core's actions become message bodies (`to_hook`, `result`). Pure
+events (`control_event`), and the core's actions become message bodies (`to_hook`, `result`). Pure
 and in one place, so what the core hears and says on the wire can be read here at a glance; the
 server applies these per connection, after it has checked identity and permission.
 """
@@ -9,9 +9,10 @@ server applies these per connection, after it has checked identity and permissio
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import assert_never
 
 from appliance.core import actions as act
 from appliance.core import events as ev
@@ -43,9 +44,22 @@ _STATUS = {
 HOOK_EVENTS = messages.HOOK_EVENTS
 
 
-# A state change nvsharectl asks for -> its event, from (message, who asked, reply to); the
-# core decides whether the asker may.
-Control = Callable[[Any, str, ev.Requester], ev.Event]
+# The state changes nvsharectl asks for (`control_event`).
+ControlMessage = p.SetTq | p.SetMode | p.LimitSet
+CONTROL: tuple[type, ...] = typing.get_args(ControlMessage)
+
+
+def control_event(msg: ControlMessage, by: str, to: ev.Requester) -> ev.Event:
+    """A state change nvsharectl asks for as its event, from the message, who asked and whom
+    to reply to; the core decides whether the asker may."""
+    match msg:
+        case p.SetTq():
+            return _set_tq(msg, by, to)
+        case p.SetMode():
+            return _set_mode(msg, by, to)
+        case p.LimitSet():
+            return _limit_set(msg, by, to)
+    assert_never(msg)
 
 
 def _set_tq(msg: p.SetTq, by: str, to: ev.Requester) -> ev.Event:
@@ -172,9 +186,6 @@ def hook_problem(message: Decoded) -> str | None:
         case p.MemRefusals():
             return _refusals_problem(message)
     return None
-
-
-CONTROL: dict[type, Control] = {p.SetTq: _set_tq, p.SetMode: _set_mode, p.LimitSet: _limit_set}
 
 
 def wire_limits(limits: HookLimits) -> p.WireLimits:

@@ -74,16 +74,16 @@ def test_hook_and_control_frames_become_the_core_events() -> None:
     released = codec.HOOK_EVENTS[p.LockReleased](p.LockReleased(p.ReleaseReason.UNDRAINED), 7, 9)
     assert released == ev.LockReleased(7, ev.ReleaseReason.UNDRAINED)
     to = ev.Requester(connection=2, seq=11)
-    follow = codec.CONTROL[p.SetMode](
+    follow = codec.control_event(
         p.SetMode(p.WireMode.AUTO, "GPU-1", flags=p.SET_FOLLOW_POLICY), "pid 1", to
     )
     assert follow == ev.ModeSet(None, "GPU-1", by="pid 1", reply_to=to)
-    pod = codec.CONTROL[p.LimitSet](
+    pod = codec.control_event(
         p.LimitSet(flags=p.LIMIT_SET_CLEAR_MEM, pod_namespace="ml", pod_name="a"), "pid 1", to
     )
     assert isinstance(pod, ev.AdminLimitSet) and pod.target == ev.LimitTarget.pod("ml", "a")
     assert pod.clear_memory and not pod.clear_core
-    nobody = codec.CONTROL[p.LimitSet](p.LimitSet(flags=p.LIMIT_SET_HAS_CORE), "x", to)
+    nobody = codec.control_event(p.LimitSet(flags=p.LIMIT_SET_HAS_CORE), "x", to)
     assert isinstance(nobody, ev.AdminLimitSet) and nobody.target is None
 
 
