@@ -64,7 +64,7 @@ class ControlSessions:
         asker = ev.Requester(conn.number, seq, conn.session.ident)
         self._dispatch(codec.control_event(msg, conn.peer, asker))
 
-    def _on_status_request(self, conn: PeerConnection, msg: Any, seq: int) -> None:
+    def _on_status_request(self, conn: PeerConnection, msg: p.StatusRequest, seq: int) -> None:
         if self._status_document is None or self._fresh_status() is not None:
             body = self._status_body()
             conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, body, seq=seq))

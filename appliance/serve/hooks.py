@@ -21,8 +21,11 @@ from appliance.serve.connection import PeerConnection
 from appliance.wire import codec
 from appliance.wire import protocol as p
 from appliance.wire import protocol_view as pv
+from appliance.wire.messages import Body
 
 ViewHandler = Callable[[ClientIdentity, str, int], MemoryView]  # (who, GPU uuid, its size)
+# Each takes the message of the class it is registered for (`handlers`), which mypy cannot
+# say of a dict by class: the one Any left between the frame and the typed message.
 Handler = Callable[[PeerConnection, Any, int], None]
 
 
@@ -95,7 +98,7 @@ class HookSessions:
             )
         )
 
-    def _on_hook_message(self, conn: PeerConnection, msg: Any, seq: int) -> None:
+    def _on_hook_message(self, conn: PeerConnection, msg: Body, seq: int) -> None:
         if conn.session.client_id is None:
             conn.send(p.Result(p.Status.NOT_REGISTERED, msg.TYPE, "send REGISTER first"), seq)
             return
@@ -126,6 +129,6 @@ class HookSessions:
         conn.send(reply, seq)
 
 
-def on_heartbeat(conn: PeerConnection, msg: Any, seq: int) -> None:
+def on_heartbeat(conn: PeerConnection, msg: p.Heartbeat, seq: int) -> None:
     # Liveness only: the hook treats a daemon that stops answering as gone.
     conn.send(p.HeartbeatAck(), seq)
