@@ -125,6 +125,14 @@ class PeersChanged:
     processes: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryReclaim:
+    """Give back every byte reserved and not in use: a peer on the client's ledger was refused
+    for want of room that this reservation holds."""
+
+    client_id: int
+
+
 HOOK_ACTIONS = (
     Registered,
     Grant,
@@ -138,6 +146,7 @@ HOOK_ACTIONS = (
     MemoryGranted,
     MemoryObserved,
     PeersChanged,
+    MemoryReclaim,
 )
 
 # ---------------------------------------------------------- to everyone else
@@ -196,6 +205,7 @@ Action = (
     | MemoryGranted
     | MemoryObserved
     | PeersChanged
+    | MemoryReclaim
     | Reply
     | PodWarning
     | LimitsPublished

@@ -224,6 +224,7 @@ TO_HOOKS: dict[type, Callable[[Any], tuple[int, p.Message, int]]] = {
     act.MemoryGranted: lambda a: (a.client_id, p.MemGrant(a.granted, a.reserved), a.seq),
     act.MemoryObserved: lambda a: (a.client_id, p.MemObserved(a.used, a.allowance), 0),
     act.PeersChanged: lambda a: (a.client_id, p.LedgerPeers(a.processes), 0),
+    act.MemoryReclaim: lambda a: (a.client_id, p.MemReclaim(), 0),
 }
 
 

@@ -60,6 +60,7 @@ MESSAGES: tuple[Wire, ...] = (
     Wire(MsgType.MEM_GRANT, TO_HOOK, p.MemGrant, "struct nvs_mem_grant"),
     Wire(MsgType.MEM_RETURN, HOOK, p.MemReturn, "struct nvs_mem_return"),
     Wire(MsgType.LIMIT_UPDATE, TO_HOOK, p.LimitUpdate, "struct nvs_limits"),
+    Wire(MsgType.MEM_RECLAIM, TO_HOOK, p.MemReclaim, EMPTY),
     Wire(MsgType.LIMIT_SET, CTL, p.LimitSet, "struct nvs_limit_set"),
     Wire(MsgType.QUERY, CTL, None, JSON),
     Wire(MsgType.QUERY_REPLY, TO_CTL, None, JSON),

@@ -50,6 +50,7 @@ class MsgType(enum.IntEnum):
     MEM_RETURN = 22
     LIMIT_UPDATE = 23
     LIMIT_SET = 24
+    MEM_RECLAIM = 25
     QUERY = 30
     QUERY_REPLY = 31
     JSON_PART = 40
@@ -210,6 +211,8 @@ LockRequest = empty("LockRequest", MsgType.LOCK_REQUEST)
 LockDrop = empty("LockDrop", MsgType.LOCK_DROP)
 LockLent = empty("LockLent", MsgType.LOCK_LENT)  # lent idle: take it back without waiting
 LockUnlent = empty("LockUnlent", MsgType.LOCK_UNLENT)  # no longer: ask and wait again
+# a peer was refused for want of room: give back what is reserved and unused
+MemReclaim = empty("MemReclaim", MsgType.MEM_RECLAIM)
 StatusRequest = empty("StatusRequest", MsgType.STATUS_REQUEST)
 Heartbeat = empty("Heartbeat", MsgType.HEARTBEAT)
 HeartbeatAck = empty("HeartbeatAck", MsgType.HEARTBEAT_ACK)
