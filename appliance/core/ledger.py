@@ -124,23 +124,25 @@ class Ledger:
     def _ask_peers(
         self, c: Client, e: ev.MemoryReserveRequested, *, shortfall: int, now: float
     ) -> list[act.Action]:
-        """Where the peers on c's ledger hold, reserved and unused, at least the room c lacks:
-        ask each of them to give it back, and decide c's request when they have answered (or
-        after RECLAIM_WAIT_S). No actions: nothing to wait for. O(clients on the ledger)."""
+        """Where the peers on c's ledger that hold a reservation may hold the room c lacks
+        unused: ask each of them to give back what it does not use, and decide c's request
+        when they have answered (or after RECLAIM_WAIT_S). A hook reports what it frees inside
+        its reservation only at its next tick, so what a peer holds may all be unused by now.
+        No actions: nothing to wait for. O(clients on the ledger)."""
         key = self._s.ledger_of.get(c.id)
         members = self._s.ledgers.get(key, set()) if key is not None else set()
-        unused = {
-            m: self._s.clients[m].reserved - self._s.clients[m].used
+        holding = {
+            m: self._s.clients[m].footprint
             for m in members
-            if m != c.id and self._s.clients[m].reserved > self._s.clients[m].used
+            if m != c.id and self._s.clients[m].reserved > 0
         }
-        if not unused or sum(unused.values()) < shortfall:
+        if not holding or sum(holding.values()) < shortfall:
             return []
-        self._reclaims[c.id] = _Reclaim(e, set(unused), now + RECLAIM_WAIT_S)
-        for m in unused:
+        self._reclaims[c.id] = _Reclaim(e, set(holding), now + RECLAIM_WAIT_S)
+        for m in holding:
             self._asked.setdefault(m, set()).add(c.id)
         self._s.counters["memory_reclaims"] += 1
-        return [act.MemoryReclaim(m) for m in sorted(unused)]
+        return [act.MemoryReclaim(m) for m in sorted(holding)]
 
     def _answered(self, peer: int, now: float) -> list[act.Action]:
         """A peer answered (any return counts: it can only have made room) or left: the
