@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,6 +24,14 @@
 #define OUTBOX_BYTES 16384
 #define FIRST_BACKOFF_MS 100
 #define MAX_BACKOFF_MS 5000
+
+/* A socket file's identity; ino 0: none. The change time too, since a file system may give a
+ * new file the number of one just removed. */
+struct socket_file {
+    dev_t dev;
+    ino_t ino;
+    struct timespec ctime;
+};
 
 enum conn_state { CONN_UNUSED = 0, CONN_CONNECTING, CONN_UP, CONN_DOWN };
 
@@ -38,6 +47,8 @@ struct conn {
     uint64_t awaiting_ns;  /* first request sent since the last frame arrived, 0 = none */
     uint64_t last_tx_ns;
     uint64_t backoff_ms, retry_ns;
+    struct socket_file sock; /* as it was when the connection went down: a new one is a
+                              * restarted scheduler */
     const char *why;       /* why nvs_conn_fail gave up on this connection */
     size_t out_len;
     char out[OUTBOX_BYTES];
@@ -180,6 +191,32 @@ static void announce_down(struct nvs_gpu *g, const char *why)
     handler(g, &ev);
 }
 
+static struct socket_file socket_file_now(void)
+{
+    struct stat st;
+    struct socket_file f = {0};
+    if (nvs_cfg.socket_usable && stat(nvs_cfg.socket_path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        f.dev = st.st_dev;
+        f.ino = st.st_ino;
+        f.ctime = st.st_ctim;
+    }
+    return f;
+}
+
+/* With c->mu held, while down: whether a socket file other than the one that went down is
+ * there now. A restarted scheduler binds a new one; waiting out the backoff instead (up to
+ * 5 s, doubling from 100 ms) kept 100 programs from their scheduler 1-3 s after it listened. */
+static int socket_replaced_locked(struct conn *c)
+{
+    struct socket_file f = socket_file_now();
+    if (f.ino == 0 || (f.dev == c->sock.dev && f.ino == c->sock.ino &&
+                       f.ctime.tv_sec == c->sock.ctime.tv_sec &&
+                       f.ctime.tv_nsec == c->sock.ctime.tv_nsec))
+        return 0;
+    c->sock = f;
+    return 1;
+}
+
 /* With c->mu held: the attempt or connection is over. */
 static void down_locked(struct conn *c)
 {
@@ -190,6 +227,7 @@ static void down_locked(struct conn *c)
     c->awaiting_ns = 0;
     c->why = NULL;
     c->first_use = 0;
+    c->sock = socket_file_now();
     c->retry_ns = nvs_now_ns() + c->backoff_ms * 1000000ull;
     c->backoff_ms = c->backoff_ms * 2 > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : c->backoff_ms * 2;
     pthread_cond_broadcast(&c->cv);
@@ -368,6 +406,10 @@ void nvs_conn_tick(struct nvs_gpu *g, uint64_t now)
         break;
     case CONN_DOWN:
         /* a failed retry is no news: the handler already heard that this GPU is down */
+        if (socket_replaced_locked(c)) {
+            c->backoff_ms = FIRST_BACKOFF_MS; /* bound, perhaps not listening yet: soon again */
+            c->retry_ns = now;
+        }
         if (now >= c->retry_ns)
             (void)start_locked(g, c, nvs_cfg.socket_usable ? nvs_dial(0) : NVS_DIAL_NO_SOCKET);
         break;

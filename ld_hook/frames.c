@@ -95,6 +95,7 @@ int nvs_frame_decode(const struct nvs_gpu *g, const struct nvs_header *h, const 
         {NVS_MSG_MEM_GRANT, sizeof(struct nvs_mem_grant), NVS_EV_MEM_GRANT},
         {NVS_MSG_MEM_OBSERVED, sizeof(struct nvs_mem_observed), NVS_EV_MEM_OBSERVED},
         {NVS_MSG_LEDGER_PEERS, sizeof(struct nvs_ledger_peers), NVS_EV_LEDGER_PEERS},
+        {NVS_MSG_MEM_RECLAIM, 0, NVS_EV_MEM_RECLAIM},
         {NVS_MSG_ERROR, sizeof(struct nvs_result), NVS_EV_ERROR},
         {NVS_MSG_GANG_DROP, sizeof(struct nvs_gang_cut), NVS_EV_GANG_DROP},
         {NVS_MSG_GANG_CUT, sizeof(struct nvs_gang_cut), NVS_EV_GANG_CUT},

@@ -26,6 +26,7 @@ enum nvs_event_kind {
     NVS_EV_MEM_GRANT,     /* u.mem */
     NVS_EV_MEM_OBSERVED,  /* u.observed */
     NVS_EV_LEDGER_PEERS,  /* u.peers */
+    NVS_EV_MEM_RECLAIM,   /* give back the unused reservation */
     NVS_EV_ERROR,         /* u.error: the daemon refused a request of type u.error.ref_type */
     NVS_EV_GANG_DROP,     /* u.cut */
     NVS_EV_GANG_CUT,      /* u.cut */

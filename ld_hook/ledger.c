@@ -13,7 +13,8 @@
  * Reservations: the daemon's grants carry the client's whole reservation, and that absolute
  * figure is what the ledger keeps, so a grant can never be counted twice. A surplus goes back at
  * once when it exceeds 256 MiB (64 MiB on a ledger shared with other processes) and otherwise
- * after a second without allocations.
+ * after a second without allocations, or at once when the daemon asks for it (MEM_RECLAIM: a
+ * peer on the ledger was refused room this reservation holds).
  */
 #include <string.h>
 
@@ -321,6 +322,27 @@ void nvs_ledger_on_peers(struct nvs_gpu *g, const struct nvs_ledger_peers *peers
     nvs_mutex_lock(&l->mu);
     l->peers = peers->clients;
     nvs_mutex_unlock(&l->mu);
+}
+
+void nvs_ledger_on_reclaim(struct nvs_gpu *g)
+{
+    struct ledger *l = ledger_of(g);
+    nvs_mutex_lock(&l->mu);
+    int queued = 0;
+    if (l->registered) {
+        queued = return_surplus(g, l);
+        if (!queued) {
+            /* nothing to give (or our own reservation in flight): answer all the same, so the
+             * daemon decides its refused peer now rather than after its wait */
+            struct nvs_mem_return body = {.bytes = 0, .used = l->usage};
+            if (nvs_conn_queue(g, NVS_MSG_MEM_RETURN, &body, sizeof body, NULL) == 0) {
+                if (!l->reserving) l->reported = l->usage;
+                queued = 1;
+            }
+        }
+    }
+    nvs_mutex_unlock(&l->mu);
+    if (queued) nvs_conn_flush(g);
 }
 
 void nvs_ledger_on_down(struct nvs_gpu *g)

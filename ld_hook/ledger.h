@@ -28,6 +28,7 @@ void nvs_ledger_on_grant(struct nvs_gpu *g, uint64_t seq, const struct nvs_mem_g
 void nvs_ledger_on_refused(struct nvs_gpu *g, uint64_t seq);
 void nvs_ledger_on_observed(struct nvs_gpu *g, const struct nvs_mem_observed *obs);
 void nvs_ledger_on_peers(struct nvs_gpu *g, const struct nvs_ledger_peers *peers);
+void nvs_ledger_on_reclaim(struct nvs_gpu *g); /* a peer was refused: give back what is unused */
 void nvs_ledger_on_down(struct nvs_gpu *g);
 void nvs_ledger_tick(struct nvs_gpu *g, uint64_t now_ns); /* usage reports, idle surplus */
 void nvs_ledger_after_fork(void);

@@ -45,6 +45,10 @@ enum {
     NVS_MSG_MEM_RETURN = 22,   /* hook -> daemon: struct nvs_mem_return; no reply (also a usage report) */
     NVS_MSG_LIMIT_UPDATE = 23, /* daemon -> hook: struct nvs_limits, unsolicited (seq 0) */
     NVS_MSG_LIMIT_SET = 24,    /* ctl -> daemon: struct nvs_limit_set; reply OK or ERROR */
+    NVS_MSG_MEM_RECLAIM = 25,  /* daemon -> hook: empty, unsolicited (seq 0); a peer on the ledger
+                                * was refused for want of room: give back every byte reserved
+                                * and not in use now, answered by a MEM_RETURN (of 0 bytes when
+                                * there is nothing to give back) */
     /* generic JSON query for the CLI (policy show/explain, ...) */
     NVS_MSG_QUERY = 30,        /* ctl -> daemon: JSON {"query": name, ...} */
     NVS_MSG_QUERY_REPLY = 31,  /* daemon -> ctl: JSON */

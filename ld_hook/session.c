@@ -73,6 +73,9 @@ static void on_event(struct nvs_gpu *g, const struct nvs_event *e)
     case NVS_EV_LEDGER_PEERS:
         nvs_ledger_on_peers(g, &e->u.peers);
         break;
+    case NVS_EV_MEM_RECLAIM:
+        nvs_ledger_on_reclaim(g);
+        break;
     case NVS_EV_ERROR:
         NVS_DEBUG("GPU %d: scheduler error %d answering type %u: %s", g->index,
                   e->u.error.status, e->u.error.ref_type, e->u.error.message);

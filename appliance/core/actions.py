@@ -126,6 +126,14 @@ class PeersChanged:
     processes: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryReclaim:
+    """Give back every byte reserved and not in use: a peer on the client's ledger was refused
+    for want of room that this reservation holds."""
+
+    client_id: int
+
+
 HookAction = (
     Registered
     | Grant
@@ -139,6 +147,7 @@ HookAction = (
     | MemoryGranted
     | MemoryObserved
     | PeersChanged
+    | MemoryReclaim
 )
 HOOK_ACTIONS: tuple[type, ...] = typing.get_args(HookAction)
 

@@ -2,9 +2,12 @@
 
 The subject is the pod (by UID from the kernel's cgroup) or else the process. Hooks reserve in
 chunks, so most allocations need no round trip, and two processes of a pod can never exceed its
-limit together. The real-time check refuses (or warns about) a reservation that the GPU's free
-memory, as NVML last saw it, cannot hold. What NVML shows each process holding is passed to its
-hook, which counts what its own ledger misses (module globals, heaps, stacks).
+limit together. A reservation refused for want of room that peers on its ledger hold reserved
+and unused waits for them to give it back (MEM_RECLAIM), briefly, and is then decided again: a
+process's chunk is no reason to refuse its pod's others. The real-time check refuses (or warns
+about) a reservation that the GPU's free memory, as NVML last saw it, cannot hold. What NVML
+shows each process holding is passed to its hook, which counts what its own ledger misses
+(module globals, heaps, stacks).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ UNBOUNDED = 1 << 62
 # own buffers) and the hook does not charge; measured on H100/H200 (bench/results/gpu.md).
 CONTEXT_ALLOWANCE_BYTES = 768 << 20
 OBSERVED_STEP_BYTES = 2 << 20  # smaller NVML changes are not sent to the hook
+# How long a refused reservation waits for its peers to give back their unused reservations;
+# hooks answer at once (their reader thread), so this only bounds a peer that does not.
+RECLAIM_WAIT_S = 0.25
 
 
 def counted(c: Client) -> int:
@@ -44,6 +50,15 @@ class _FreeSample:
     time: float
 
 
+@dataclass(slots=True)
+class _Reclaim:
+    """A reservation refused for want of room that peers hold unused, waiting for them."""
+
+    request: ev.MemoryReserveRequested
+    waiting_on: set[int]  # peers asked to give back, not yet answered
+    deadline: float
+
+
 class Ledger:
     """Reservations, returns and samples; in mode auto a change of memory may move the lock."""
 
@@ -52,6 +67,8 @@ class Ledger:
         self._lock = lock
         self._free: dict[str, _FreeSample] = {}
         self._stale_logged: set[str] = set()
+        self._reclaims: dict[int, _Reclaim] = {}  # by the client whose reservation waits
+        self._asked: dict[int, set[int]] = {}  # peer -> the clients waiting for its answer
 
     # ------------------------------------------------------------ reservations
 
@@ -59,13 +76,23 @@ class Ledger:
         c = self._s.clients.get(e.client_id)
         if c is None:
             return []
+        out = self._forget_reclaim(c.id, now)  # a hook asks once at a time; another ask is news
         c.used = self._usage(c, e.used)
+        return out + self._decide(c, e, now, may_wait=True)
+
+    def _decide(
+        self, c: Client, e: ev.MemoryReserveRequested, now: float, *, may_wait: bool
+    ) -> list[act.Action]:
         limit = self._limit(c)
         others = self._others_footprint(c)
         # What c would hold with exactly this grant. Its usage counts even where its reservation
         # does not cover it yet (a hook that reconnected to a restarted daemon).
         holding = max(c.used, c.reserved + e.bytes)
         room = limit - others - holding
+        if room < 0 and may_wait:
+            asked = self._ask_peers(c, e, shortfall=-room, now=now)
+            if asked:
+                return asked
         if room < 0 or self._realtime_refuses(c, e.bytes, now):
             self._s.counters["memory_refusals"] += 1
             c.refusals += 1
@@ -90,7 +117,67 @@ class Ledger:
             return []
         c.reserved = max(0, c.reserved - e.bytes)
         c.used = self._usage(c, e.used)
-        return self._memory_moved(c, now)
+        return self._memory_moved(c, now) + self._answered(c.id, now)
+
+    # ------------------------------------------------------------ reclaims
+
+    def _ask_peers(
+        self, c: Client, e: ev.MemoryReserveRequested, *, shortfall: int, now: float
+    ) -> list[act.Action]:
+        """Where the peers on c's ledger that hold a reservation may hold the room c lacks
+        unused: ask each of them to give back what it does not use, and decide c's request
+        when they have answered (or after RECLAIM_WAIT_S). A hook reports what it frees inside
+        its reservation only at its next tick, so what a peer holds may all be unused by now.
+        No actions: nothing to wait for. O(clients on the ledger)."""
+        key = self._s.ledger_of.get(c.id)
+        members = self._s.ledgers.get(key, set()) if key is not None else set()
+        holding = {
+            m: self._s.clients[m].footprint
+            for m in members
+            if m != c.id and self._s.clients[m].reserved > 0
+        }
+        if not holding or sum(holding.values()) < shortfall:
+            return []
+        self._reclaims[c.id] = _Reclaim(e, set(holding), now + RECLAIM_WAIT_S)
+        for m in holding:
+            self._asked.setdefault(m, set()).add(c.id)
+        self._s.counters["memory_reclaims"] += 1
+        return [act.MemoryReclaim(m) for m in sorted(holding)]
+
+    def _answered(self, peer: int, now: float) -> list[act.Action]:
+        """A peer answered (any return counts: it can only have made room) or left: the
+        requests that waited for it alone are decided now."""
+        out: list[act.Action] = []
+        for waiting in sorted(self._asked.pop(peer, ())):
+            r = self._reclaims.get(waiting)
+            if r is None:
+                continue
+            r.waiting_on.discard(peer)
+            if not r.waiting_on:
+                out += self._settle(waiting, now)
+        return out
+
+    def _settle(self, cid: int, now: float) -> list[act.Action]:
+        r = self._reclaims.pop(cid)
+        for peer in r.waiting_on:
+            self._asked.get(peer, set()).discard(cid)
+        c = self._s.clients.get(cid)
+        return [] if c is None else self._decide(c, r.request, now, may_wait=False)
+
+    def _forget_reclaim(self, cid: int, now: float) -> list[act.Action]:
+        """c's waiting request, decided now (c asks again, or is gone: no answer)."""
+        return self._settle(cid, now) if cid in self._reclaims else []
+
+    def expire(self, now: float) -> list[act.Action]:
+        """Requests whose peers did not answer in time, decided as things stand."""
+        out: list[act.Action] = []
+        for cid in [cid for cid, r in self._reclaims.items() if r.deadline <= now]:
+            out += self._settle(cid, now)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When the earliest waiting request is decided without its peers: O(waiting)."""
+        return min((r.deadline for r in self._reclaims.values()), default=None)
 
     def refused_by_hook(self, e: ev.MemoryRefusedByHook, now: float) -> list[act.Action]:
         """What a hook refused without asking (over the limit it knows) counts as refused too."""
@@ -159,7 +246,7 @@ class Ledger:
         self._s.ledger_of[c.id] = key
         return self._tell(key)
 
-    def left(self, c: Client) -> list[act.Action]:
+    def left(self, c: Client, now: float) -> list[act.Action]:
         """c is gone (already out of `clients`): one process fewer on its ledger."""
         key = self._s.ledger_of.pop(c.id, None)
         if key is None:
@@ -168,7 +255,8 @@ class Ledger:
         members.discard(c.id)
         if not members:
             del self._s.ledgers[key]
-        return self._tell(key)
+        self._forget_reclaim(c.id, now)  # gone: its request needs no answer
+        return self._tell(key) + self._answered(c.id, now)
 
     def peer_updates(self) -> list[act.Action]:
         """Every client filed by its ledger again (what a subject is may have changed: pods,

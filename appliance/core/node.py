@@ -129,6 +129,9 @@ class NodeCore:
         if self._deadline_at is not None:
             self._deadline = self.lock.next_deadline(self._deadline_at)
             self._deadline_at = None
+        reclaim = self.ledger.next_deadline()
+        if reclaim is not None and (self._deadline is None or reclaim < self._deadline):
+            return reclaim
         return self._deadline
 
     def status(
@@ -174,7 +177,7 @@ class NodeCore:
     # ------------------------------------------------------------ clients
 
     def _on_tick(self, e: ev.Tick, now: float) -> list[act.Action]:
-        return self.lock.schedule(now)
+        return self.ledger.expire(now) + self.lock.schedule(now)
 
     def _on_registered(self, e: ev.ClientRegistered, now: float) -> list[act.Action]:
         s = self.state
@@ -232,7 +235,7 @@ class NodeCore:
         out += self.lock.schedule(now)
         if c.gpu not in s.inventory and not gpu.clients:
             del s.gpus[c.gpu]  # a GPU NVML does not list is kept only while someone uses it
-        return out + self.ledger.left(c)
+        return out + self.ledger.left(c, now)
 
     def _gpu_facts(self, e: ev.ClientRegistered) -> GpuFacts:
         """A GPU's identity and size come from NVML; a GPU NVML does not list is known by the

@@ -11,6 +11,10 @@ second, each failure logged with a traceback, and a new CUDA process ran unregis
   know is its user's (whoever can make a cgroup of that name would fill the pod's cap); past a
   cap, or past the daemon's total, a new connection gets an error frame saying which cap and
   is closed;
+- whatever its cap, one user or pod holds at most half of the daemon's connections, and the
+  last eighth of them go only to users and pods holding fewer than `FEW_CONNECTIONS`: under a
+  hard limit of 1,024 files (896 connections) the default perUid cap of 1,024 let one user
+  take every connection, and everyone else's next program ran unregistered;
 - each user outside pods, and each pod, may open `connections.newPerSecond` new connections a
   second, sustained, and a burst up to its cap at once (a token bucket); past that, a new
   connection is refused on its cgroup alone. One process connecting and closing in a loop
@@ -34,6 +38,7 @@ log = logging.getLogger("nvshare.server")
 FILES_IN_RESERVE = 128
 _LOG_EVERY_S = 60.0
 _BUCKETS_KEPT = 4096
+FEW_CONNECTIONS = 8  # a tenant holding fewer may take the daemon's last eighth
 
 
 def raise_open_files(wanted: int) -> int:
@@ -112,10 +117,21 @@ class Admission:
             )
             self.notes.warn(f"refuse {kind} {name}", "refusing connections: %s", why)
             return why
+        held, half, kept_back = self._open[key], max(1, self.total // 2), self.total // 8
         if self.count >= self.total:
             why = f"the daemon holds {self.count} connections, all it can (open-files limit)"
-        elif self._open[key] >= cap:
-            why = f"{who} holds {self._open[key]} connections, its cap (connections.{setting})"
+        elif held >= cap:
+            why = f"{who} holds {held} connections, its cap (connections.{setting})"
+        elif held >= half:
+            why = (
+                f"{who} holds {held} connections, half of the {self.total} the daemon can hold "
+                f"(open-files limit; connections.{setting}={cap} is more)"
+            )
+        elif self.count >= self.total - kept_back and held >= FEW_CONNECTIONS:
+            why = (
+                f"{who} holds {held} connections, and the daemon's last {kept_back} are kept "
+                f"for users and pods holding fewer than {FEW_CONNECTIONS}"
+            )
         else:
             self._open[key] += 1
             self.count += 1

@@ -220,6 +220,8 @@ def to_hook(a: act.HookAction) -> tuple[int, Message, int]:
             return a.client_id, _gang_message(a), 0
         case act.LimitsChanged() | act.MemoryGranted() | act.MemoryObserved() | act.PeersChanged():
             return _memory_message(a)
+        case act.MemoryReclaim():
+            return a.client_id, p.MemReclaim(), 0
     assert_never(a)
 
 

@@ -52,6 +52,7 @@ Body = (
     | p.MemGrant
     | p.MemReturn
     | p.LimitUpdate
+    | p.MemReclaim
     | p.LimitSet
     | p.Heartbeat
     | p.HeartbeatAck
@@ -155,6 +156,7 @@ MESSAGES: tuple[Wire[Any], ...] = (
     Wire(MsgType.MEM_GRANT, TO_HOOK, p.MemGrant, "struct nvs_mem_grant"),
     _event(MsgType.MEM_RETURN, p.MemReturn, "struct nvs_mem_return", _return),
     Wire(MsgType.LIMIT_UPDATE, TO_HOOK, p.LimitUpdate, "struct nvs_limits"),
+    Wire(MsgType.MEM_RECLAIM, TO_HOOK, p.MemReclaim, EMPTY),
     Wire(MsgType.LIMIT_SET, CTL, p.LimitSet, "struct nvs_limit_set"),
     Wire(MsgType.QUERY, CTL, None, JSON),
     Wire(MsgType.QUERY_REPLY, TO_CTL, None, JSON),

@@ -50,6 +50,7 @@ class MsgType(enum.IntEnum):
     MEM_RETURN = 22
     LIMIT_UPDATE = 23
     LIMIT_SET = 24
+    MEM_RECLAIM = 25
     QUERY = 30
     QUERY_REPLY = 31
     JSON_PART = 40
@@ -209,6 +210,13 @@ class LimitUpdate:
 @dataclass(frozen=True, slots=True)
 class LockRequest(Empty):
     TYPE: ClassVar[MsgType] = MsgType.LOCK_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class MemReclaim(Empty):
+    """A peer was refused for want of room: give back what is reserved and unused."""
+
+    TYPE: ClassVar[MsgType] = MsgType.MEM_RECLAIM
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,7 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)
     daemon: subprocess.Popen[bytes] | None = None
     opened: list[Any] = field(default_factory=list)
+    open_files: int | None = None  # the daemon's hard (and soft) limit of open files
 
     @property
     def socket_dir(self) -> Path:
@@ -123,6 +124,8 @@ class Stage:
         command += ["--socket-dir", str(self.socket_dir), "--proc-root", str(self.proc.root)]
         env = {**os.environ, **self.env}
         env.pop("NVSHARE_CONTROL_DIR", None)
+        if self.open_files is not None:
+            command = ["prlimit", f"--nofile={self.open_files}:{self.open_files}", "--", *command]
         with self.log.open("ab") as out:
             self.daemon = subprocess.Popen([*command, *self.args], env=env, stdout=out, stderr=out)
         ready = self.socket_dir / LIMITS_NAME  # published once it serves

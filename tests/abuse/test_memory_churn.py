@@ -29,3 +29,24 @@ def test_what_one_process_of_a_pod_frees_its_peer_may_allocate_at_once(
     a.ok(f"free {handle}")  # 127 MiB unused: before, kept reserved for a second
     b.ok(f"alloc mem {900 * MiB}")  # 1 + 901 of 1024 MiB
     assert b.do(f"alloc mem {200 * MiB}") == OOM  # and the limit still holds
+
+
+def test_a_peer_gives_back_its_unused_chunk_when_the_pod_is_refused_for_want_of_room(
+    stage: Stage, hooked: Any
+) -> None:
+    """Issue 24 item 9, what was left: each process kept up to 64 MiB reserved and unused, and
+    its peer was refused that room (3.5-5.7 % of a churn's allocations). The daemon now asks the
+    peer to give it back (MEM_RECLAIM) before it decides."""
+    stage.policy = (
+        f"trust: {{podClaimUids: [{os.getuid()}]}}\n"
+        "rules:\n- name: pod\n  match: {namespace: team, podName: churn}\n  memoryLimit: 1Gi\n"
+    )
+    stage.start()
+    pod = {"NVSHARE_POD_NAMESPACE": "team", "NVSHARE_POD_NAME": "churn"}
+    a, b = hooked(**pod), hooked(**pod)
+    for proc in (a, b):
+        proc.ok("init")
+        proc.ok(f"alloc mem {MiB}")  # each: a 64 MiB chunk reserved, 1 MiB used
+    b.ok(f"alloc mem {1000 * MiB}")  # 1 + 1001 of 1024 MiB: before, refused (a kept 63 MiB)
+    assert b.do(f"alloc mem {30 * MiB}") == OOM  # the limit still holds
+    a.ok(f"alloc mem {20 * MiB}")  # and a still has what is left

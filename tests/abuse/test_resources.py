@@ -172,6 +172,30 @@ def test_idle_connections_of_another_user_are_capped(
     assert status_latency(stage) < 1.0
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(OTHER_PYTHON, os.X_OK),
+    reason="a second user (uid 65534) needs root and a system-wide python3",
+)
+def test_under_a_hard_limit_of_1024_files_one_user_leaves_room_for_the_others(
+    stage: Stage, hooked: Any, floods: list[Flood]
+) -> None:
+    """Issue 24 item 9: with a hard open-files limit of 1,024 the daemon can hold 896
+    connections, and the default perUid cap (1,024) let one user take every one of them: the
+    next program of another user could not even connect (status neither)."""
+    stage.policy = "defaults: {memoryLimit: 1Gi}\n"
+    stage.open_files = 1024
+    stage.start()
+    flood = Flood(stage, stage.control_dir / socket_dirs.CONTROL_SOCKET_NAME, 1000, user=65534)
+    floods.append(flood)
+    kept = flood.kept()
+    assert 0 < kept <= 448, f"one user holds {kept} of the daemon's 896 connections"
+    victim = hooked()
+    victim.ok("init")
+    victim.ok("alloc mem 1024")  # registers
+    pids = {c["pid"] for c in stage.status()["clients"]}  # status answered, too
+    assert victim.proc.pid in pids
+
+
 def test_frames_parked_short_of_their_end_cost_little_and_not_for_long(
     stage: Stage, floods: list[Flood]
 ) -> None:

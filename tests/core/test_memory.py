@@ -7,7 +7,7 @@ from appliance.core import events as ev
 from appliance.core import views
 from appliance.core.annotations import HAMI_REALTIME_CHECK, MEMORY_LIMIT, REALTIME_CHECK, PodInfo
 from appliance.core.events import LimitTarget
-from appliance.core.ledger import CONTEXT_ALLOWANCE_BYTES
+from appliance.core.ledger import CONTEXT_ALLOWANCE_BYTES, RECLAIM_WAIT_S
 from appliance.core.node import NodeCore
 from appliance.policy.model import (
     Limits,
@@ -46,7 +46,10 @@ def test_two_processes_of_one_pod_share_one_limit_exactly() -> None:
     a, b = h.register(pod_uid="u1"), h.register(pod_uid="u1")
     c = h.register(pod_uid="other")
     assert grant(h, a, 600 * MiB) == 600 * MiB
-    assert grant(h, b, 500 * MiB) == 0  # 1.1 GiB together: refused
+    out = h.feed(ev.MemoryReserveRequested(b, 7, 500 * MiB, 0))
+    assert of(out, act.MemoryReclaim, a)  # a may have freed some since it last said
+    [refused] = of(h.feed(ev.MemoryReturned(a, 0, 600 * MiB)), act.MemoryGranted, b)
+    assert refused.granted == 0  # it has not: 1.1 GiB together, refused
     assert grant(h, b, 400 * MiB) == 400 * MiB  # what it needs (more than a chunk)
     assert grant(h, c, 900 * MiB) == 900 * MiB  # another pod has its own ledger
     h.feed(ev.ClientGone(a))  # a's reservation is freed with it
@@ -177,3 +180,36 @@ def test_nvml_usage_reaches_the_hook_of_that_process_only_when_it_moved() -> Non
     moved_a_little = {GPU: {10: 3 * GiB + (1 << 20)}, "GPU-other": {11: 5 * GiB}}
     assert not of(h.feed(ev.GpuFreeMemory({}, processes=moved_a_little)), act.MemoryObserved)
     assert h.state.clients[b].nvml_used is None  # b's pid on another GPU is not b's usage
+
+
+def test_a_refusal_for_room_a_peer_holds_unused_waits_for_the_peer_to_give_it_back() -> None:
+    h = harness()
+    h.feed(ev.PodSeen(PodInfo("u1", "ns", "p", "n", annotations={MEMORY_LIMIT: "1Gi"})))
+    a, b, c = (h.register(pid=pid, pod_uid="u1") for pid in (10, 11, 12))
+    assert grant(h, a, 1 * MiB, used=1 * MiB) == 64 * MiB  # 63 MiB reserved and unused
+    assert grant(h, c, 1 * MiB, used=1 * MiB) == 64 * MiB
+    # b needs room that only a's and c's unused chunks hold: they are asked, b waits
+    out = h.feed(ev.MemoryReserveRequested(b, 9, 950 * MiB, 0))
+    assert of(out, act.MemoryGranted) == []
+    assert [r.client_id for r in of(out, act.MemoryReclaim)] == [a, c]
+    assert h.feed(ev.MemoryReturned(a, 63 * MiB, 1 * MiB)) == []  # c has not answered yet
+    [granted] = of(h.feed(ev.MemoryReturned(c, 63 * MiB, 1 * MiB)), act.MemoryGranted, b)
+    assert (granted.seq, granted.granted) == (9, 950 * MiB)  # decided once both answered
+    # room a peer holds in use is no reason to wait: refused at once
+    out = h.feed(ev.MemoryReserveRequested(b, 10, 100 * MiB, 950 * MiB))
+    assert of(out, act.MemoryReclaim) == [] and of(out, act.MemoryGranted, b)[0].granted == 0
+
+
+def test_a_peer_that_never_gives_back_delays_its_pods_refusal_only_briefly() -> None:
+    h = harness()
+    h.feed(ev.PodSeen(PodInfo("u1", "ns", "p", "n", annotations={MEMORY_LIMIT: "1Gi"})))
+    a, b = h.register(pid=10, pod_uid="u1"), h.register(pid=11, pod_uid="u1")
+    assert grant(h, a, 1 * MiB, used=1 * MiB) == 64 * MiB
+    assert of(h.feed(ev.MemoryReserveRequested(b, 9, 1000 * MiB, 0)), act.MemoryReclaim, a)
+    assert h.advance(RECLAIM_WAIT_S / 2) == []
+    [refused] = of(h.advance(RECLAIM_WAIT_S), act.MemoryGranted, b)
+    assert (refused.seq, refused.granted) == (9, 0)  # decided as things stand: refused
+    # a peer that leaves answers too
+    assert of(h.feed(ev.MemoryReserveRequested(b, 10, 1000 * MiB, 0)), act.MemoryReclaim, a)
+    [granted] = of(h.feed(ev.ClientGone(a)), act.MemoryGranted, b)
+    assert (granted.seq, granted.granted) == (10, 1000 * MiB)

@@ -121,3 +121,20 @@ def test_opening_connections_in_a_loop_is_refused_past_the_rate_and_only_for_tha
         assert admission.admit(churner) is None
         admission.release(churner)
     assert admission.admit(churner) is not None
+
+
+def test_past_the_open_files_limit_no_tenant_or_two_takes_every_connection() -> None:
+    caps = ConnectionSettings(per_uid=1024, per_pod=256, new_per_second=64)
+    admission = Admission(total=96, caps=lambda: caps, clock=lambda: 0.0)
+    first, second, newcomer = ("uid", "1001"), ("uid", "1002"), ("uid", "1003")
+    held = {key: 0 for key in (first, second, newcomer)}
+    for key in (first, second):
+        while admission.admit(key) is None:
+            held[key] += 1
+    assert held[first] == 48  # half of what the daemon can hold, though perUid allows 1024
+    assert held[second] == 36  # up to the last eighth, kept for tenants holding a few
+    refusal = admission.admit(second)
+    assert refusal is not None and "last 12 are kept" in refusal
+    while admission.admit(newcomer) is None:
+        held[newcomer] += 1
+    assert held[newcomer] == 8

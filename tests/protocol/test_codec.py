@@ -30,6 +30,7 @@ SAMPLES = [
     act.MemoryGranted(7, 5, 64 << 20, 128 << 20),
     act.MemoryObserved(7, 1 << 30, 768 << 20),
     act.PeersChanged(7, 2),
+    act.MemoryReclaim(7),
 ]
 
 
@@ -67,6 +68,7 @@ def test_every_action_for_a_hook_becomes_the_frame_it_reads() -> None:
         p.MemGrant(64 << 20, 128 << 20),
         p.MemObserved(1 << 30, 768 << 20),
         p.LedgerPeers(2),
+        p.MemReclaim(),
     ]
 
 
