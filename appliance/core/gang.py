@@ -69,19 +69,6 @@ def gang_of(s: NodeState, c: Client) -> Gang:
     return s.gangs[c.gang]
 
 
-def line(s: NodeState) -> list[Gang]:
-    """The gangs waiting, in about the order they will be granted (`priority.line`, without
-    the starvation limit, which needs the time): offenders last, then by priority, equal ones
-    first come first served."""
-    # (tickets are unique: the gangs themselves are never compared; no key function to call)
-    waiting = sorted(
-        (g.offender, -g.priority, g.ticket, g)
-        for g in s.gangs.values()
-        if g.phase is GangPhase.WAITING
-    )
-    return [entry[3] for entry in waiting]
-
-
 def eligible(s: NodeState, g: Gang, now: float) -> bool:
     """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
     quota = account(s, g)
@@ -143,19 +130,6 @@ def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
     running = sum(s.clients[h].footprint for h in s.gpus[uuid].holders)
     joining = sum(s.clients[m].footprint for m in g.members if s.clients[m].gpu == uuid)
     return running + joining <= size - s.policy.memory.reserve_bytes
-
-
-def queue(s: NodeState, uuid: str) -> list[int]:
-    """The clients waiting for a GPU, in the order their gangs will be granted."""
-    out: list[int] = []
-    for g in line(s):
-        if uuid not in g.gpus:
-            continue
-        if not g.joint:  # (most are lone clients: no sort of one)
-            out += [m for m in g.members if s.clients[m].gpu == uuid]
-        else:
-            out += sorted(m for m in g.members if s.clients[m].gpu == uuid)
-    return out
 
 
 def label(g: Gang) -> str:

@@ -126,6 +126,7 @@ class Line:
         self.owning: dict[str, Gang] = {}
         self._filed: dict[str, _Filing] = {}  # every waiting gang
         self._line: dict[Class, Bucket] = {}  # the eligible ones
+        self._resting: dict[str, Gang] = {}  # the others: their quota keeps them out for now
         self._by_gpu: dict[str, dict[Class, Bucket]] = {}
         self._waited: dict[str, int] = {}  # GPU -> eligible gangs waiting for it
         self._turns: list[tuple[float, int, str]] = []  # (a window turns, stamp, key): a heap
@@ -179,6 +180,7 @@ class Line:
             self._stamp[g.key] = self._stamps
             heapq.heappush(self._turns, (turn, self._stamps, g.key))
         if not eligible:
+            self._resting[g.key] = g
             return  # rests until its quota's window turns
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
@@ -194,6 +196,7 @@ class Line:
             del by_priority[lent[1]][key]
             if not by_priority[lent[1]]:
                 del by_priority[lent[1]]
+        self._resting.pop(key, None)
         f = self._filed.pop(key, None)
         if f is None or not f.eligible:
             return
@@ -225,17 +228,44 @@ class Line:
         """The eligible waiting gangs in the order they are granted (`priority.line`), read
         lazily: O(P) to start, O(1) a gang."""
         self.catch_up(now)
-        patience = now - self._s.policy.scheduler.starvation_limit_s
-
-        def starved(g: Gang) -> bool:
-            return g.waiting_since <= patience
-
+        starved = self._starved(now)
         parts: list[tuple[LineKey, Bucket, bool]] = []
         for (offender, owed, prio), bucket in self._line.items():
             for want in (True, False):
                 parts.append(((offender, not owed, not want, -prio), bucket, want))
         for _, bucket, want in sorted(parts, key=lambda part: part[0]):
             yield from bucket.walk(starved, want)
+
+    def _starved(self, now: float) -> Callable[[Gang], bool]:
+        patience = now - self._s.policy.scheduler.starvation_limit_s
+        return lambda g: g.waiting_since <= patience
+
+    def queue(self, uuid: str, now: float) -> list[int]:
+        """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
+        those whose quota keeps them out until their window turns (in `priority.line`'s order
+        without starvation). For status: O(waiting for uuid), the buckets read in slices
+        (no sort of the waiting gangs; a starved prefix is found by a walk of its length)."""
+        self.catch_up(now)
+        starved = self._starved(now)
+        parts: list[tuple[LineKey, list[tuple[int, str]], Bucket]] = []
+        for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
+            k = 0
+            while k < len(bucket.order) and starved(bucket.gangs[bucket.order[k][1]]):
+                k += 1
+            parts.append(((offender, not owed, False, -prio), bucket.order[:k], bucket))
+            parts.append(((offender, not owed, True, -prio), bucket.order[k:], bucket))
+        gangs = [
+            b.gangs[key] for _, part, b in sorted(parts, key=lambda p: p[0]) for _, key in part
+        ]
+        resting = (g for g in self._resting.values() if uuid in g.gpus)
+        gangs += sorted(resting, key=lambda g: (g.offender, -g.priority, g.ticket))
+        clients, out = self._s.clients, []
+        for g in gangs:
+            if g.joint:
+                out += sorted(m for m in g.members if clients[m].gpu == uuid)
+            else:  # (a lone gang's one member waits for the one GPU it waits for)
+                out += g.members
+        return out
 
     def all_taken(self, blocked: set[str]) -> bool:
         """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
@@ -264,6 +294,8 @@ class Line:
         assert owning == self.owning.keys(), (owning, self.owning.keys())
         waiting = {k: g for k, g in s.gangs.items() if g.phase is GangPhase.WAITING}
         assert waiting.keys() == self._filed.keys(), (waiting.keys(), self._filed.keys())
+        resting = {k for k, f in self._filed.items() if not f.eligible}
+        assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
