@@ -81,6 +81,7 @@ log = logging.getLogger("nvshare.scheduler")
 
 LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
+Actions = list[act.Action]
 
 
 class Lock:
@@ -319,10 +320,11 @@ class Lock:
             *self._grant_waiting(keeps, now),
         ]
         waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
-        if dropped := self._preempt_for_waiters(waiting, now):
-            out += dropped + self._grant_waiting(keeps, now)  # a lender is granted beside the drain
+        dropped, gangs = self._preempt_for_waiters(waiting, now)
+        if any(yielding.frees(g, waiting) for g in gangs):
+            dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
         lending = terms.lending(self._s, self.line, waiting, keeps, now)
-        return [*out, *terms.changed(self._s, waiting), *lending]
+        return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
@@ -402,17 +404,17 @@ class Lock:
             out += self._grant(g, now)
         return out
 
-    def _preempt_for_waiters(self, waiting: Waiting, now: float) -> list[act.Action]:
+    def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
-        time); a gang in the way of one that holds part of its GPUs drops now."""
-        out: list[act.Action] = []
-        for g in in_the_way(self._s, list(self.line.owning.values()), now)[0]:
-            out += self._drop(g, now, DropReason.GANG)
+        time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
+        dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
+        out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
-        return out
+                dropped.append(due[1])
+        return out, dropped
 
     # ------------------------------------------------------------ deadlines
 

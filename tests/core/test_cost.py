@@ -202,3 +202,30 @@ def test_a_status_lists_pods_in_one_pass_over_the_clients() -> None:
 
     small, large = work(SMALL), work(LARGE)
     assert large <= small * LARGE / SMALL * GROWTH, (small, large)
+
+
+def grant_passes(c: Crowd, event: ev.Event) -> tuple[int, list[act.Action]]:
+    """(times the lock read its line for grants while handling `event`, the actions)."""
+    passes = 0
+
+    def tracer(frame: FrameType, why: str, arg: Any) -> Any:
+        nonlocal passes
+        passes += frame.f_code.co_name == "_grant_waiting"
+
+    sys.settrace(tracer)
+    try:
+        out = c.feed(event)
+    finally:
+        sys.settrace(None)
+    return passes, out
+
+
+def test_a_drop_that_frees_no_gpu_reads_the_line_once() -> None:
+    """The holder lets the GPU go idle; the next is granted; the first asks again inside its
+    quantum and takes the GPU back (`priority.lent_back`). That drop frees the GPU for nobody
+    before the release, so the line is read once, not again after the drop."""
+    c = Crowd(SMALL)
+    c.feed(ev.LockReleased(1, ev.ReleaseReason.IDLE))
+    passes, out = grant_passes(c, ev.LockRequested(1, 3))
+    assert [a.client_id for a in out if isinstance(a, act.Drop)] == [2]
+    assert passes == 1
