@@ -382,7 +382,7 @@ def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[G
                 o = s.gangs[key]
                 if o.phase is not GangPhase.HOLDING:
                     continue
-                at = now if shown else o.quantum_from + _quantum(s, o)
+                at = now if shown else o.quantum_from + quantum(s, o)
                 if at <= now:
                     out[key] = o
                 elif later is None or at < later:
@@ -390,5 +390,7 @@ def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[G
     return list(out.values()), later
 
 
-def _quantum(s: NodeState, g: Gang) -> float:
-    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))
+def quantum(s: NodeState, g: Gang) -> float:
+    """A gang's quantum: the shortest of its GPUs'. (The node's, looked up for no GPU, is
+    worked out afresh each time: asked only of a gang that holds none.)"""
+    return min(s.time_quantum(u) for u in g.held) if g.held else s.time_quantum("")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from appliance.core import priority
 from appliance.core.drops import DropReason
+from appliance.core.gang import quantum
 from appliance.core.line import Waiting
 from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
@@ -57,11 +58,6 @@ def turn(
         turns.append(at)
     at_, why = min(turns)
     return max(at_, now + owed_h), why
-
-
-def quantum(s: NodeState, g: Gang) -> float:
-    """A gang's quantum: the shortest of its GPUs'."""
-    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))
 
 
 def frees(g: Gang, waiting: Waiting) -> bool:
