@@ -25,8 +25,9 @@ what it is filed by changes (`refile`), and the questions read the files:
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
 questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
-(once a window, not once an event). Accounts are only looked at, through copies
-(`gang.eligible_at`, `gang.owed_at`): asking the line never bills or rolls anything.
+(once a window, not once an event); status's `queue` of a GPU O(P + its waiters). Accounts
+are only looked at, through copies (`gang.eligible_at`, `gang.owed_at`): asking the line never
+bills or rolls anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
 """
@@ -243,8 +244,8 @@ class Line:
     def queue(self, uuid: str, now: float) -> list[int]:
         """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
         those whose quota keeps them out until their window turns (in `priority.line`'s order
-        without starvation). For status: O(waiting for uuid), the buckets read in slices
-        (no sort of the waiting gangs; a starved prefix is found by a walk of its length)."""
+        without starvation). For status: O(waiting for uuid) and no sort of the waiting gangs
+        (each bucket is cut after its starved prefix, found by a walk of its length)."""
         self.catch_up(now)
         starved = self._starved(now)
         parts: list[tuple[LineKey, list[tuple[int, str]], Bucket]] = []
