@@ -78,16 +78,6 @@ def eligible(s: NodeState, g: Gang, now: float) -> bool:
     return quota.may_start(s.policy.scheduler)
 
 
-def eligible_at(s: NodeState, g: Gang, now: float) -> bool:
-    """`eligible`, as a query: the account is looked at through a copy."""
-    quota = account(s, g)
-    if quota is None:
-        return True
-    ahead = replace(quota)
-    ahead.roll(now, s.policy.scheduler)
-    return ahead.may_start(s.policy.scheduler)
-
-
 def owed_s(s: NodeState, g: Gang, now: float) -> float:
     """How much of its guaranteed share (`share`) the gang's most owed member is still owed."""
     return max(share.owed_s(s.clients[m], now, s.policy.scheduler) for m in g.members)

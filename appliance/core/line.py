@@ -26,7 +26,7 @@ Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) wai
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
 questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
 (once a window, not once an event); status's `queue` of a GPU O(P + its waiters). Accounts
-are only looked at, through copies (`gang.eligible_at`, `gang.owed_at`): asking the line never
+are only looked at, through copies (`QuotaRule.may_start`, `gang.owed_at`): asking the line never
 bills or rolls anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
@@ -39,8 +39,9 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from appliance.core.gang import account, eligible_at, owed_at
+from appliance.core.gang import account, owed_at
 from appliance.core.quota import EPSILON_S
+from appliance.core.quota_rule import QuotaRule
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
@@ -58,7 +59,7 @@ class _Filing:
     offender: bool
     gpus: tuple[str, ...]
     lent_at: float | None
-    eligible: bool  # its quota lets it start (`gang.eligible`)
+    eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
     owed: bool  # part of a member's share is owed to it (`share`)
 
     @property
@@ -121,8 +122,9 @@ class Bucket:
 class Line:
     """Every gang filed by what the lock asks of it (see the module's docstring)."""
 
-    def __init__(self, state: NodeState) -> None:
+    def __init__(self, state: NodeState, quotas: QuotaRule) -> None:
         self._s = state
+        self._quotas = quotas  # whether a waiter may start, and when it may again
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
         self._filed: dict[str, _Filing] = {}  # every waiting gang
@@ -163,9 +165,10 @@ class Line:
         s, now = self._s, self.now
         eligible, owed, turn = True, False, None
         if accounted(s, g):
-            eligible = eligible_at(s, g, now)
+            eligible = self._quotas.may_start(g, now)
             owed = owed_at(s, g, now) > EPSILON_S
-            turn = window_turn(s, g, now, eligible)
+            opens = None if eligible else self._quotas.opens_at(g, now)
+            turn = min((t for t in (share_turn(s, g, now), opens) if t is not None), default=None)
         f = _Filing(
             ticket=g.ticket,
             priority=g.priority,
@@ -303,7 +306,7 @@ class Line:
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
             assert now_filed == was, (k, now_filed, was)
             owed = owed_at(s, g, self.now) > EPSILON_S
-            assert (f.eligible, f.owed) == (eligible_at(s, g, self.now), owed), k
+            assert (f.eligible, f.owed) == (self._quotas.may_start(g, self.now), owed), k
         lenders = {
             k
             for k, g in s.gangs.items()
@@ -322,9 +325,9 @@ def accounted(s: NodeState, g: Gang) -> bool:
     return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
 
 
-def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | None:
-    """When what a waiting gang is filed by may next change: a member's share window turns
-    (it is owed again), or, while its quota keeps it out, its quota's window."""
+def share_turn(s: NodeState, g: Gang, now: float) -> float | None:
+    """When a member's share window turns (it is owed again); what a waiting gang is filed by
+    may change then, as when its quota's window opens (`QuotaRule.opens_at`)."""
     settings = s.policy.scheduler
     times = []
     for m in g.members:
@@ -332,11 +335,6 @@ def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | No
             ahead = replace(share)
             ahead.roll(now, settings)
             times.append(ahead.next_window(settings))
-    quota = account(s, g)
-    if quota is not None and not eligible:
-        spent = replace(quota)
-        spent.roll(now, settings)
-        times.append(spent.next_window(settings))
     return min(times, default=None)
 
 

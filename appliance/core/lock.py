@@ -87,8 +87,8 @@ Actions = list[act.Action]
 class Lock:
     def __init__(self, state: NodeState) -> None:
         self._s = state
-        self.line = Line(state)
         self.quotas = QuotaRule(state)  # (the pattern for the other rules: `quota_rule`)
+        self.line = Line(state, self.quotas)
         self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests

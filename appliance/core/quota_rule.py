@@ -7,20 +7,22 @@ object with the questions the lock's phases ask of it, and nothing else:
 
 - commands, asked only by the phases of `Lock.schedule` and by a release (`bill`, `spent`):
   they bill a holder's time and roll its windows;
-- queries, asked by anyone (`drop_at`): they look at what was billed and write nothing
-  (`next_deadline` is a query).
+- queries, asked by anyone (`drop_at`, and the line's `may_start`, `opens_at`): they look
+  at what was billed, or through a copy of the account, and write nothing (`next_deadline`
+  and the line's filing are queries).
 
 The pattern for the other rules (priority, gang, share, lending): an object built on the
 node's state, its commands named for the phase that asks them, its queries side-effect free.
 The accounts themselves (windows, debt, the drain estimate) are `quota.QuotaAccount`. Not
-yet here: whether a waiter may start, which the line files it by (`gang.eligible_at`) and
-`terms` asks (`gang.eligible`).
+yet here: `terms` asks whether a lender may start through `gang.eligible` (which rolls).
 
 Cost: each question O(members of the gang asked about) (one account; a window rolled at most
 once per window passed).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from appliance.core.gang import account
 from appliance.core.quota import EPSILON_S, QuotaAccount
@@ -69,3 +71,22 @@ class QuotaRule:
             return None
         left = max(0.0, quota.hold_s(settings))
         return max(g.billed_until + left, g.granted_at + settings.quota_sample_interval_s)
+
+    def may_start(self, g: Gang, now: float) -> bool:
+        """Whether g may be granted now: not waiting for its quota's next window."""
+        quota = self.of(g)
+        if quota is None:
+            return True
+        ahead = replace(quota)
+        ahead.roll(now, self._s.policy.scheduler)
+        return ahead.may_start(self._s.policy.scheduler)
+
+    def opens_at(self, g: Gang, now: float) -> float | None:
+        """When the window after the current one starts (a waiter its quota keeps out may
+        start then); None without a quota."""
+        quota = self.of(g)
+        if quota is None:
+            return None
+        ahead = replace(quota)
+        ahead.roll(now, self._s.policy.scheduler)
+        return ahead.next_window(self._s.policy.scheduler)
