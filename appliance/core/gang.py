@@ -69,19 +69,6 @@ def gang_of(s: NodeState, c: Client) -> Gang:
     return s.gangs[c.gang]
 
 
-def line(s: NodeState) -> list[Gang]:
-    """The gangs waiting, in about the order they will be granted (`priority.line`, without
-    the starvation limit, which needs the time): offenders last, then by priority, equal ones
-    first come first served."""
-    # (tickets are unique: the gangs themselves are never compared; no key function to call)
-    waiting = sorted(
-        (g.offender, -g.priority, g.ticket, g)
-        for g in s.gangs.values()
-        if g.phase is GangPhase.WAITING
-    )
-    return [entry[3] for entry in waiting]
-
-
 def eligible(s: NodeState, g: Gang, now: float) -> bool:
     """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
     quota = account(s, g)
@@ -89,16 +76,6 @@ def eligible(s: NodeState, g: Gang, now: float) -> bool:
         return True
     quota.roll(now, s.policy.scheduler)
     return quota.may_start(s.policy.scheduler)
-
-
-def eligible_at(s: NodeState, g: Gang, now: float) -> bool:
-    """`eligible`, as a query: the account is looked at through a copy."""
-    quota = account(s, g)
-    if quota is None:
-        return True
-    ahead = replace(quota)
-    ahead.roll(now, s.policy.scheduler)
-    return ahead.may_start(s.policy.scheduler)
 
 
 def owed_s(s: NodeState, g: Gang, now: float) -> float:
@@ -143,19 +120,6 @@ def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
     running = sum(s.clients[h].footprint for h in s.gpus[uuid].holders)
     joining = sum(s.clients[m].footprint for m in g.members if s.clients[m].gpu == uuid)
     return running + joining <= size - s.policy.memory.reserve_bytes
-
-
-def queue(s: NodeState, uuid: str) -> list[int]:
-    """The clients waiting for a GPU, in the order their gangs will be granted."""
-    out: list[int] = []
-    for g in line(s):
-        if uuid not in g.gpus:
-            continue
-        if not g.joint:  # (most are lone clients: no sort of one)
-            out += [m for m in g.members if s.clients[m].gpu == uuid]
-        else:
-            out += sorted(m for m in g.members if s.clients[m].gpu == uuid)
-    return out
 
 
 def label(g: Gang) -> str:
@@ -408,7 +372,7 @@ def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[G
                 o = s.gangs[key]
                 if o.phase is not GangPhase.HOLDING:
                     continue
-                at = now if shown else o.quantum_from + _quantum(s, o)
+                at = now if shown else o.quantum_from + quantum(s, o)
                 if at <= now:
                     out[key] = o
                 elif later is None or at < later:
@@ -416,5 +380,7 @@ def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[G
     return list(out.values()), later
 
 
-def _quantum(s: NodeState, g: Gang) -> float:
-    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))
+def quantum(s: NodeState, g: Gang) -> float:
+    """A gang's quantum: the shortest of its GPUs'. (The node's, looked up for no GPU, is
+    worked out afresh each time: asked only of a gang that holds none.)"""
+    return min(s.time_quantum(u) for u in g.held) if g.held else s.time_quantum("")

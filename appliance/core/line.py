@@ -25,8 +25,9 @@ what it is filed by changes (`refile`), and the questions read the files:
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
 questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
-(once a window, not once an event). Accounts are only looked at, through copies
-(`gang.eligible_at`, `gang.owed_at`): asking the line never bills or rolls anything.
+(once a window, not once an event); status's `queue` of a GPU O(P + its waiters). Accounts
+are only looked at, through copies (`QuotaRule.may_start`, `gang.owed_at`): asking the line never
+bills or rolls anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
 """
@@ -38,8 +39,9 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from appliance.core.gang import account, eligible_at, owed_at
+from appliance.core.gang import account, owed_at
 from appliance.core.quota import EPSILON_S
+from appliance.core.quota_rule import QuotaRule
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
@@ -57,7 +59,7 @@ class _Filing:
     offender: bool
     gpus: tuple[str, ...]
     lent_at: float | None
-    eligible: bool  # its quota lets it start (`gang.eligible`)
+    eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
     owed: bool  # part of a member's share is owed to it (`share`)
 
     @property
@@ -120,12 +122,14 @@ class Bucket:
 class Line:
     """Every gang filed by what the lock asks of it (see the module's docstring)."""
 
-    def __init__(self, state: NodeState) -> None:
+    def __init__(self, state: NodeState, quotas: QuotaRule) -> None:
         self._s = state
+        self._quotas = quotas  # whether a waiter may start, and when it may again
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
         self._filed: dict[str, _Filing] = {}  # every waiting gang
         self._line: dict[Class, Bucket] = {}  # the eligible ones
+        self._resting: dict[str, Gang] = {}  # the others: their quota keeps them out for now
         self._by_gpu: dict[str, dict[Class, Bucket]] = {}
         self._waited: dict[str, int] = {}  # GPU -> eligible gangs waiting for it
         self._turns: list[tuple[float, int, str]] = []  # (a window turns, stamp, key): a heap
@@ -161,9 +165,10 @@ class Line:
         s, now = self._s, self.now
         eligible, owed, turn = True, False, None
         if accounted(s, g):
-            eligible = eligible_at(s, g, now)
+            eligible = self._quotas.may_start(g, now)
             owed = owed_at(s, g, now) > EPSILON_S
-            turn = window_turn(s, g, now, eligible)
+            opens = None if eligible else self._quotas.opens_at(g, now)
+            turn = min((t for t in (share_turn(s, g, now), opens) if t is not None), default=None)
         f = _Filing(
             ticket=g.ticket,
             priority=g.priority,
@@ -179,6 +184,7 @@ class Line:
             self._stamp[g.key] = self._stamps
             heapq.heappush(self._turns, (turn, self._stamps, g.key))
         if not eligible:
+            self._resting[g.key] = g
             return  # rests until its quota's window turns
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
@@ -194,6 +200,7 @@ class Line:
             del by_priority[lent[1]][key]
             if not by_priority[lent[1]]:
                 del by_priority[lent[1]]
+        self._resting.pop(key, None)
         f = self._filed.pop(key, None)
         if f is None or not f.eligible:
             return
@@ -225,17 +232,44 @@ class Line:
         """The eligible waiting gangs in the order they are granted (`priority.line`), read
         lazily: O(P) to start, O(1) a gang."""
         self.catch_up(now)
-        patience = now - self._s.policy.scheduler.starvation_limit_s
-
-        def starved(g: Gang) -> bool:
-            return g.waiting_since <= patience
-
+        starved = self._starved(now)
         parts: list[tuple[LineKey, Bucket, bool]] = []
         for (offender, owed, prio), bucket in self._line.items():
             for want in (True, False):
                 parts.append(((offender, not owed, not want, -prio), bucket, want))
         for _, bucket, want in sorted(parts, key=lambda part: part[0]):
             yield from bucket.walk(starved, want)
+
+    def _starved(self, now: float) -> Callable[[Gang], bool]:
+        patience = now - self._s.policy.scheduler.starvation_limit_s
+        return lambda g: g.waiting_since <= patience
+
+    def queue(self, uuid: str, now: float) -> list[int]:
+        """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
+        those whose quota keeps them out until their window turns (in `priority.line`'s order
+        without starvation). For status: O(waiting for uuid) and no sort of the waiting gangs
+        (each bucket is cut after its starved prefix, found by a walk of its length)."""
+        self.catch_up(now)
+        starved = self._starved(now)
+        parts: list[tuple[LineKey, list[tuple[int, str]], Bucket]] = []
+        for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
+            k = 0
+            while k < len(bucket.order) and starved(bucket.gangs[bucket.order[k][1]]):
+                k += 1
+            parts.append(((offender, not owed, False, -prio), bucket.order[:k], bucket))
+            parts.append(((offender, not owed, True, -prio), bucket.order[k:], bucket))
+        gangs = [
+            b.gangs[key] for _, part, b in sorted(parts, key=lambda p: p[0]) for _, key in part
+        ]
+        resting = (g for g in self._resting.values() if uuid in g.gpus)
+        gangs += sorted(resting, key=lambda g: (g.offender, -g.priority, g.ticket))
+        clients, out = self._s.clients, []
+        for g in gangs:
+            if g.joint:
+                out += sorted(m for m in g.members if clients[m].gpu == uuid)
+            else:  # (a lone gang's one member waits for the one GPU it waits for)
+                out += g.members
+        return out
 
     def all_taken(self, blocked: set[str]) -> bool:
         """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
@@ -264,13 +298,15 @@ class Line:
         assert owning == self.owning.keys(), (owning, self.owning.keys())
         waiting = {k: g for k, g in s.gangs.items() if g.phase is GangPhase.WAITING}
         assert waiting.keys() == self._filed.keys(), (waiting.keys(), self._filed.keys())
+        resting = {k for k, f in self._filed.items() if not f.eligible}
+        assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
             assert now_filed == was, (k, now_filed, was)
             owed = owed_at(s, g, self.now) > EPSILON_S
-            assert (f.eligible, f.owed) == (eligible_at(s, g, self.now), owed), k
+            assert (f.eligible, f.owed) == (self._quotas.may_start(g, self.now), owed), k
         lenders = {
             k
             for k, g in s.gangs.items()
@@ -289,9 +325,9 @@ def accounted(s: NodeState, g: Gang) -> bool:
     return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
 
 
-def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | None:
-    """When what a waiting gang is filed by may next change: a member's share window turns
-    (it is owed again), or, while its quota keeps it out, its quota's window."""
+def share_turn(s: NodeState, g: Gang, now: float) -> float | None:
+    """When a member's share window turns (it is owed again); what a waiting gang is filed by
+    may change then, as when its quota's window opens (`QuotaRule.opens_at`)."""
     settings = s.policy.scheduler
     times = []
     for m in g.members:
@@ -299,11 +335,6 @@ def window_turn(s: NodeState, g: Gang, now: float, eligible: bool) -> float | No
             ahead = replace(share)
             ahead.roll(now, settings)
             times.append(ahead.next_window(settings))
-    quota = account(s, g)
-    if quota is not None and not eligible:
-        spent = replace(quota)
-        spent.roll(now, settings)
-        times.append(spent.next_window(settings))
     return min(times, default=None)
 
 

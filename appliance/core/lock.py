@@ -42,7 +42,7 @@ WAITING again when a member asked meanwhile); a holder whose members all release
 HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
 gangs merge into one (it keeps their turn). After each event,
 `schedule` runs its phases in this order, each asking one rule: pass over late holders (the
-drop deadline) -> drop spent quotas (`quota`) -> reclaim ahead of a steady lender (`ahead`)
+drop deadline) -> drop spent quotas (`quota_rule`) -> reclaim ahead of a steady lender (`ahead`)
 -> grant in line order (`line`, ordered by `priority` and `share`; `gang.grantable`) ->
 preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `share`,
 quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
@@ -66,7 +66,6 @@ from appliance.core import events as ev
 from appliance.core.drops import DropReason
 from appliance.core.gang import (
     Gangs,
-    account,
     gang_of,
     grantable,
     in_the_way,
@@ -75,18 +74,21 @@ from appliance.core.gang import (
 )
 from appliance.core.line import Line, Waiting
 from appliance.core.quota import EPSILON_S
+from appliance.core.quota_rule import QuotaRule
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
 
 log = logging.getLogger("nvshare.scheduler")
 
 LOCK_NOT_RELEASED = "NvshareLockNotReleased"  # the reason of the Event on an offender's pod
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
+Actions = list[act.Action]
 
 
 class Lock:
     def __init__(self, state: NodeState) -> None:
         self._s = state
-        self.line = Line(state)
+        self.quotas = QuotaRule(state)  # (the pattern for the other rules: `quota_rule`)
+        self.line = Line(state, self.quotas)
         self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests
@@ -283,14 +285,9 @@ class Lock:
         return out
 
     def _bill(self, g: Gang, now: float) -> None:
-        """Bill a quota holder up to now; a draining one is billed its whole drain at once,
-        at its release, so its drain estimate learns the drop-to-release time."""
+        """Bill g's quota (`quota_rule`) and its members' shares up to now."""
         settings = self._s.policy.scheduler
-        quota = account(self._s, g)
-        if quota is not None and g.phase is GangPhase.DRAINING:
-            quota.bill_drain(g.billed_until, now, settings)
-        elif quota is not None and g.phase is GangPhase.HOLDING:
-            quota.bill(g.billed_until, now, settings)
+        self.quotas.bill(g, now)
         for m in g.members:  # shares: each member's own, the drain included (its work ran)
             c = self._s.clients[m]
             if c.guarantee is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
@@ -319,10 +316,11 @@ class Lock:
             *self._grant_waiting(keeps, now),
         ]
         waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
-        if dropped := self._preempt_for_waiters(waiting, now):
-            out += dropped + self._grant_waiting(keeps, now)  # a lender is granted beside the drain
+        dropped, gangs = self._preempt_for_waiters(waiting, now)
+        if any(yielding.frees(g, waiting) for g in gangs):
+            dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
         lending = terms.lending(self._s, self.line, waiting, keeps, now)
-        return [*out, *terms.changed(self._s, waiting), *lending]
+        return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
@@ -358,16 +356,12 @@ class Lock:
 
     def _drop_spent_quotas(self, now: float) -> list[act.Action]:
         """A holder whose quota is spent drops, even if nobody waits."""
-        settings = self._s.policy.scheduler
         out: list[act.Action] = []
         for g in list(self.line.owning.values()):
-            quota = account(self._s, g)
-            if g.phase is not GangPhase.HOLDING or quota is None:
+            if g.phase is not GangPhase.HOLDING or self.quotas.of(g) is None:
                 continue
             self._bill(g, now)
-            quota.roll(now, settings)
-            min_hold = g.granted_at + settings.quota_sample_interval_s
-            if quota.hold_s(settings) <= EPSILON_S and now >= min_hold - EPSILON_S:
+            if self.quotas.spent(g, now):
                 out += self._drop(g, now, DropReason.QUOTA)
         return out
 
@@ -402,17 +396,17 @@ class Lock:
             out += self._grant(g, now)
         return out
 
-    def _preempt_for_waiters(self, waiting: Waiting, now: float) -> list[act.Action]:
+    def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
-        time); a gang in the way of one that holds part of its GPUs drops now."""
-        out: list[act.Action] = []
-        for g in in_the_way(self._s, list(self.line.owning.values()), now)[0]:
-            out += self._drop(g, now, DropReason.GANG)
+        time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
+        dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
+        out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
             due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
-        return out
+                dropped.append(due[1])
+        return out, dropped
 
     # ------------------------------------------------------------ deadlines
 
@@ -435,13 +429,6 @@ class Lock:
         return min(times) if times else None
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:
-        settings = self._s.policy.scheduler
-        quota = account(self._s, g)
         if g.phase is GangPhase.DRAINING:
-            return [g.dropped_at + settings.drop_deadline_s]
-        if g.phase is GangPhase.HOLDING and quota is not None:
-            # A grant lasts at least one sample interval, so a tiny budget cannot turn into
-            # grant/drop ping-pong; otherwise the drop comes its drain before the budget ends.
-            left = max(0.0, quota.hold_s(settings))
-            return [max(g.billed_until + left, g.granted_at + settings.quota_sample_interval_s)]
-        return []
+            return [g.dropped_at + self._s.policy.scheduler.drop_deadline_s]
+        return [] if (due := self.quotas.drop_at(g)) is None else [due]

@@ -137,7 +137,7 @@ class NodeCore:
     def status(
         self, now: float, clients: tuple[views.ClientView, ...] | None = None
     ) -> views.StatusView:
-        return views.status(self.state, now, clients)
+        return views.status(self.state, now, lambda uuid: self.lock.line.queue(uuid, now), clients)
 
     def client_rows(self, now: float) -> Iterator[views.ClientView]:
         """Each connected client's status row, one at a time: a caller may stop between rows

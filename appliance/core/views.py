@@ -14,11 +14,11 @@ import functools
 import types
 import typing
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from appliance.core.gang import label, queue
+from appliance.core.gang import label
 from appliance.core.gpus import GpuUse
 from appliance.core.gputime import (
     NO_LOCK_TIME,
@@ -35,6 +35,8 @@ from appliance.core.state import Client, DroppedOverride, NodeState, Phase, Unho
 from appliance.policy.model import Mode, Policy
 
 T = TypeVar("T")
+Queue = Callable[[str], list[int]]  # a GPU's waiting clients, in the order of grants
+Rows = tuple["ClientView", ...]
 
 
 class QueryError(Exception):
@@ -186,7 +188,7 @@ def client_view(s: NodeState, c: Client, now: float) -> ClientView:
     )
 
 
-def gpu_view(s: NodeState, uuid: str) -> GpuView:
+def gpu_view(s: NodeState, uuid: str, queue: Queue) -> GpuView:
     gpu, modes = s.gpus[uuid], s.overrides.modes
     return GpuView(
         uuid=uuid,
@@ -198,7 +200,7 @@ def gpu_view(s: NodeState, uuid: str) -> GpuView:
         tq_source="nvsharectl" if s.overrides.time_quantum_s else "policy",
         memory_total=s.gpu_memory(uuid),
         holders=tuple(sorted(gpu.holders)),
-        queue=tuple(queue(s, uuid)),
+        queue=tuple(queue(uuid)),
         core_requested=gpu.requested_percent,
     )
 
@@ -223,12 +225,12 @@ def unhooked_view(s: NodeState, p: UnhookedProcess, now: float) -> UnhookedView:
     )
 
 
-def status(s: NodeState, now: float, clients: tuple[ClientView, ...] | None = None) -> StatusView:
-    """`clients`: the client rows, built before (a slice at a time, `queries.Answers`)."""
+def status(s: NodeState, now: float, queue: Queue, clients: Rows | None = None) -> StatusView:
+    """`clients`: rows built before (`queries.Answers`); `queue`: from the lock's line."""
     if clients is None:
         clients = tuple(client_view(s, c, now) for c in s.clients.values())
     return StatusView(
-        gpus=tuple(gpu_view(s, uuid) for uuid in sorted(s.gpus)),
+        gpus=tuple(gpu_view(s, uuid, queue) for uuid in sorted(s.gpus)),
         clients=clients,
         counters=dict(s.counters),
         default_mode=s.policy.scheduler.mode,
@@ -408,8 +410,8 @@ def _plain(value: Any) -> Any:
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {name: _plain(getattr(value, name)) for name in _field_names(type(value))}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+    if isinstance(value, (list, tuple)):  # (a GPU's queue: thousands of ints, passed as is)
+        return [v if type(v) is int else _plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     return value

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from appliance.core import priority
 from appliance.core.drops import DropReason
+from appliance.core.gang import quantum
 from appliance.core.line import Waiting
 from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
@@ -59,6 +60,11 @@ def turn(
     return max(at_, now + owed_h), why
 
 
-def quantum(s: NodeState, g: Gang) -> float:
-    """A gang's quantum: the shortest of its GPUs'."""
-    return min((s.time_quantum(u) for u in g.held), default=s.time_quantum(""))
+def frees(g: Gang, waiting: Waiting) -> bool:
+    """Whether g's drop can let a waiter in before g has released, so that the lock reads its
+    line again (otherwise a second grant pass finds what the first did): g waited for more
+    GPUs (those behind it no longer wait for them), or g borrowed the idle time of a waiter of
+    higher priority (`gang.grantable`: granted beside g's drain). O(G x P)."""
+    return bool(g.gpus - g.held) or any(
+        priority.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
+    )

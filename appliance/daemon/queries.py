@@ -93,14 +93,17 @@ class Answers:
         thousands of clients the whole takes tens of milliseconds, none of it in one piece:
         the client rows and the pods (one per client, on a busy node) are encoded in slices
         and spliced into the rest."""
-        now, clients, rows = self._clock(), [], []
+        now, clients, rows, piece = self._clock(), [], [], []
         started = time.perf_counter()
         for row in self._core.client_rows(now):
             clients.append(row)
-            rows.append(json.dumps(views.to_json(row), sort_keys=True))
+            piece.append(json.dumps(views.to_json(row), sort_keys=True))
             if time.perf_counter() - started >= slice_s:
+                rows.append(", ".join(piece).encode("utf-8"))  # (a slice's rows, joined)
+                piece = []
                 yield None
                 started = time.perf_counter()
+        rows += [", ".join(piece).encode("utf-8")] if piece else []
         node = self._core.status(now, tuple(clients))  # the GPUs' queues, the pods
         yield None
         pods: list[str] = []
@@ -118,7 +121,11 @@ class Answers:
         text = json.dumps(doc, sort_keys=True).replace(json.dumps(_PODS), _listed(pods), 1)
         head, tail = text.split(json.dumps(_ROWS), 1)
         yield None
-        yield "".join([head, "[", ", ".join(rows), "]", tail]).encode("utf-8")
+        # (the megabytes of rows are copied once here: each slice was joined and encoded)
+        parts = [head.encode("utf-8"), b"["]
+        for i, piece_of_rows in enumerate(rows):
+            parts += [b", ", piece_of_rows] if i else [piece_of_rows]
+        yield b"".join([*parts, b"]", tail.encode("utf-8")])
 
     def policy_status(self) -> views.PolicyStatus:
         w = self._watcher

@@ -86,9 +86,13 @@ class ControlSessions:
         self._status_build = None
         self._status_cache = (generation, started, body)
         asked, self._status_asked = self._status_asked, []
-        for conn, seq in asked:
-            if not conn.closed:
-                conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, body, seq=seq))
+        for conn, seq in asked:  # each on a pass of its own: framing megabytes takes ms
+            asyncio.get_running_loop().call_soon(self._send_status, conn, seq, body)
+
+    @staticmethod
+    def _send_status(conn: PeerConnection, seq: int, body: bytes) -> None:
+        if not conn.closed:
+            conn.send_raw(framing.encode_body(p.MsgType.STATUS_REPLY, body, seq=seq))
 
     def _fresh_status(self) -> bytes | None:
         now, cached = asyncio.get_running_loop().time(), self._status_cache

@@ -87,6 +87,10 @@ class Harness:
         assert isinstance(out[0], act.Registered)
         return cid
 
+    def queued(self, uuid: str) -> list[int]:
+        """The clients status shows waiting for a GPU, in the order they are granted."""
+        return next(list(g.queue) for g in self.core.status(self.now).gpus if g.uuid == uuid)
+
     def enforced(self, cid: int) -> HookLimits:
         """What the client's hook was last told to enforce."""
         return self.state.clients[cid].enforced

@@ -202,3 +202,38 @@ def test_a_status_lists_pods_in_one_pass_over_the_clients() -> None:
 
     small, large = work(SMALL), work(LARGE)
     assert large <= small * LARGE / SMALL * GROWTH, (small, large)
+
+
+def calls(c: Crowd, event: ev.Event, name: str) -> tuple[int, list[act.Action]]:
+    """(calls of the appliance's functions called `name` while handling `event`, actions)."""
+    count = 0
+
+    def tracer(frame: FrameType, why: str, arg: Any) -> Any:
+        nonlocal count
+        count += frame.f_code.co_name == name
+
+    sys.settrace(tracer)
+    try:
+        out = c.feed(event)
+    finally:
+        sys.settrace(None)
+    return count, out
+
+
+def test_a_drop_that_frees_no_gpu_reads_the_line_once() -> None:
+    """The holder lets the GPU go idle; the next is granted; the first asks again inside its
+    quantum and takes the GPU back (`priority.lent_back`). That drop frees the GPU for nobody
+    before the release, so the line is read once, not again after the drop."""
+    c = Crowd(SMALL)
+    c.feed(ev.LockReleased(1, ev.ReleaseReason.IDLE))
+    passes, out = calls(c, ev.LockRequested(1, 3), "_grant_waiting")
+    assert [a.client_id for a in out if isinstance(a, act.Drop)] == [2]
+    assert passes == 1
+
+
+def test_a_hand_off_works_out_no_gpu_settings_again() -> None:
+    """The policy and the GPU have not changed: their mode and quantum are looked up, not
+    worked out from the policy's `gpus` rules again (a gang's quantum did, for no GPU)."""
+    c = Crowd(SMALL)
+    for event in (ev.LockReleased(1, ev.ReleaseReason.IDLE), ev.LockRequested(1, 3)):
+        assert calls(c, event, "gpu_settings")[0] == 0

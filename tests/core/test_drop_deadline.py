@@ -7,7 +7,6 @@ from __future__ import annotations
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.annotations import PodInfo
-from appliance.core.gang import queue
 from appliance.core.lock import LOCK_NOT_RELEASED
 from appliance.core.node import NodeCore
 from appliance.core.state import Phase
@@ -68,7 +67,7 @@ def test_asking_again_before_releasing_queues_nothing() -> None:
     h.advance(DEADLINE)
     assert h.feed(ev.LockRequested(hostile, 2)) == []
     gpu = h.state.gpus[h.state.clients[victim].gpu]
-    assert queue(h.state, gpu.facts.uuid) == []
+    assert h.queued(gpu.facts.uuid) == []
     h.feed(ev.LockReleased(victim, ev.ReleaseReason.IDLE))
     assert gpu.holders == set()  # the GPU is free rather than given to the hostage taker
 
@@ -82,7 +81,7 @@ def test_an_offender_waits_behind_clients_that_came_later() -> None:
     late = h.register()
     h.feed(ev.LockRequested(late, 4))
     gpu = h.state.gpus[h.state.clients[victim].gpu]
-    assert queue(h.state, gpu.facts.uuid) == [late, hostile]
+    assert h.queued(gpu.facts.uuid) == [late, hostile]
     h.feed(ev.LockReleased(victim, ev.ReleaseReason.IDLE))
     assert gpu.holders == {late}
 

@@ -7,7 +7,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core.gang import queue
 from appliance.core.node import NodeCore
 from appliance.core.state import GangPhase, Phase
 from appliance.policy.model import Limits, Policy, Rule, RuleMatch, SchedulerSettings
@@ -137,7 +136,7 @@ def test_a_gang_waits_for_single_gpu_clients_and_nobody_skips_ahead_of_it() -> N
     assert h.state.gangs["pod:g"].held == set()
     late = h.register(gpu=GPU0)
     assert granted(ask(h, late)) == set()  # GPU 0 stays for the gang that came first
-    assert queue(h.state, GPU0) == [g[0], late]
+    assert h.queued(GPU0) == [g[0], late]
     out = h.advance(TQ)
     assert of(out, act.Drop, single)  # the single client's quantum, for the gang
     assert granted(release(h, single)) == set(g)

@@ -96,6 +96,19 @@ def test_a_lower_priority_waits_past_the_quantum_until_the_starvation_limit() ->
     assert drops(h.advance(0.2)) == [low]
 
 
+def test_status_shows_the_queue_in_the_order_of_grants_a_starved_waiter_first() -> None:
+    h = by_uid({1: LOW, 2: HIGH, 3: 0})
+    holder, low, high = h.register(uid=3), h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(holder, 1))
+    h.feed(ev.LockRequested(low, 1))
+    h.advance(31.0)  # the low one has waited past the starvation limit
+    h.feed(ev.LockRequested(high, 1))
+    gpu = h.state.clients[holder].gpu
+    assert h.queued(gpu) == [low, high]
+    assert grants(h.feed(ev.LockReleased(holder, ev.ReleaseReason.EXIT))) == [low]
+    assert h.queued(gpu) == [high]
+
+
 def test_starvation_is_bounded_when_higher_priorities_keep_the_gpu_busy() -> None:
     h = by_uid({1: LOW, 2: HIGH})
     low, a, b = h.register(uid=1), h.register(uid=2), h.register(uid=2)

@@ -17,7 +17,6 @@ from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.core.state import Phase
-from appliance.core.views import status
 from appliance.policy.model import Limits, Policy, SchedulerSettings
 
 from .conftest import Harness
@@ -130,7 +129,7 @@ def test_what_a_long_drain_takes_beyond_the_budget_is_partly_paid_back() -> None
     h.advance(0.4)  # a drain of 400 ms: 400 ms over the budget
     h.feed(ev.LockReleased(cid, ev.ReleaseReason.DROPPED))
     h.advance(0.7)  # the next window begins
-    use = status(h.state, h.now).clients[0].quota
+    use = h.core.status(h.now).clients[0].quota
     assert use is not None
     assert use.used_s == pytest.approx(0.4 * 0.25)  # 25 % of the overshoot is debt
 
@@ -167,7 +166,7 @@ def test_lock_time_is_accounted_per_client_and_per_pod() -> None:
     h.advance(0.1)
     h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))  # b is granted after 0.6 s waiting
     h.advance(0.3)
-    view = status(h.state, h.now)
+    view = h.core.status(h.now)
     by_id = {x.id: x for x in view.clients}
     assert by_id[a].lock.held_s == pytest.approx(1.1)  # the drain after the drop counts
     assert by_id[a].lock.drops == {"quantum": 1}
@@ -188,17 +187,17 @@ def test_a_pod_keeps_the_lock_time_of_departed_clients_until_it_is_removed() -> 
     h.feed(ev.LockRequested(a, 1))
     h.advance(2.0)
     h.feed(ev.ClientGone(a))
-    view = status(h.state, h.now)
+    view = h.core.status(h.now)
     assert view.clients == ()
     (pod,) = view.pods
     assert (pod.clients, pod.lock.held_s) == ((), pytest.approx(2.0))
     b = h.register(pod_uid="pod-1")  # the pod's next process adds to the same totals
     h.feed(ev.LockRequested(b, 1))
     h.advance(1.0)
-    assert status(h.state, h.now).pods[0].lock.held_s == pytest.approx(3.0)
+    assert h.core.status(h.now).pods[0].lock.held_s == pytest.approx(3.0)
     h.feed(ev.ClientGone(b))
     h.feed(ev.PodRemoved(PodRef("pod-1", "ns", "p")))
-    assert status(h.state, h.now).pods == ()
+    assert h.core.status(h.now).pods == ()
 
 
 def test_departed_pods_are_forgotten_oldest_first_beyond_the_bound() -> None:
@@ -219,7 +218,7 @@ def test_building_a_view_changes_no_quota() -> None:
     h.feed(ev.LockRequested(cid, 1))
     h.advance(0.2)
     before = replace(h.state.clients[cid].quota)  # type: ignore[type-var]
-    use = status(h.state, h.now + 0.1).clients[0].quota
+    use = h.core.status(h.now + 0.1).clients[0].quota
     assert use is not None and use.used_s == pytest.approx(0.3)  # what it holds up to then
     assert (use.budget_s, use.window_s) == (pytest.approx(0.6), 2.0)
     assert h.state.clients[cid].quota == before
