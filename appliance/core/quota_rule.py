@@ -74,19 +74,20 @@ class QuotaRule:
 
     def may_start(self, g: Gang, now: float) -> bool:
         """Whether g may be granted now: not waiting for its quota's next window."""
-        quota = self.of(g)
-        if quota is None:
-            return True
-        ahead = replace(quota)
-        ahead.roll(now, self._s.policy.scheduler)
-        return ahead.may_start(self._s.policy.scheduler)
+        ahead = self._rolled(g, now)
+        return ahead is None or ahead.may_start(self._s.policy.scheduler)
 
     def opens_at(self, g: Gang, now: float) -> float | None:
         """When the window after the current one starts (a waiter its quota keeps out may
         start then); None without a quota."""
+        ahead = self._rolled(g, now)
+        return None if ahead is None else ahead.next_window(self._s.policy.scheduler)
+
+    def _rolled(self, g: Gang, now: float) -> QuotaAccount | None:
+        """A copy of g's account rolled to `now` (asking never writes); None without a quota."""
         quota = self.of(g)
         if quota is None:
             return None
         ahead = replace(quota)
         ahead.roll(now, self._s.policy.scheduler)
-        return ahead.next_window(self._s.policy.scheduler)
+        return ahead

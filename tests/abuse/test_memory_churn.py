@@ -12,9 +12,8 @@ from .conftest import MiB, Stage
 OOM = "err 2"
 
 
-def test_what_one_process_of_a_pod_frees_its_peer_may_allocate_at_once(
-    stage: Stage, hooked: Any
-) -> None:
+def two_of_a_pod(stage: Stage, hooked: Any) -> tuple[Any, Any]:
+    """Two programs of one pod (named by a trusted claim) with a 1 GiB limit, CUDA started."""
     stage.policy = (
         f"trust: {{podClaimUids: [{os.getuid()}]}}\n"
         "rules:\n- name: pod\n  match: {namespace: team, podName: churn}\n  memoryLimit: 1Gi\n"
@@ -24,6 +23,14 @@ def test_what_one_process_of_a_pod_frees_its_peer_may_allocate_at_once(
     a, b = hooked(**pod), hooked(**pod)
     for proc in (a, b):
         proc.ok("init")
+    return a, b
+
+
+def test_what_one_process_of_a_pod_frees_its_peer_may_allocate_at_once(
+    stage: Stage, hooked: Any
+) -> None:
+    a, b = two_of_a_pod(stage, hooked)
+    for proc in (a, b):
         proc.ok(f"alloc mem {MiB}")  # registered: both on the pod's ledger
     handle = a.do(f"alloc mem {100 * MiB}").split()[1]  # a: 128 MiB reserved, 101 used
     a.ok(f"free {handle}")  # 127 MiB unused: before, kept reserved for a second
@@ -37,15 +44,8 @@ def test_a_peer_gives_back_its_unused_chunk_when_the_pod_is_refused_for_want_of_
     """Issue 24 item 9, what was left: each process kept up to 64 MiB reserved and unused, and
     its peer was refused that room (3.5-5.7 % of a churn's allocations). The daemon now asks the
     peer to give it back (MEM_RECLAIM) before it decides."""
-    stage.policy = (
-        f"trust: {{podClaimUids: [{os.getuid()}]}}\n"
-        "rules:\n- name: pod\n  match: {namespace: team, podName: churn}\n  memoryLimit: 1Gi\n"
-    )
-    stage.start()
-    pod = {"NVSHARE_POD_NAMESPACE": "team", "NVSHARE_POD_NAME": "churn"}
-    a, b = hooked(**pod), hooked(**pod)
+    a, b = two_of_a_pod(stage, hooked)
     for proc in (a, b):
-        proc.ok("init")
         proc.ok(f"alloc mem {MiB}")  # each: a 64 MiB chunk reserved, 1 MiB used
     b.ok(f"alloc mem {1000 * MiB}")  # 1 + 1001 of 1024 MiB: before, refused (a kept 63 MiB)
     assert b.do(f"alloc mem {30 * MiB}") == OOM  # the limit still holds
