@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from appliance.core.identity import ClientIdentity
 from appliance.policy.model import (
@@ -68,32 +68,6 @@ class PodInfo:
     @property
     def ref(self) -> PodRef:
         return PodRef(uid=self.uid, namespace=self.namespace, name=self.name)
-
-
-def pod_info(obj: Mapping[str, Any]) -> PodInfo:
-    """A PodInfo from a pod as the API serves it (JSON, camelCase)."""
-    meta = obj.get("metadata") or {}
-    return PodInfo(
-        uid=str(meta.get("uid", "")),
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        node=str((obj.get("spec") or {}).get("nodeName") or ""),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-        resources=_extended_resources(obj.get("spec") or {}),
-    )
-
-
-def _extended_resources(spec: Mapping[str, Any]) -> frozenset[str]:
-    """The extended resources (names with a domain, like nvshare.com/gpu) any container of the
-    pod requests or limits."""
-    names: set[str] = set()
-    for kind in ("containers", "initContainers"):
-        for container in spec.get(kind) or []:
-            resources = container.get("resources") or {}
-            for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
-                names.update(str(name) for name in amounts if "/" in str(name))
-    return frozenset(names)
 
 
 @dataclass(frozen=True, slots=True)

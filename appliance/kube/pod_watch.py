@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from kubernetes import client
 
-from appliance.core.annotations import PodInfo, PodRef, pod_info
+from appliance.core.annotations import PodInfo, PodRef
 from appliance.kube.access import Permissions
 from appliance.kube.informer import Informer
+from appliance.placement.resources import pod_info
 
 
 class PodWatcher:

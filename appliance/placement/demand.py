@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.core.annotations import MEMORY_LIMIT, pod_info, resolve_overrides
+from appliance.core.annotations import MEMORY_LIMIT, resolve_overrides
 from appliance.core.identity import ClientIdentity
 from appliance.core.limits import rule_matches
-from appliance.placement.resources import pod_request
+from appliance.placement.resources import pod_info, pod_request
 from appliance.policy.model import Policy
 from appliance.policy.quantity import MiB
 

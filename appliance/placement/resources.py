@@ -1,4 +1,5 @@
-"""How much of an extended resource a pod holds, read from the pod as the API serves it.
+"""A pod as the API serves it, read: what the core knows of it (`pod_info`), and how much of an
+extended resource it holds.
 
 Pure (no client, no I/O): the MIG webhook, the scheduler extender and its pod cache all count
 the same way, the way kube-scheduler does for extended resources: a container's limit (or its
@@ -12,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from appliance.core.annotations import PodInfo
 from appliance.policy.quantity import QuantityError, parse_count
 
 log = logging.getLogger(__name__)
@@ -43,3 +45,29 @@ def pod_request(pod: Mapping[str, Any], resource: str) -> int:
     containers = sum(_container_amount(c, resource) for c in spec.get("containers") or [])
     inits = [_container_amount(c, resource) for c in spec.get("initContainers") or []]
     return max([containers, *inits])
+
+
+def pod_info(obj: Mapping[str, Any]) -> PodInfo:
+    """A PodInfo from a pod as the API serves it (JSON, camelCase)."""
+    meta = obj.get("metadata") or {}
+    return PodInfo(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=str((obj.get("spec") or {}).get("nodeName") or ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        resources=_extended_resources(obj.get("spec") or {}),
+    )
+
+
+def _extended_resources(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The extended resources (names with a domain, like nvshare.com/gpu) any container of the
+    pod requests or limits."""
+    names: set[str] = set()
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            resources = container.get("resources") or {}
+            for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+                names.update(str(name) for name in amounts if "/" in str(name))
+    return frozenset(names)
