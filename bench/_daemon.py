@@ -92,6 +92,25 @@ class BenchDaemon:
         self.proc.wait(15)
 
 
+def handoff_p50(d: BenchDaemon, n: int = 500) -> float:
+    """Median time from one client's release to the other's grant, two clients taking turns."""
+    a, b = d.client(), d.client()
+    a.request(p.LockRequest())
+    b.send(p.LockRequest())
+    holder, waiter, lat = a, b, []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        holder.send(p.LockReleased(p.ReleaseReason.IDLE))
+        while not isinstance(waiter.receive()[1], p.LockGrant):
+            pass
+        lat.append(time.perf_counter() - t0)
+        holder.send(p.LockRequest())
+        holder, waiter = waiter, holder
+    a.close()
+    b.close()
+    return percentile(lat, 50)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]

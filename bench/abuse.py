@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from _daemon import GPU, BenchDaemon, machine, percentile
+from _daemon import GPU, BenchDaemon, handoff_p50, machine, percentile
 
 from appliance.wire import protocol as p
 from appliance.wire import socket_dirs
@@ -272,24 +272,6 @@ def open_files() -> list[str]:
 
 
 # ------------------------------------------------------------------ GPU entries
-
-
-def handoff_p50(d: BenchDaemon, n: int = 500) -> float:
-    a, b = d.client(), d.client()
-    a.request(p.LockRequest())
-    b.send(p.LockRequest())
-    holder, waiter, lat = a, b, []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        holder.send(p.LockReleased(p.ReleaseReason.IDLE))
-        while not isinstance(waiter.receive()[1], p.LockGrant):
-            pass
-        lat.append(time.perf_counter() - t0)
-        holder.send(p.LockRequest())
-        holder, waiter = waiter, holder
-    a.close()
-    b.close()
-    return percentile(lat, 50)
 
 
 def gpu_entries() -> list[str]:

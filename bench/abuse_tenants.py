@@ -30,9 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _daemon import GPU, BenchDaemon, machine, percentile
-
-from appliance.wire import protocol as p
+from _daemon import GPU, BenchDaemon, handoff_p50, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_PYTHON = "/usr/bin/python3"
@@ -240,24 +238,6 @@ def extender_section(before: Path, policy_dir: Path) -> list[str]:
 # ------------------------------------------------------------------ metrics
 
 
-def handoff_p50(d: BenchDaemon, n: int = 300) -> float:
-    a, b = d.client(), d.client()
-    a.request(p.LockRequest())
-    b.send(p.LockRequest())
-    holder, waiter, lat = a, b, []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        holder.send(p.LockReleased(p.ReleaseReason.IDLE))
-        while not isinstance(waiter.receive()[1], p.LockGrant):
-            pass
-        lat.append(time.perf_counter() - t0)
-        holder.send(p.LockRequest())
-        holder, waiter = waiter, holder
-    a.close()
-    b.close()
-    return percentile(lat, 50)
-
-
 def scrapers(port: int, n: int, stop: threading.Event) -> list[threading.Thread]:
     def loop() -> None:
         while not stop.is_set():
@@ -287,11 +267,11 @@ def metrics(tree: Path) -> list[str]:
     try:
         for _ in range(20):
             d.client().close()  # a few clients came and went: a status worth reading
-        quiet = handoff_p50(d)
+        quiet = handoff_p50(d, 300)
         stop = threading.Event()
         running = scrapers(port, 32, stop)
         time.sleep(1.0)
-        busy = handoff_p50(d)
+        busy = handoff_p50(d, 300)
         stop.set()
         for t in running:
             t.join(30)
