@@ -92,6 +92,16 @@ class BenchDaemon:
         self.proc.wait(15)
 
 
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill the benchmark's own processes (probes, programs) and close their pipes."""
+    for pr in procs:
+        pr.kill()
+        pr.wait()
+        for f in (pr.stdin, pr.stdout):
+            if f is not None:
+                f.close()
+
+
 def handoff_p50(d: BenchDaemon, n: int = 500) -> float:
     """Median time from one client's release to the other's grant, two clients taking turns."""
     a, b = d.client(), d.client()

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from _daemon import GPU, BenchDaemon, handoff_p50, machine, percentile
+from _daemon import GPU, BenchDaemon, handoff_p50, machine, percentile, stop_all
 
 from appliance.wire import protocol as p
 from appliance.wire import socket_dirs
@@ -349,12 +349,7 @@ def recovery(programs: int = 100) -> list[str]:
             f"| all registered again, after the new daemon listened (s) | {back:.2f} |",
         ]
     finally:
-        for pr in procs:
-            pr.kill()
-            pr.wait()
-            for f in (pr.stdin, pr.stdout):
-                if f is not None:
-                    f.close()
+        stop_all(procs)
         d.stop()
 
 

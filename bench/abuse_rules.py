@@ -303,7 +303,7 @@ def pod_churn(tree: Path, steps: int = 3000, seed: int = 7) -> dict[str, Any]:
     how many would have fit beside what both hold. The daemon and hook of `tree`."""
     import random
 
-    from _daemon import BenchDaemon
+    from _daemon import BenchDaemon, stop_all
 
     policy = (
         f"trust: {{podClaimUids: [{os.getuid()}]}}\n"
@@ -359,12 +359,7 @@ def pod_churn(tree: Path, steps: int = 3000, seed: int = 7) -> dict[str, Any]:
             if sum(sz for h in held for _, sz in h) + size <= GiB:
                 with_room += 1
     finally:
-        for pr in probes:
-            pr.kill()
-            pr.wait()
-            for f in (pr.stdin, pr.stdout):
-                if f is not None:
-                    f.close()
+        stop_all(probes)
         d.stop()
     return {
         "allocations": allocs,
