@@ -41,6 +41,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -61,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ = "5s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
-INFER = ["steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph"]  # ARRIVAL:MS[:graph]
+INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph")  # ARRIVAL:MS[:graph]
 RULES = """
 rules:
   - {name: high, match: {executable: '*-nvs-hi*'}, priority: high}
@@ -399,11 +400,10 @@ def section_modes(seconds: float) -> dict[str, Any]:
     return out
 
 
-def section_quotas(seconds: float) -> dict[str, Any]:
+def section_quotas(seconds: float, long: float = QUOTA_SECONDS) -> dict[str, Any]:
     """Shares of work as a user measures them: steps in the first 1 s, 8 s and the whole run
     against the same loop alone over the same spans. `time_share_*` divides out the clock: the
     share of GPU time the work took, if the loop's speed follows the SM clock."""
-    long = QUOTA_SECONDS
     solo = {
         base: run(on_policy(), [Role(base, spec)], long)[base]
         for base, spec in (("t", "train:item"), ("c", "compiled"))
@@ -434,10 +434,10 @@ def section_quotas(seconds: float) -> dict[str, Any]:
     return out
 
 
-def section_priorities(seconds: float) -> dict[str, Any]:
+def section_priorities(seconds: float, infer: tuple[str, ...] = INFER) -> dict[str, Any]:
     out: dict[str, Any] = {}
     train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
-    for request in INFER:
+    for request in infer:
         spec = f"infer:{request}"
         alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
         row: dict[str, Any] = {
@@ -483,7 +483,6 @@ SECTIONS = {
 
 
 def main() -> int:
-    global QUOTA_SECONDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--seconds", type=float, default=12.0)
@@ -491,8 +490,10 @@ def main() -> int:
     ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
     ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
     args = ap.parse_args()
-    QUOTA_SECONDS = args.quota_seconds
-    INFER[:] = args.infer.split(",")
+    sections = SECTIONS | {
+        "quotas": functools.partial(section_quotas, long=args.quota_seconds),
+        "priorities": functools.partial(section_priorities, infer=tuple(args.infer.split(","))),
+    }
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
@@ -500,7 +501,7 @@ def main() -> int:
     }
     for name in args.sections.split(","):
         started = time.monotonic()
-        res[name] = SECTIONS[name](args.seconds)
+        res[name] = sections[name](args.seconds)
         res[name]["section_s"] = round(time.monotonic() - started, 1)
         print(json.dumps({name: res[name]}, indent=1), flush=True)
         if args.json is not None:  # what a run cut short by a time limit has done so far
