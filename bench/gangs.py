@@ -1,27 +1,34 @@
-"""Two 2-GPU NCCL jobs sharing two GPUs under the hook in mode `on`, against one job alone.
+"""Two 2-GPU NCCL jobs sharing two GPUs under the hook in mode `on`, run after run.
 
-Each job is `torchrun --nproc-per-node 2 bench/gang_job.py` (matmul + all-reduce + sync per
-step) with libnvshare.so preloaded and NCCL_NVLS_ENABLE=0, under one daemon (mode on, time
-quantum TQ). Phases, one after the other, each measured over the same window of WINDOW seconds
-that starts SETTLE seconds after the last job's first step:
+Each job is `torchrun --nproc-per-node 2 bench/gang_job.py` with a step SHAPE (`item`: matmul,
+all-reduce, a loss read with .item(); `ddp`: DistributedDataParallel with gradient buckets and
+loss.item(); `sync`: matmul, all-reduce, torch.cuda.synchronize()), libnvshare.so preloaded
+and NCCL_NVLS_ENABLE=0, under one daemon (mode on, time quantum TQ). --runs lists the runs:
 
-  solo   one job alone
-  gangs  two jobs at once; each job's ranks hold both GPUs together (gang locks)
-  lone   two jobs at once, every rank naming a job of its own (NVSHARE_GANG): per-GPU locks
-         taken one at a time, as before gang locks
+  solo:SHAPE        one job alone: the rate the pairs are measured against
+  A+B@S             job a of shape A, then S seconds later job b of shape B; each job's ranks
+                    hold both GPUs together (gang locks)
+  lone:A+B@S        the same, every rank naming a job of its own (NVSHARE_GANG): per-GPU locks
+                    taken one at a time, as before gang locks
 
-It reports steps per job in the window, the two jobs' combined steps against the solo job's,
-the split between them, the daemon's drop counters, and how many 50 ms slices of the window saw
-steps of both jobs finish (0 when the jobs never overlap). Needs two GPUs, PyTorch with NCCL,
-the appliance importable (PYTHONPATH) and ld_hook/build/libnvshare.so built.
+A pair is measured over WINDOW seconds from SETTLE after the later job's first step (a window
+of whole pairs of quanta counts alternating turns exactly). Each job's work is its steps in the
+window over its shape's solo rate; reported are the split of that work between the jobs, their
+sum (`combined`, 1.0 = one job alone), each job's longest wait (its first step after it was
+ready to compute, or the longest gap between two steps up to the window's end), the daemon's
+drop counters, and how many 50 ms slices of the window saw steps of both jobs finish (0 when
+the jobs never overlap). Targets (issue 22, item 3): split within 50/50 +- 5, combined >= 0.97,
+no wait beyond TQ + the drop deadline (5 s). Needs two GPUs, PyTorch with NCCL, the appliance
+importable (PYTHONPATH) and ld_hook/build/libnvshare.so built.
 
-    python3 bench/gangs.py [--tq 5] [--window 40] [--settle 5] [--phases solo,gangs,lone]
+    python3 bench/gangs.py [--tq 5] [--window 20] [--settle 1] [--runs solo:item,item+item@0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import signal
@@ -30,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _daemon import BenchDaemon
 
@@ -41,8 +49,15 @@ HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 SLICE_S = 0.05
 
 
+DROP_DEADLINE_S = 5.0
+DEFAULT_RUNS = (
+    "solo:item,solo:ddp,item+item@0.5,item+item@0,item+item@3,item+item@1,ddp+item@0.5,"
+    "item+ddp@0.5,ddp+item@3,ddp+ddp@0.5,ddp+ddp@0,item+ddp@2"
+)
+
+
 def start_job(
-    d: BenchDaemon, out: Path, name: str, port: int, lone: bool
+    d: BenchDaemon, out: Path, name: str, shape: str, port: int, lone: bool
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -53,16 +68,25 @@ def start_job(
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    cmd += [str(ROOT / "bench" / "gang_job.py"), str(out), name, *(["lone"] if lone else [])]
+    cmd += [str(ROOT / "bench" / "gang_job.py"), str(out), name, shape]
     log = (out / f"{name}.log").open("w")
     return subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [*cmd, *(["lone"] if lone else [])],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
 def stop_jobs(jobs: list[subprocess.Popen[bytes]], out: Path) -> None:
-    """torchrun stops its workers on SIGTERM; any rank still alive after that is killed by the
-    PID it wrote (workers are not in torchrun's process group)."""
+    """Kill the ranks by the PIDs they wrote (a job killed mid-quantum is one the daemon must
+    survive anyway; torchrun's workers are not in its process group), then torchrun."""
+    for pid_file in out.glob("*.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for j in jobs:
         j.send_signal(signal.SIGTERM)
     for j in jobs:
@@ -71,14 +95,10 @@ def stop_jobs(jobs: list[subprocess.Popen[bytes]], out: Path) -> None:
         except subprocess.TimeoutExpired:
             j.kill()
             j.wait()
-    for pid_file in out.glob("*.pid"):
-        try:
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
-def steps_of(out: Path, name: str, rank: int = 0) -> list[float]:
+def marks_of(out: Path, name: str, rank: int = 0) -> list[float]:
+    """[ready, step end, step end, ...] as the rank wrote them."""
     path = out / f"{name}-rank{rank}.steps"
     if not path.exists():
         return []
@@ -91,82 +111,118 @@ def counters(d: BenchDaemon) -> dict[str, int]:
     return {k: v for k, v in doc["counters"].items() if k.startswith(("drops_", "grants"))}
 
 
-def phase(
-    d: BenchDaemon, names: list[str], lone: bool, port: int, args: argparse.Namespace
-) -> dict[str, object]:
-    """Every phase's jobs get ports of their own: a job's rendezvous names its gang."""
+def longest_wait(marks: list[float], end: float) -> float:
+    """The longest time from ready, or from one step, to the next step, up to `end`."""
+    kept = [t for t in marks if t < end] + [end]
+    return max(b - a for a, b in itertools.pairwise(kept))
+
+
+def measure(
+    d: BenchDaemon,
+    jobs: list[tuple[str, str, float]],
+    lone: bool,
+    port: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Start `jobs` (name, shape, delay after the first) and measure them over the window.
+    Every run's jobs get ports of their own: a job's rendezvous names its gang."""
     out = Path(tempfile.mkdtemp(prefix="nvs-gangs-"))
     before = counters(d)
-    jobs = [start_job(d, out, n, port + i, lone) for i, n in enumerate(names)]
+    procs = []
     try:
+        for i, (name, shape, delay) in enumerate(jobs):
+            time.sleep(delay)
+            procs.append(start_job(d, out, name, shape, port + i, lone))
         deadline = time.time() + args.start_timeout
-        while not all(steps_of(out, n) for n in names):
-            if time.time() > deadline or any(j.poll() is not None for j in jobs):
-                logs = {n: (out / f"{n}.log").read_text()[-3000:] for n in names}
+        while not all(len(marks_of(out, n)) > 1 for n, _, _ in jobs):
+            if time.time() > deadline or any(j.poll() is not None for j in procs):
+                logs = {n: (out / f"{n}.log").read_text()[-3000:] for n, _, _ in jobs}
                 raise RuntimeError(f"a job did not start: {logs}")
-            time.sleep(0.2)
-        start = time.time() + args.settle
+            time.sleep(0.1)
+        start = max(marks_of(out, n)[1] for n, _, _ in jobs) + args.settle
         end = start + args.window
-        time.sleep(end - time.time() + 0.5)
+        time.sleep(max(0.0, end - time.time()) + 0.5)
     finally:
-        stop_jobs(jobs, out)
+        stop_jobs(procs, out)
     after = counters(d)
-    steps = {n: [t for t in steps_of(out, n) if start <= t < end] for n in names}
-    rank1 = {n: len([t for t in steps_of(out, n, 1) if start <= t < end]) for n in names}
+    marks = {n: marks_of(out, n) for n, _, _ in jobs}
+    steps = {n: [t for t in m[1:] if start <= t < end] for n, m in marks.items()}
+    rank1 = {n: len([t for t in marks_of(out, n, 1)[1:] if start <= t < end]) for n in marks}
     slices = [{int((t - start) / SLICE_S) for t in ts} for ts in steps.values()]
-    both = len(set.intersection(*slices)) if len(slices) > 1 else 0
     return {
+        "shapes": {n: shape for n, shape, _ in jobs},
         "steps": {n: len(ts) for n, ts in steps.items()},
         "steps_rank1": rank1,
-        "slices_with_both_jobs": both,
+        "longest_wait_s": {n: round(longest_wait(m, end), 2) for n, m in marks.items()},
+        "slices_with_both_jobs": len(set.intersection(*slices)) if len(slices) > 1 else 0,
         "slices": int(args.window / SLICE_S),
         "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
     }
 
 
+def judge(run: dict[str, Any], solo: dict[str, float], tq: float) -> None:
+    """Add each job's work against its shape alone, the split, the sum and the verdicts."""
+    work = {n: run["steps"][n] / solo[shape] for n, shape in run["shapes"].items()}
+    total = sum(work.values())
+    run["work_vs_solo"] = {n: round(w, 4) for n, w in work.items()}
+    run["combined"] = round(total, 4)
+    run["split_pct"] = [round(100 * w / total, 1) if total else 0.0 for w in work.values()]
+    run["fair"] = all(abs(s - 50) <= 5 for s in run["split_pct"])
+    run["throughput_ok"] = total >= 0.97
+    run["waits_ok"] = max(run["longest_wait_s"].values()) <= tq + DROP_DEADLINE_S
+
+
+def parse_run(spec: str) -> tuple[bool, list[tuple[str, str, float]]]:
+    """`solo:item` -> one job; `[lone:]a+b@s` -> job a, then job b s seconds later."""
+    if spec.startswith("solo:"):
+        return False, [("solo", spec[5:], 0.0)]
+    lone = spec.startswith("lone:")
+    pair, _, delay = spec.removeprefix("lone:").partition("@")
+    first, second = pair.split("+")
+    return lone, [("a", first, 0.0), ("b", second, float(delay or 0))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tq", type=float, default=5.0)
-    ap.add_argument("--window", type=float, default=40.0)
-    ap.add_argument("--settle", type=float, default=5.0)
+    ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--start-timeout", type=float, default=120.0)
-    ap.add_argument("--phases", default="solo,gangs,lone")
+    ap.add_argument("--runs", default=DEFAULT_RUNS)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     d = BenchDaemon(f"scheduler: {{mode: 'on', timeQuantum: {args.tq:g}s}}", args=["--debug"])
-    results: dict[str, object] = {
+    results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "tq_s": args.tq,
         "window_s": args.window,
         "gpus": subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
             capture_output=True,
             text=True,
         ).stdout.split("\n")[:2],
+        "runs": [],
     }
+    solo: dict[str, float] = {}
     try:
-        for i, name in enumerate(args.phases.split(",")):
-            names = ["solo"] if name == "solo" else [f"{name}-a", f"{name}-b"]
-            results[name] = r = phase(d, names, name == "lone", 29500 + 10 * i, args)
-            print(name, json.dumps(r), flush=True)
+        for i, spec in enumerate(args.runs.split(",")):
+            lone, jobs = parse_run(spec)
+            run = {"run": spec, **measure(d, jobs, lone, 29500 + 10 * i, args)}
+            if spec.startswith("solo:"):
+                solo[jobs[0][1]] = run["steps"]["solo"]
+            elif all(shape in solo for _, shape, _ in jobs):
+                judge(run, solo, args.tq)
+            results["runs"].append(run)
+            print(json.dumps(run), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1) + "\n")
     finally:
         d.stop()
         if args.json:
             args.json.with_suffix(".daemon.log").write_text(d.log.read_text())
-    solo = results.get("solo")
-    for name in ("gangs", "lone"):
-        pair = results.get(name)
-        if isinstance(solo, dict) and isinstance(pair, dict):
-            a, b = pair["steps"].values()
-            if not a + b:
-                continue
-            pair["combined_vs_solo"] = round((a + b) / solo["steps"]["solo"], 4)
-            pair["split"] = [round(a / (a + b), 4), round(b / (a + b), 4)]
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    pairs = [r for r in results["runs"] if "fair" in r]
+    for key in ("fair", "throughput_ok", "waits_ok"):
+        print(f"{key}: {sum(r[key] for r in pairs)} of {len(pairs)} runs")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--quota-seconds 20] [--infer steady:1,poisson:8:graph,...]
+                               [--quota-variants ';computeWindow: 250ms']
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -353,8 +354,10 @@ def latency(result: dict[str, Any]) -> dict[str, float]:
 # ------------------------------------------------------------------ sections
 
 
-def on_policy(mode: str = "on") -> str:
-    return f"scheduler: {{mode: '{mode}', timeQuantum: {TQ}}}"
+def on_policy(mode: str = "on", settings: str = "") -> str:
+    """The scheduler's policy; `settings`: more of its fields, as YAML flow items."""
+    more = f", {settings}" if settings else ""
+    return f"scheduler: {{mode: '{mode}', timeQuantum: {TQ}{more}}}"
 
 
 def alone_rates(specs: dict[str, str], seconds: float) -> dict[str, float]:
@@ -400,10 +403,13 @@ def section_modes(seconds: float) -> dict[str, Any]:
     return out
 
 
-def section_quotas(seconds: float, long: float = QUOTA_SECONDS) -> dict[str, Any]:
+def section_quotas(
+    seconds: float, long: float = QUOTA_SECONDS, variants: tuple[str, ...] = ("",)
+) -> dict[str, Any]:
     """Shares of work as a user measures them: steps in the first 1 s, 8 s and the whole run
     against the same loop alone over the same spans. `time_share_*` divides out the clock: the
-    share of GPU time the work took, if the loop's speed follows the SM clock."""
+    share of GPU time the work took, if the loop's speed follows the SM clock. Each of
+    `variants` (more scheduler settings, "" for the defaults) runs every quota case."""
     solo = {
         base: run(on_policy(), [Role(base, spec)], long)[base]
         for base, spec in (("t", "train:item"), ("c", "compiled"))
@@ -421,16 +427,20 @@ def section_quotas(seconds: float, long: float = QUOTA_SECONDS) -> dict[str, Any
         }
 
     out: dict[str, Any] = {}
-    for pct, spec, base in (
-        (25, "train:item", "t"),
-        (50, "train:item", "t"),
-        (75, "train:item", "t"),
-        (30, "compiled", "c"),
-    ):
-        name = f"q{pct}{base}"
-        out[name] = {"limit": pct, **shares(run(on_policy(), [Role(name, spec)], long)[name], base)}
-    pair = run(on_policy(), [Role("q25a", "train:item"), Role("q75a", "train:item")], seconds)
-    out["25+75"] = {n: shares(r, "t") for n, r in pair.items()}
+    for settings in variants:
+        policy = on_policy(settings=settings)
+        row: dict[str, Any] = {}
+        for pct, spec, base in (
+            (25, "train:item", "t"),
+            (50, "train:item", "t"),
+            (75, "train:item", "t"),
+            (30, "compiled", "c"),
+        ):
+            name = f"q{pct}{base}"
+            row[name] = {"limit": pct, **shares(run(policy, [Role(name, spec)], long)[name], base)}
+        pair = run(policy, [Role("q25a", "train:item"), Role("q75a", "train:item")], seconds)
+        row["25+75"] = {n: shares(r, "t") for n, r in pair.items()}
+        out[settings or "defaults"] = row
     return out
 
 
@@ -489,9 +499,18 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
     ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
+    ap.add_argument(
+        "--quota-variants",
+        default="",
+        help="scheduler settings for the quotas section, ';' between variants ('' = defaults)",
+    )
     args = ap.parse_args()
     sections = SECTIONS | {
-        "quotas": functools.partial(section_quotas, long=args.quota_seconds),
+        "quotas": functools.partial(
+            section_quotas,
+            long=args.quota_seconds,
+            variants=tuple(args.quota_variants.split(";")),
+        ),
         "priorities": functools.partial(section_priorities, infer=tuple(args.infer.split(","))),
     }
     res: dict[str, Any] = {
