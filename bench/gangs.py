@@ -14,12 +14,14 @@ and NCCL_NVLS_ENABLE=0, under one daemon (mode on, time quantum TQ). --runs list
 A pair is measured over WINDOW seconds from SETTLE after the later job's first step (a window
 of whole pairs of quanta counts alternating turns exactly). Each job's work is its steps in the
 window over its shape's solo rate; reported are the split of that work between the jobs, their
-sum (`combined`, 1.0 = one job alone), each job's longest wait (its first step after it was
-ready to compute, or the longest gap between two steps up to the window's end), the daemon's
-drop counters, and how many 50 ms slices of the window saw steps of both jobs finish (0 when
-the jobs never overlap). Targets (issue 22, item 3): split within 50/50 +- 5, combined >= 0.97,
-no wait beyond TQ + the drop deadline (5 s). Needs two GPUs, PyTorch with NCCL, the appliance
-importable (PYTHONPATH) and ld_hook/build/libnvshare.so built.
+sum (`combined`, 1.0 = one job alone), each job's first step after it was ready to compute
+(start-up included) and longest gap between two steps up to the window's end, the daemon's
+drop counters, every gang's longest wait from its drop to its next grant (from the daemon's
+--debug log; `--waits-from-log FILE` reads a saved one), and how many 50 ms slices of the
+window saw steps of both jobs finish (0 when the jobs never overlap). Targets (issue 22,
+item 3): split within 50/50 +- 5, combined >= 0.97, no wait beyond TQ + the drop deadline
+(5 s). Needs two GPUs, PyTorch with NCCL, the appliance importable (PYTHONPATH) and
+ld_hook/build/libnvshare.so built.
 
     python3 bench/gangs.py [--tq 5] [--window 20] [--settle 1] [--runs solo:item,item+item@0.5]
 """
@@ -31,6 +33,7 @@ import datetime
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,10 +114,36 @@ def counters(d: BenchDaemon) -> dict[str, int]:
     return {k: v for k, v in doc["counters"].items() if k.startswith(("drops_", "grants"))}
 
 
-def longest_wait(marks: list[float], end: float) -> float:
-    """The longest time from ready, or from one step, to the next step, up to `end`."""
-    kept = [t for t in marks if t < end] + [end]
-    return max(b - a for a, b in itertools.pairwise(kept))
+def longest_gap(marks: list[float], end: float) -> float:
+    """The longest time between two steps up to `end` (0 with fewer than two)."""
+    kept = [t for t in marks[1:] if t < end] + [end]
+    return max((b - a for a, b in itertools.pairwise(kept)), default=0.0)
+
+
+def waits_in_log(log: str) -> dict[str, float]:
+    """From the daemon's --debug log: for each gang, the longest time from its being dropped to
+    its next grant (what a job waits for its turn, start-up not included)."""
+    stamp = re.compile(r"^(\S+ \S+) DEBUG nvshare\.scheduler: (.*)$")
+    gang_of: dict[str, str] = {}
+    dropped: dict[str, float] = {}
+    longest: dict[str, float] = {}
+    current = ""
+    for line in log.splitlines():
+        m = stamp.match(line)
+        if m is None:
+            continue
+        t = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if g := re.match(r"grant gpus \[.*\] -> gang (\S+)", m[2]):
+            current = g[1]
+            if current in dropped:
+                waited = t - dropped.pop(current)
+                longest[current] = max(longest.get(current, 0.0), waited)
+        elif c := re.match(r"grant gpu \S+ -> client (\d+)", m[2]):
+            gang_of[c[1]] = current
+        elif d := re.match(r"drop client (\d+) ", m[2]):
+            gang = gang_of.get(d[1], "")
+            dropped.setdefault(gang, t)
+    return {g: round(w, 2) for g, w in longest.items() if g.startswith("uid:")}
 
 
 def measure(
@@ -153,7 +182,8 @@ def measure(
         "shapes": {n: shape for n, shape, _ in jobs},
         "steps": {n: len(ts) for n, ts in steps.items()},
         "steps_rank1": rank1,
-        "longest_wait_s": {n: round(longest_wait(m, end), 2) for n, m in marks.items()},
+        "first_step_s": {n: round(m[1] - m[0], 2) for n, m in marks.items()},
+        "longest_gap_s": {n: round(longest_gap(m, end), 2) for n, m in marks.items()},
         "slices_with_both_jobs": len(set.intersection(*slices)) if len(slices) > 1 else 0,
         "slices": int(args.window / SLICE_S),
         "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after},
@@ -169,7 +199,7 @@ def judge(run: dict[str, Any], solo: dict[str, float], tq: float) -> None:
     run["split_pct"] = [round(100 * w / total, 1) if total else 0.0 for w in work.values()]
     run["fair"] = all(abs(s - 50) <= 5 for s in run["split_pct"])
     run["throughput_ok"] = total >= 0.97
-    run["waits_ok"] = max(run["longest_wait_s"].values()) <= tq + DROP_DEADLINE_S
+    run["waits_ok"] = max(run["longest_gap_s"].values()) <= tq + DROP_DEADLINE_S
 
 
 def parse_run(spec: str) -> tuple[bool, list[tuple[str, str, float]]]:
@@ -190,7 +220,11 @@ def main() -> None:
     ap.add_argument("--start-timeout", type=float, default=120.0)
     ap.add_argument("--runs", default=DEFAULT_RUNS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--waits-from-log", type=Path, help="only read a saved daemon log's waits")
     args = ap.parse_args()
+    if args.waits_from_log is not None:
+        print(json.dumps(waits_in_log(args.waits_from_log.read_text()), indent=1))
+        return
     d = BenchDaemon(f"scheduler: {{mode: 'on', timeQuantum: {args.tq:g}s}}", args=["--debug"])
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -218,11 +252,16 @@ def main() -> None:
                 args.json.write_text(json.dumps(results, indent=1) + "\n")
     finally:
         d.stop()
+        log = d.log.read_text()
+        results["waits_after_drop_s"] = waits_in_log(log)
         if args.json:
-            args.json.with_suffix(".daemon.log").write_text(d.log.read_text())
+            args.json.with_suffix(".daemon.log").write_text(log)
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
     pairs = [r for r in results["runs"] if "fair" in r]
     for key in ("fair", "throughput_ok", "waits_ok"):
         print(f"{key}: {sum(r[key] for r in pairs)} of {len(pairs)} runs")
+    longest = max(results["waits_after_drop_s"].values(), default=0.0)
+    print(f"longest wait of a gang from its drop to its next grant: {longest} s")
 
 
 if __name__ == "__main__":
