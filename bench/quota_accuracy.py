@@ -14,8 +14,9 @@ in a batch, as they do on a GPU.
     make -C ld_hook && .venv/bin/python bench/quota_accuracy.py [--before DIR] [--seconds 14]
 
 `--before DIR` runs the same scenarios against the appliance of another checkout (for example
-`git worktree add /tmp/before <commit>`) in the same run, side by side. Both run the seed's
-defaults (window 2 s, sample interval 50 ms, carry-over 25 %, drop-tail billing 70 %).
+`git worktree add /tmp/before <commit>`) in the same run, side by side. Both run nvshare's quota
+fork's settings (window 2 s, sample interval 50 ms, carry-over 25 %, drop-tail billing 70 %),
+which the built-in defaults were before 2026-11-27 (now 500 ms and 100 %: README).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "ld_hook" / "build"
 WINDOW_S = 2.0
 POLICY = (
-    "scheduler: {mode: 'on', computeWindow: 2s, quotaSampleInterval: 50ms}"  # the rest: defaults
+    "scheduler: {mode: 'on', computeWindow: 2s, quotaSampleInterval: 50ms, "
+    "carryOverPercent: 25, dropTailBillingPercent: 70}"
 )
 # kernel time (at least, and up to this much more at random), kernels per synchronise
 WORKLOADS = {"pytorch": (2000, 1000, 5), "graph": (20000, 10000, 2), "kernel": (1000, 200, 1)}

@@ -1,5 +1,6 @@
 """Compute-quota accuracy on a real GPU: the throughput a client with a quota gets, relative to
-the same work alone and unlimited, per scenario, at the seed's defaults.
+the same work alone and unlimited, per scenario, at the shipped defaults (a 500 ms window, all
+of an overshoot carried as debt).
 
 Real daemon, real hook, real GPU (the CPU counterpart on the fake driver is quota_accuracy.py).
 Workloads, each a process that waits for "go" and then works as fast as the lock lets it:
@@ -15,7 +16,7 @@ that is busy a quarter of the time may run at a higher clock than one busy all o
 then does more than its share of work in its share of time.
 
     bash tests/gpu/run.sh quota_table      # on the GPU machine: builds, then runs this
-    python3 bench/quota_accuracy_gpu.py [--windows 5] [--scenario "alone 25" ...]
+    python3 bench/quota_accuracy_gpu.py [--windows 16] [--scenario "alone 25" ...]
 """
 
 from __future__ import annotations
@@ -36,16 +37,15 @@ from typing import IO
 
 from _daemon import BenchDaemon
 
+from appliance.policy.model import SchedulerSettings
+
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 PROGRAMS = os.environ.get("NVSHARE_GPU_PROGRAMS", "/tmp/nvshare-programs")
 WORKER = ROOT / "tests" / "gpu" / "torch_worker.py"
-WINDOW_S = 2.0
+WINDOW_S = SchedulerSettings().compute_window_s
 WARM_WINDOWS = 2
-POLICY = (
-    "scheduler: {mode: 'on', computeWindow: 2s, quotaSampleInterval: 50ms, "
-    "carryOverPercent: 25, dropTailBillingPercent: 70}"
-)
+POLICY = "scheduler: {mode: 'on'}"  # every quota setting at its default
 WORKLOADS = {
     "torch": [sys.executable, str(WORKER), "quota", "loop"],
     "torch graph": [sys.executable, str(WORKER), "quota", "graph"],
@@ -206,7 +206,7 @@ def markdown(rows: list[Row]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--windows", type=int, default=5, help="measured windows per scenario")
+    ap.add_argument("--windows", type=int, default=16, help="measured windows per scenario")
     ap.add_argument("--scenario", action="append", help="only these (repeatable)")
     args = ap.parse_args()
     gpu = subprocess.run(

@@ -34,12 +34,15 @@ class QuotaAccount:
     drain_s: float = 0.0  # expected time from a drop to the release
     drains: int = 0  # drops it learnt from
 
+    def window_s(self, settings: SchedulerSettings) -> float:
+        return settings.compute_window_s
+
     def budget_s(self, settings: SchedulerSettings) -> float:
-        return settings.compute_window_s * self.percent / 100.0
+        return self.window_s(settings) * self.percent / 100.0
 
     def roll(self, now: float, settings: SchedulerSettings) -> None:
         """Start new windows up to `now`; a share of what was used beyond the budget is debt."""
-        window = settings.compute_window_s
+        window = self.window_s(settings)
         while now >= self.window_start + window:
             over = max(0.0, self.used_s - self.budget_s(settings))
             self.used_s = over * self.carried_percent(settings) / 100.0
@@ -91,13 +94,17 @@ class QuotaAccount:
         return self.hold_s(settings) > EPSILON_S
 
     def next_window(self, settings: SchedulerSettings) -> float:
-        return self.window_start + settings.compute_window_s
+        return self.window_start + self.window_s(settings)
 
 
 @dataclass(slots=True)
 class GuaranteeAccount(QuotaAccount):
     """A guaranteed share (`core.share`): its budget is what the client is owed in a window.
-    Time used beyond it is burst, GPU time nobody else wanted, so it is never debt."""
+    Time used beyond it is burst, GPU time nobody else wanted, so it is never debt. Owed in
+    windows of their own (`requestWindow`), longer than a quota's by default."""
+
+    def window_s(self, settings: SchedulerSettings) -> float:
+        return settings.request_window_s
 
     def carried_percent(self, settings: SchedulerSettings) -> int:
         return 0

@@ -76,7 +76,7 @@ def rescale(s: NodeState, uuid: str, now: float) -> list[Client]:
         for c in clients:
             cut[c.id] = c.limits.core_request * allowed / asked
     factor = min(1.0, 100.0 / total) if total else 1.0
-    window = s.policy.scheduler.compute_window_s
+    window = s.policy.scheduler.request_window_s
     new: list[Client] = []
     for c in asking:
         if c.guarantee is None:

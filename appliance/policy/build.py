@@ -72,6 +72,7 @@ def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
         mode=model.Mode(sch["mode"]),
         time_quantum_s=parse_seconds(sch["timeQuantum"]),
         compute_window_s=parse_seconds(sch["computeWindow"]),
+        request_window_s=parse_seconds(sch["requestWindow"]),
         quota_sample_interval_s=parse_seconds(sch["quotaSampleInterval"]),
         carry_over_percent=sch["carryOverPercent"],
         drop_tail_billing_percent=sch["dropTailBillingPercent"],

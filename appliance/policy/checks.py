@@ -25,6 +25,7 @@ _MIN_SECONDS = {
     "/scheduler/timeQuantum": _TQ_FLOOR,
     "/gpus/*/timeQuantum": _TQ_FLOOR,
     "/scheduler/computeWindow": (0.0, False, "the compute window must be longer than 0"),
+    "/scheduler/requestWindow": (0.0, False, "the request window must be longer than 0"),
     "/scheduler/quotaSampleInterval": (0.0, False, "the sample interval must be longer than 0"),
     "/realtimeCheck/maxSampleAge": (0.0, False, "the sample age must be longer than 0"),
     "/scheduler/dropDeadline": (0.1, True, "the drop deadline must be at least 100ms"),

@@ -60,9 +60,10 @@ class RealtimeCheckMode(enum.Enum):
 class SchedulerSettings:
     mode: Mode = Mode.ON
     time_quantum_s: float = 30.0
-    compute_window_s: float = 2.0
+    compute_window_s: float = 0.5  # compute quotas (coreLimit) are accounted in these
+    request_window_s: float = 2.0  # guaranteed shares (coreRequest) are owed in these
     quota_sample_interval_s: float = 0.05
-    carry_over_percent: int = 25
+    carry_over_percent: int = 100
     drop_tail_billing_percent: int = 70
     idle_release_s: float = 1.0
     drop_deadline_s: float = 5.0

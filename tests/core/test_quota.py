@@ -21,7 +21,9 @@ from appliance.policy.model import Limits, Policy, SchedulerSettings
 
 from .conftest import Harness
 
-SEED = SchedulerSettings()  # the built-in defaults are the seed's: 2 s, 50 ms, 25 %, 70 %
+SEED = SchedulerSettings()  # the built-in defaults: 500 ms, 50 ms, 100 %, 70 %
+# nvshare's quota fork's defaults, whose arithmetic some tests below spell out: 2 s, 25 %
+FORK = replace(SEED, compute_window_s=2.0, carry_over_percent=25)
 
 
 @dataclass
@@ -83,15 +85,38 @@ def limited(h: Harness, percent: int) -> int:
 def test_a_client_alone_gets_its_share_whatever_its_drain(percent: int, drain_s: float) -> None:
     # Dropped when its budget is spent, a client that drains for 40 ms got 2 points more than
     # its share in every 2 s window; dropped its drain early, its work ends on the budget.
-    h = quota_core()
+    # A drain longer than half a budget needs a longer window (README, compute quotas).
+    settings = SEED if drain_s < 0.1 else FORK
+    h = quota_core(settings)
     cid = limited(h, percent)
     sim = {cid: Simulated(drain_s)}
     start = h.now
     simulate(h, sim, 40.0)
-    steady = start + 4 * SEED.compute_window_s
-    assert share(sim[cid], steady, steady + 16 * SEED.compute_window_s) == pytest.approx(
+    steady = start + 4 * settings.compute_window_s
+    assert share(sim[cid], steady, steady + 16 * settings.compute_window_s) == pytest.approx(
         percent / 100, abs=0.005
     )
+
+
+@pytest.mark.parametrize("percent", [25, 50, 75])
+def test_a_loop_timed_from_its_first_step_gets_its_share_from_the_first_second(
+    percent: int,
+) -> None:
+    # What a user measures: work from the first grant over 1 s and 8 s. With nvshare's 2 s
+    # window the first second got the whole budget of a window at once (100 % at a limit of 50).
+    h = quota_core()
+    cid = limited(h, percent)
+    sim = {cid: Simulated(0.005)}
+    start = h.now
+    simulate(h, sim, 8.0)
+    assert share(sim[cid], start, start + 1.0) == pytest.approx(percent / 100, abs=0.01)
+    assert share(sim[cid], start, start + 8.0) == pytest.approx(percent / 100, abs=0.01)
+    fork = quota_core(FORK)
+    old = limited(fork, percent)
+    sim = {old: Simulated(0.005)}
+    begun = fork.now
+    simulate(fork, sim, 1.0)
+    assert share(sim[old], begun, begun + 1.0) >= min(1.0, 2 * percent / 100) - 0.01
 
 
 @pytest.mark.parametrize("split", [(25, 75), (30, 70)])
@@ -108,10 +133,10 @@ def test_two_clients_split_the_gpu_as_their_quotas_say(split: tuple[int, int]) -
 
 
 def test_the_drop_comes_earlier_once_the_drain_is_known() -> None:
-    h = quota_core()
+    h = quota_core(FORK)
     cid = limited(h, 50)
     sims = {cid: Simulated(0.1)}
-    simulate(h, sims, 2 * SEED.compute_window_s + 0.01)
+    simulate(h, sims, 2 * FORK.compute_window_s + 0.01)
     first, second = sims[cid].busy[0], sims[cid].busy[1]
     # The first drop knows no drain: the work runs 100 ms past the 1 s budget (billed 70 ms
     # over, a quarter of which is debt). The next is sent that drain early, and the work ends
@@ -121,7 +146,7 @@ def test_the_drop_comes_earlier_once_the_drain_is_known() -> None:
 
 
 def test_what_a_long_drain_takes_beyond_the_budget_is_partly_paid_back() -> None:
-    settings = replace(SEED, drop_tail_billing_percent=100)
+    settings = replace(FORK, drop_tail_billing_percent=100)
     h = quota_core(settings)
     cid = limited(h, 50)
     h.feed(ev.LockRequested(cid, 1))
@@ -145,7 +170,7 @@ def test_a_budget_smaller_than_the_drain_waits_for_the_next_window() -> None:
 
 def test_a_tiny_quota_still_gets_one_sample_interval() -> None:
     h = quota_core()
-    cid = limited(h, 1)  # 20 ms of each 2 s window, less than the 50 ms shortest grant
+    cid = limited(h, 1)  # 5 ms of each 500 ms window, less than the 50 ms shortest grant
     h.feed(ev.LockRequested(cid, 1))
     out = h.advance(0.049)
     assert not [a for a in out if isinstance(a, act.Drop)]
@@ -213,7 +238,7 @@ def test_departed_pods_are_forgotten_oldest_first_beyond_the_bound() -> None:
 
 
 def test_building_a_view_changes_no_quota() -> None:
-    h = quota_core()
+    h = quota_core(FORK)
     cid = limited(h, 30)
     h.feed(ev.LockRequested(cid, 1))
     h.advance(0.2)
@@ -225,11 +250,11 @@ def test_building_a_view_changes_no_quota() -> None:
     assert h.state.clients[cid].phase is Phase.HOLDING
 
 
-def test_the_built_in_defaults_are_the_seeds() -> None:
+def test_the_built_in_quota_defaults() -> None:
     assert (
         SEED.compute_window_s,
         SEED.quota_sample_interval_s,
         SEED.carry_over_percent,
         SEED.drop_tail_billing_percent,
-    ) == (2.0, 0.05, 25, 70)
+    ) == (0.5, 0.05, 100, 70)
     assert Limits().core_percent is None

@@ -20,7 +20,7 @@ from .conftest import GPU, Harness, of
 from .test_quota import SEED, Simulated, share, simulate
 from .test_views import scrape, value
 
-WINDOW = SEED.compute_window_s
+WINDOW = SEED.request_window_s  # guaranteed shares are owed per request window
 
 
 def by_uid(requests: dict[int, Limits]) -> Harness:

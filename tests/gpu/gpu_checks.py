@@ -566,12 +566,12 @@ def managed_backing() -> None:
 
 
 def quota_accuracy(names: list[str] | None) -> None:
-    """Compute quotas at the seed's defaults: each client's throughput relative to the same
+    """Compute quotas at the shipped defaults: each client's throughput relative to the same
     work alone and unlimited (bench/quota_accuracy_gpu.py), within one point of its limit."""
     sys.path.insert(0, str(ROOT / "bench"))
     from quota_accuracy_gpu import markdown, table
 
-    rows = table(names, windows=5)
+    rows = table(names, windows=16)
     print(markdown(rows), flush=True)
     RESULTS["quota"] = [vars(r) for r in rows]
     off = [
@@ -580,7 +580,7 @@ def quota_accuracy(names: list[str] | None) -> None:
         if abs(r.share * 100 - r.limit) > 1
     ]
     check(
-        f"quota: {len(rows)} shares within one point of their limit (window 2 s, seed defaults)",
+        f"quota: {len(rows)} shares within one point of their limit (shipped defaults, 16 windows)",
         not off,
         "outside: " + ", ".join(off) if off else ", ".join(f"{r.share * 100:.1f}" for r in rows),
     )

@@ -101,6 +101,7 @@ def test_the_rule_bound_counts_every_file(tmp_path: Path) -> None:
         ("scheduler: {timeQuantum: 1200h}", "/scheduler/timeQuantum"),
         ("scheduler: {idleRelease: 1200h}", "/scheduler/idleRelease"),
         ("scheduler: {computeWindow: 86401}", "/scheduler/computeWindow"),
+        ("scheduler: {requestWindow: 25h}", "/scheduler/requestWindow"),
         ("gpus: [{timeQuantum: 25h}]", "/gpus/0/timeQuantum"),
         ("realtimeCheck: {maxSampleAge: 1441m}", "/realtimeCheck/maxSampleAge"),
     ],
@@ -110,6 +111,21 @@ def test_durations_past_a_day_are_refused(tmp_path: Path, text: str, path: str) 
     (error,) = errors(tmp_path)
     assert f"p.yaml:1: {path}: " in error
     assert "is too long: durations are at most 24h" in error
+
+
+@pytest.mark.parametrize(
+    ("field", "why"),
+    [
+        ("computeWindow", "the compute window must be longer than 0"),
+        ("requestWindow", "the request window must be longer than 0"),
+        ("quotaSampleInterval", "the sample interval must be longer than 0"),
+    ],
+)
+def test_an_empty_window_is_refused_saying_why(tmp_path: Path, field: str, why: str) -> None:
+    # a zero window would divide every budget by nothing: refused, the last good policy kept
+    (tmp_path / "p.yaml").write_text(f"scheduler: {{{field}: 0s}}\n")
+    (error,) = errors(tmp_path)
+    assert f"p.yaml:1: /scheduler/{field}: " in error and why in error
 
 
 def test_an_environment_override_is_bounded_too(tmp_path: Path) -> None:

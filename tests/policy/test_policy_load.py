@@ -196,7 +196,7 @@ def test_invalid_environment_values_are_errors_naming_the_variable(tmp_path: Pat
     # A valid variable that breaks a cross-field rule is blamed on the variable.
     assert errors_of(tmp_path, {"NVSHARE_QUOTA_SAMPLE_INTERVAL_MS": "5000"}) == [
         "env NVSHARE_QUOTA_SAMPLE_INTERVAL_MS: /scheduler/quotaSampleInterval: "
-        "'5000ms' is longer than /scheduler/computeWindow ('2s')"
+        "'5000ms' is longer than /scheduler/computeWindow ('500ms')"
     ]
 
 
