@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from appliance.core import priority
-from appliance.core.gang import owed_s
 from appliance.core.line import Line
 from appliance.core.quota import EPSILON_S
+from appliance.core.share import ShareRule
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
 from appliance.policy.model import Mode, SchedulerSettings
 
@@ -95,23 +95,23 @@ def keeps(s: NodeState, line: Line) -> Keeps:
     return out
 
 
-def kept_from(s: NodeState, keeps: Keeps, g: Gang, now: float) -> bool:
+def kept_from(s: NodeState, shares: ShareRule, keeps: Keeps, g: Gang, now: float) -> bool:
     """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and g,
     neither starved nor owed its guaranteed share, waits for it."""
     if not any(
         k.on(now) and k.lender.priority > g.priority for uuid in g.gpus for k in keeps.get(uuid, ())
     ):
         return False
-    return not priority.starved(g, now, s.policy.scheduler) and owed_s(s, g, now) <= EPSILON_S
+    return not priority.starved(g, now, s.policy.scheduler) and shares.owed(g, now) <= EPSILON_S
 
 
-def borrowers_due(s: NodeState, keeps: Keeps, now: float) -> list[Gang]:
+def borrowers_due(s: NodeState, shares: ShareRule, keeps: Keeps, now: float) -> list[Gang]:
     """The holders that borrowed a GPU kept now for its lender, outside their own share: they
     drop."""
     due: dict[str, Gang] = {}
     for uuid, kept in keeps.items():
         for o in [s.gangs[k] for k in sorted(s.gpus[uuid].owners)]:
-            if o.phase is not GangPhase.HOLDING or owed_s(s, o, now) > EPSILON_S:
+            if o.phase is not GangPhase.HOLDING or shares.owed(o, now) > EPSILON_S:
                 continue
             if any(k.on(now) and priority.borrowed(o, k.lender) for k in kept):
                 due[o.key] = o

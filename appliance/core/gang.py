@@ -31,11 +31,10 @@ up to the cut before it releases: one behind the cut asks for its GPU back to ge
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import priority, share
+from appliance.core import priority
 from appliance.core.quota import QuotaAccount
 from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
@@ -76,31 +75,6 @@ def eligible(s: NodeState, g: Gang, now: float) -> bool:
         return True
     quota.roll(now, s.policy.scheduler)
     return quota.may_start(s.policy.scheduler)
-
-
-def owed_s(s: NodeState, g: Gang, now: float) -> float:
-    """How much of its guaranteed share (`share`) the gang's most owed member is still owed."""
-    return max(share.owed_s(s.clients[m], now, s.policy.scheduler) for m in g.members)
-
-
-def owed_at(s: NodeState, g: Gang, now: float) -> float:
-    """`owed_s` as a query: each share is looked at through a copy, billed up to now for a
-    member that holds (as `lock` bills it)."""
-    settings = s.policy.scheduler
-    most = 0.0
-    for m in g.members:
-        c = s.clients[m]
-        if c.guarantee is None:
-            continue
-        ahead = replace(c.guarantee)
-        if c.phase in (Phase.HOLDING, Phase.DRAINING) and g.phase in (
-            GangPhase.HOLDING,
-            GangPhase.DRAINING,
-        ):
-            ahead.bill(g.billed_until, now, settings)
-        ahead.roll(now, settings)
-        most = max(most, ahead.owed_s(settings))
-    return most
 
 
 def grantable(s: NodeState, uuid: str, g: Gang) -> bool:

@@ -24,11 +24,11 @@ limit bounds how long a low priority waits. While someone waits for a GPU, its h
 told to hand the lock over after a short idle time (`scheduler.idleHandoff`) instead of
 `scheduler.idleRelease` (`LockTerms`).
 
-Guaranteed shares (`share`) come before both: a waiter still owed its share goes first and
-takes the GPU from a holder that has had its own; a holder inside its share keeps the GPU (a
-gang's members' shares, each on its own GPU, count for the gang).
+Guaranteed shares (`share.ShareRule`) come before both: a waiter still owed its share goes
+first and takes the GPU from a holder that has had its own; a holder inside its share keeps the
+GPU (a gang's members' shares, each on its own GPU, count for the gang).
 
-Compute quotas (`quota.QuotaAccount`) bill the time a gang holds the lock (a lone client's
+Compute quotas (`quota_rule.QuotaRule`) bill the time a gang holds the lock (a lone client's
 account is its own); a quota holder is dropped early enough for its drain to end on its budget,
 and a gang whose budget is spent waits for its next window.
 
@@ -42,12 +42,18 @@ WAITING again when a member asked meanwhile); a holder whose members all release
 HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
 gangs merge into one (it keeps their turn). After each event,
 `schedule` runs its phases in this order, each asking one rule: pass over late holders (the
-drop deadline) -> drop spent quotas (`quota_rule`) -> reclaim ahead of a steady lender (`ahead`)
--> grant in line order (`line`, ordered by `priority` and `share`; `gang.grantable`) ->
-preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `share`,
+drop deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
+`shares`) -> grant in line order (`line`, ordered by `priority` and `shares`; `gang.grantable`)
+-> preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `shares`,
 quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
 `grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
 indexes the phases keep after every event of the core tests).
+
+The rules it asks, each an object on the node's state whose commands are named for the phase
+that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
+(`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
+(`share.ShareRule`: bill; owed, turn_at). Still functions over the state: `priority`, `terms`
+(lending), `gang`.
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
@@ -58,23 +64,16 @@ members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 from appliance.core import actions as act
 from appliance.core import ahead, priority, terms, yielding
 from appliance.core import events as ev
 from appliance.core.drops import DropReason
-from appliance.core.gang import (
-    Gangs,
-    gang_of,
-    grantable,
-    in_the_way,
-    owed_at,
-    owed_s,
-)
+from appliance.core.gang import Gangs, gang_of, grantable, in_the_way
 from appliance.core.line import Line, Waiting
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
+from appliance.core.share import ShareRule
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
 
 log = logging.getLogger("nvshare.scheduler")
@@ -88,7 +87,8 @@ class Lock:
     def __init__(self, state: NodeState) -> None:
         self._s = state
         self.quotas = QuotaRule(state)  # (the pattern for the other rules: `quota_rule`)
-        self.line = Line(state, self.quotas)
+        self.shares = ShareRule(state)
+        self.line = Line(state, self.quotas, self.shares)
         self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests
@@ -285,19 +285,10 @@ class Lock:
         return out
 
     def _bill(self, g: Gang, now: float) -> None:
-        """Bill g's quota (`quota_rule`) and its members' shares up to now."""
-        settings = self._s.policy.scheduler
+        """Bill g's quota (`quota_rule`) and its members' shares (`share`) up to now."""
         self.quotas.bill(g, now)
-        for m in g.members:  # shares: each member's own, the drain included (its work ran)
-            c = self._s.clients[m]
-            if c.guarantee is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
-                c.guarantee.bill(g.billed_until, now, settings)
+        self.shares.bill(g, now)
         g.billed_until = now
-
-    def _owed(self, g: Gang, now: float) -> float:
-        """What a holder is still owed of its share, billed up to now."""
-        self._bill(g, now)
-        return owed_s(self._s, g, now)
 
     def _end_hold(self, c: Client, now: float) -> None:
         self._s.gpus[c.gpu].holders.discard(c.id)
@@ -367,7 +358,7 @@ class Lock:
 
     def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
         out: list[act.Action] = []
-        for g in ahead.borrowers_due(self._s, keeps, now):
+        for g in ahead.borrowers_due(self._s, self.shares, keeps, now):
             out += self._drop(g, now, DropReason.RECLAIM)
         return out
 
@@ -387,7 +378,7 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = ahead.kept_from(self._s, keeps, g, now)
+            kept = ahead.kept_from(self._s, self.shares, keeps, g, now)
             if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
@@ -402,7 +393,7 @@ class Lock:
         dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
-            due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
+            due = yielding.next_yield(self._s, uuid, waiting, now, self.shares)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
                 dropped.append(due[1])
@@ -421,10 +412,8 @@ class Lock:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
-            owed = partial(owed_at, self._s, now=now)
-            times += (
-                [due[0]] if (due := yielding.next_yield(self._s, uuid, waiting, now, owed)) else []
-            )
+            if (due := yielding.next_yield(self._s, uuid, waiting, now, self.shares)) is not None:
+                times.append(due[0])
         times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
         return min(times) if times else None
 

@@ -1,30 +1,30 @@
 """When a holder gives way: the earliest drop a GPU's waiters are owed.
 
-Apart from `lock` because the lock asks it twice: as a command, when it drops whoever's turn has
-come (holders billed up to now), and as a query, for its next deadline (nothing written). Both
-read the waiters through `line.Waiting`, which hands over enough of them to tell (each bucket's
-longest waiting and earliest lender, and the accounted ones) instead of all of them.
+Apart from `lock` because the lock asks it twice: when it drops whoever's turn has come, and
+for its next deadline. Both are queries (what a holder is owed of its share is
+`share.ShareRule.owed`, as if billed up to now; nothing is written), and both read the waiters
+through `line.Waiting`, which hands over enough of them to tell (each bucket's longest waiting
+and earliest lender, and the accounted ones) instead of all of them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from appliance.core import priority
 from appliance.core.drops import DropReason
 from appliance.core.gang import quantum
 from appliance.core.line import Waiting
+from appliance.core.share import ShareRule
 from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
 
 
 def next_yield(
-    s: NodeState, uuid: str, waiting: Waiting, now: float, owed_of: Callable[[Gang], float]
+    s: NodeState, uuid: str, waiting: Waiting, now: float, shares: ShareRule
 ) -> tuple[float, Gang, DropReason] | None:
     """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
     waits for it; None while nobody waits, in mode off, or while a holder still drains.
-    `owed_of(holder)`: what the holder is still owed of its share. O(holders of the GPU x
-    (P + accounted waiters of the GPU))."""
+    O(holders of the GPU x (P + accounted waiters of the GPU)), and each holder's members
+    (`ShareRule.owed`)."""
     if s.gpu_mode(uuid) is Mode.OFF:
         return None
     owners = [s.gangs[k] for k in s.gpus[uuid].owners]
@@ -36,7 +36,7 @@ def next_yield(
     turns = []
     for o in holding:
         rivals = waiting.rivals(uuid, o)
-        turns.append((*turn(s, o, rivals, waiting.owed(rivals), now, owed_of(o)), o))
+        turns.append((*turn(s, o, rivals, waiting.owed(rivals), now, shares.owed(o, now)), o))
     at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
     return at, holder, why
 

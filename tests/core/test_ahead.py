@@ -126,10 +126,14 @@ def test_a_starved_waiter_is_not_kept_off() -> None:
     p.drain_low()
     s = p.h.state
     low = s.gangs[s.clients[p.low].gang]
-    assert ahead.kept_from(s, ahead.keeps(s, p.h.core.lock.line), low, p.h.now)
+    assert ahead.kept_from(
+        s, p.h.core.lock.shares, ahead.keeps(s, p.h.core.lock.line), low, p.h.now
+    )
     # (the starvation bound comes first, as it does against any higher priority)
     low.waiting_since = p.h.now - s.policy.scheduler.starvation_limit_s
-    assert not ahead.kept_from(s, ahead.keeps(s, p.h.core.lock.line), low, p.h.now)
+    assert not ahead.kept_from(
+        s, p.h.core.lock.shares, ahead.keeps(s, p.h.core.lock.line), low, p.h.now
+    )
 
 
 @pytest.mark.parametrize(

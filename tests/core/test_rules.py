@@ -1,0 +1,49 @@
+"""The rules the lock asks (`share.ShareRule`, ...): their queries write nothing.
+
+Each rule answers the lock's phases with commands (named for the phase that asks) and queries
+(asked by any phase and by `next_deadline`). A query asked later than the last event, when
+windows have turned and a holder has held on, must leave the node's whole state as it was: the
+answer is worked out on copies. The state is compared by its `repr`, which covers every client,
+gang, account and index.
+"""
+
+from __future__ import annotations
+
+from appliance.core import events as ev
+from appliance.core.node import NodeCore
+from appliance.core.state import GangPhase
+from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
+
+from .conftest import Harness
+
+
+def crowd() -> Harness:
+    """Three clients with a quota and a guaranteed share, one holding and two waiting (one in
+    a pod), 7.5 s after the last event: windows have turned, the holder has held on."""
+    policy = Policy(
+        scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=2),
+        defaults=Limits(core_percent=50, priority=0, core_request=20),
+    )
+    h = Harness(NodeCore(policy))
+    for cid in [h.register(), h.register(), h.register(pod_uid="pod-q")]:
+        h.feed(ev.LockRequested(cid, 2))
+    h.now += 7.5
+    return h
+
+
+def test_the_share_rules_queries_write_nothing() -> None:
+    h = crowd()
+    shares, gangs = h.core.lock.shares, list(h.state.gangs.values())
+    before = repr(h.state)
+    owed = [shares.owed(g, h.now) for g in gangs]
+    turns = [shares.turn_at(g, h.now) for g in gangs]
+    assert repr(h.state) == before
+    # The waiters are owed their 20 % of the window turned since; the holder, as if billed up
+    # to now, has had its own.
+    holding = [g.phase is GangPhase.HOLDING for g in gangs]
+    assert [o == 0 for o in owed] == holding and holding.count(True) == 1
+    assert all(t is not None and t > h.now for t in turns)
+    # Asked twice, and once more a window later: the same answers, still nothing written.
+    assert [shares.owed(g, h.now) for g in gangs] == owed
+    assert [shares.owed(g, h.now + 2.0) for g in gangs] == owed
+    assert repr(h.state) == before
