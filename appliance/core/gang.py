@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import priority
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import QuotaAccount
 from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
@@ -86,7 +86,7 @@ def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
     if mode is Mode.OFF or not others:
         return True
     if mode is Mode.ON and all(
-        o.phase is GangPhase.DRAINING and priority.borrowed(o, g) for o in others
+        o.phase is GangPhase.DRAINING and PriorityRule.borrowed(o, g) for o in others
     ):
         return True
     if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):

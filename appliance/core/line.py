@@ -11,15 +11,15 @@ what it is filed by changes (`refile`), and the questions read the files:
 - **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
   ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
   order, so a bucket in ticket order is in request order: its starved gangs
-  (`priority.starved`) are a prefix, its first gang the longest waiting. The order of grants
-  (`priority.line`) is then the buckets one after the other, read lazily: the lock stops reading
+  (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
+  (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
   once every GPU anyone waits for is taken.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
   window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
-  (`priority.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  (`PriorityRule.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
   requests come at a steady pace (`ahead` keeps their GPU for their next request).
 
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
@@ -40,13 +40,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from appliance.core.gang import account
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
-# `priority.line`'s order: offender, not owed, not starved, -priority
+# `PriorityRule.line`'s order: offender, not owed, not starved, -priority
 LineKey = tuple[bool, bool, bool, int]
 Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
 
@@ -123,8 +124,11 @@ class Bucket:
 class Line:
     """Every gang filed by what the lock asks of it (see the module's docstring)."""
 
-    def __init__(self, state: NodeState, quotas: QuotaRule, shares: ShareRule) -> None:
+    def __init__(
+        self, state: NodeState, quotas: QuotaRule, shares: ShareRule, priorities: PriorityRule
+    ) -> None:
         self._s = state
+        self._priorities = priorities  # who is starved
         self._quotas = quotas  # whether a waiter may start, and when it may again
         self._shares = shares  # whether a waiter is owed its share, and when it may be again
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
@@ -232,7 +236,7 @@ class Line:
     # ------------------------------------------------------------ the line
 
     def turns(self, now: float) -> Iterator[Gang]:
-        """The eligible waiting gangs in the order they are granted (`priority.line`), read
+        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`), read
         lazily: O(P) to start, O(1) a gang."""
         self.catch_up(now)
         starved = self._starved(now)
@@ -244,12 +248,12 @@ class Line:
             yield from bucket.walk(starved, want)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
-        patience = now - self._s.policy.scheduler.starvation_limit_s
+        patience = self._priorities.patience(now)
         return lambda g: g.waiting_since <= patience
 
     def queue(self, uuid: str, now: float) -> list[int]:
         """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
-        those whose quota keeps them out until their window turns (in `priority.line`'s order
+        those whose quota keeps them out until their window turns (in `PriorityRule.line`'s order
         without starvation). For status: O(waiting for uuid) and no sort of the waiting gangs
         (each bucket is cut after its starved prefix, found by a walk of its length)."""
         self.catch_up(now)
@@ -366,7 +370,7 @@ class Waiting:
 
     def rivals(self, uuid: str, holder: Gang) -> list[Gang]:
         """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
-        (`priority.yield_at` depends on a waiter's priority, whether it lent the GPU before
+        (`PriorityRule.yield_at` depends on a waiter's priority, whether it lent the GPU before
         the holder's grant, when it asked, and whether it is owed its share): each bucket's
         longest waiting and its earliest lender."""
         out: list[Gang] = []

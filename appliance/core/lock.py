@@ -18,11 +18,11 @@ granted at once; a gang that holds only part of its GPUs has the holders in its 
   Warning Event on its pod), and its gang is queued behind every gang that drops in time, until
   it completes a drop in time itself.
 
-Priorities (`priority`) order the line of gangs (a gang's priority is its members' highest) and
-let a waiter of higher priority take a GPU after a short slice of the holder's; the starvation
-limit bounds how long a low priority waits. While someone waits for a GPU, its holders' hooks are
-told to hand the lock over after a short idle time (`scheduler.idleHandoff`) instead of
-`scheduler.idleRelease` (`LockTerms`).
+Priorities (`priority.PriorityRule`) order the line of gangs (a gang's priority is its members'
+highest) and let a waiter of higher priority take a GPU after a short slice of the holder's; the
+starvation limit bounds how long a low priority waits. While someone waits for a GPU, its
+holders' hooks are told to hand the lock over after a short idle time (`scheduler.idleHandoff`)
+instead of `scheduler.idleRelease` (`LockTerms`).
 
 Guaranteed shares (`share.ShareRule`) come before both: a waiter still owed its share goes
 first and takes the GPU from a holder that has had its own; a holder inside its share keeps the
@@ -41,18 +41,19 @@ IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`->
 WAITING again when a member asked meanwhile); a holder whose members all release early goes
 HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
 gangs merge into one (it keeps their turn). After each event,
-`schedule` runs its phases in this order, each asking one rule: pass over late holders (the
-drop deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
-`shares`) -> grant in line order (`line`, ordered by `priority` and `shares`; `gang.grantable`)
--> preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `shares`,
-quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
-`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
-indexes the phases keep after every event of the core tests).
+`schedule` runs its phases in this order, each asking one rule: pass over late holders (the drop
+deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
+`shares`) -> grant in line order (`line`, ordered by `priorities` and `shares`;
+`gang.grantable`) -> preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`:
+`priorities`, `shares`, quantum) -> tell holders their terms and lenders they lend (`terms`).
+`next_deadline` and `grant_message` are queries: they bill and roll nothing
+(`core/invariants.py` checks the indexes the phases keep after every event of the core tests).
 
 The rules it asks, each an object on the node's state whose commands are named for the phase
 that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
 (`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
-(`share.ShareRule`: bill; owed, turn_at). Still functions over the state: `priority`, `terms`
+(`share.ShareRule`: bill; owed, turn_at), `priorities` (`priority.PriorityRule`: granted,
+dropped; starved, line, borrowed, yield_at, turn). Still functions over the state: `terms`
 (lending), `gang`.
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
@@ -66,11 +67,12 @@ from __future__ import annotations
 import logging
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority, terms, yielding
+from appliance.core import ahead, terms, yielding
 from appliance.core import events as ev
 from appliance.core.drops import DropReason
 from appliance.core.gang import Gangs, gang_of, grantable, in_the_way
 from appliance.core.line import Line, Waiting
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
@@ -88,7 +90,8 @@ class Lock:
         self._s = state
         self.quotas = QuotaRule(state)  # (the pattern for the other rules: `quota_rule`)
         self.shares = ShareRule(state)
-        self.line = Line(state, self.quotas, self.shares)
+        self.priorities = PriorityRule(state)
+        self.line = Line(state, self.quotas, self.shares, self.priorities)
         self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests
@@ -157,7 +160,7 @@ class Lock:
         return out + self.schedule(now)
 
     def _enqueue(self, g: Gang, now: float) -> None:
-        """Wait in line: behind everyone (`priority.line` orders the line); or, after a turn a
+        """Wait in line: behind everyone (`PriorityRule.line` orders it); or, after a turn a
         higher priority cut short, at its place in line with its starvation clock running on."""
         if not g.cut_short:
             self._s.tickets += 1
@@ -222,9 +225,9 @@ class Lock:
 
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
-        g.full_quantum = priority.starved(g, now, self._s.policy.scheduler)
+        self.priorities.granted(g, now)
         # Cut short for another's share, or back after letting the GPU go idle inside its
-        # quantum (`priority.lent_back`), it has the rest of its quantum back; granted for its
+        # quantum (`PriorityRule.lent_back`), it has the rest of its quantum back; granted for its
         # own share, it gives the GPU back once it has had it (`share`).
         quantum = min(map(self._s.time_quantum, g.gpus))
         resumed = (g.share_cut and now - g.dropped_at < quantum) or (
@@ -267,7 +270,7 @@ class Lock:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
         g.share_cut = why is DropReason.REQUEST and not g.share_grant
-        g.cut_short = priority.cut_short(g, now, why, self._s.policy.scheduler)
+        self.priorities.dropped(g, now, why)
         for uuid in g.held:
             self._s.gpus[uuid].last_drop = why
         self._s.counters[f"drops_{why}"] += 1
@@ -310,7 +313,7 @@ class Lock:
         dropped, gangs = self._preempt_for_waiters(waiting, now)
         if any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-        lending = terms.lending(self._s, self.line, waiting, keeps, now)
+        lending = terms.lending(self._s, self.priorities, self.line, waiting, keeps, now)
         return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
@@ -378,7 +381,7 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = ahead.kept_from(self._s, self.shares, keeps, g, now)
+            kept = ahead.kept_from(self._s, self.priorities, self.shares, keeps, g, now)
             if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
@@ -393,7 +396,7 @@ class Lock:
         dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
-            due = yielding.next_yield(self._s, uuid, waiting, now, self.shares)
+            due = self._next_yield(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
                 dropped.append(due[1])
@@ -412,10 +415,15 @@ class Lock:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
-            if (due := yielding.next_yield(self._s, uuid, waiting, now, self.shares)) is not None:
+            if (due := self._next_yield(uuid, waiting, now)) is not None:
                 times.append(due[0])
         times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
         return min(times) if times else None
+
+    def _next_yield(self, uuid: str, waiting: Waiting, now: float) -> yielding.Yield | None:
+        return yielding.next_yield(
+            self._s, uuid, waiting, now, priorities=self.priorities, shares=self.shares
+        )
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:
         if g.phase is GangPhase.DRAINING:

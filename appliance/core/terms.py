@@ -6,7 +6,7 @@
   the short `scheduler.idleHandoff` (a request loop that submits a little every few milliseconds
   leaves the GPU idle in between), else `scheduler.idleRelease`.
 - Lending (`Lent`): a client that let its GPU go idle and whose GPU now runs only clients of
-  lower priority that borrowed it (`priority.borrowed`) would be granted at once if it asked
+  lower priority that borrowed it (`PriorityRule.borrowed`) would be granted at once if it asked
   (beside their drain, `lock`). Its hook is told so, and then submits at once when it has work
   again, asking for the lock as it goes instead of before: a request every few tens of
   milliseconds waits for no round trip through the daemon. While its GPU is kept for its next
@@ -19,9 +19,10 @@
 from __future__ import annotations
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority
+from appliance.core import ahead
 from appliance.core.gang import eligible, gang_of
 from appliance.core.line import Line, Waiting
+from appliance.core.priority import PriorityRule
 from appliance.core.state import Client, Gang, NodeState, Phase
 from appliance.policy.model import Mode, SchedulerSettings
 
@@ -65,7 +66,12 @@ def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
 
 
 def lending(
-    s: NodeState, line: Line, waiting: Waiting, keeps: ahead.Keeps, now: float
+    s: NodeState,
+    priorities: PriorityRule,
+    line: Line,
+    waiting: Waiting,
+    keeps: ahead.Keeps,
+    now: float,
 ) -> list[act.Action]:
     """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to each
     one told so before for whom that has stopped being true. O(told + candidates): only an
@@ -88,7 +94,9 @@ def lending(
         g = gang_of(s, c)
         if g.lent_at is None and not c.lent_told:
             continue
-        lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting, keeps, now)
+        lent = c.phase is Phase.IDLE and _taken_back_at_once(
+            s, priorities, c, g, waiting, keeps, now
+        )
         if lent != c.lent_told:
             _tell(s, c, lent)
             out.append(act.Lent(c.id, lent))
@@ -104,16 +112,22 @@ def _tell(s: NodeState, c: Client, lent: bool) -> None:
 
 
 def _taken_back_at_once(
-    s: NodeState, c: Client, g: Gang, waiting: Waiting, keeps: ahead.Keeps, now: float
+    s: NodeState,
+    priorities: PriorityRule,
+    c: Client,
+    g: Gang,
+    waiting: Waiting,
+    keeps: ahead.Keeps,
+    now: float,
 ) -> bool:
     """Whether c's request would be granted at once: its GPU is held by borrowers of g only (or
     by nobody, kept for g's next request), and no waiter goes before g."""
     owners = [s.gangs[k] for k in s.gpus[c.gpu].owners - {g.key}]
     if g.joint or s.gpu_mode(c.gpu) is not Mode.ON or not eligible(s, g, now):
         return False
-    if owners and not all(priority.borrowed(o, g) for o in owners):
+    if owners and not all(priorities.borrowed(o, g) for o in owners):
         return False
     if not owners and not any(k.lender is g and k.on(now) for k in keeps.get(c.gpu, ())):
         return False
     asking = [*waiting.firsts(c.gpu), g]  # enough of the waiters to tell who comes first
-    return priority.line(asking, now, s.policy.scheduler, waiting.owed(asking))[0] is g
+    return priorities.line(asking, now, waiting.owed(asking))[0] is g

@@ -9,18 +9,27 @@ and earliest lender, and the accounted ones) instead of all of them.
 
 from __future__ import annotations
 
-from appliance.core import priority
 from appliance.core.drops import DropReason
 from appliance.core.gang import quantum
 from appliance.core.line import Waiting
+from appliance.core.priority import PriorityRule
 from appliance.core.share import ShareRule
 from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
 
+Yield = tuple[float, Gang, DropReason]  # when, who drops, why
+REQUEST = DropReason.REQUEST  # a waiter is owed its share
+
 
 def next_yield(
-    s: NodeState, uuid: str, waiting: Waiting, now: float, shares: ShareRule
-) -> tuple[float, Gang, DropReason] | None:
+    s: NodeState,
+    uuid: str,
+    waiting: Waiting,
+    now: float,
+    *,
+    priorities: PriorityRule,
+    shares: ShareRule,
+) -> Yield | None:
     """The earliest (time, holder, why) a holder of GPU `uuid` must drop for a gang that
     waits for it; None while nobody waits, in mode off, or while a holder still drains.
     O(holders of the GPU x (P + accounted waiters of the GPU)), and each holder's members
@@ -36,28 +45,28 @@ def next_yield(
     turns = []
     for o in holding:
         rivals = waiting.rivals(uuid, o)
-        turns.append((*turn(s, o, rivals, waiting.owed(rivals), now, shares.owed(o, now)), o))
+        at, why = turn(s, priorities, o, rivals, waiting.owed(rivals), now, shares.owed(o, now))
+        turns.append((at, why, o))
     at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
     return at, holder, why
 
 
 def turn(
-    s: NodeState, h: Gang, rivals: list[Gang], owed: set[str], now: float, owed_h: float
+    s: NodeState,
+    priorities: PriorityRule,
+    h: Gang,
+    rivals: list[Gang],
+    owed: set[str],
+    now: float,
+    owed_h: float,
 ) -> tuple[float, DropReason]:
     """When holder h must drop for one of the waiters (`rivals`), and why: by priority and
-    quantum, sooner for a waiter owed its share, never while h is inside its own (`owed_h` of
-    it is left)."""
-    settings = s.policy.scheduler
-    shortest = (h.granted_at + settings.quota_sample_interval_s, DropReason.REQUEST)
-    quantum_s = quantum(s, h)
-    turns = []
-    for w in rivals:
-        at = priority.yield_at(h, w, quantum_s=quantum_s, settings=settings)
-        if w.key in owed or (h.share_grant and w.priority >= h.priority):
-            at = min(at, shortest)
-        turns.append(at)
-    at_, why = min(turns)
-    return max(at_, now + owed_h), why
+    quantum (`PriorityRule.turn`), sooner for a waiter owed its share (after the shortest
+    grant), never while h is inside its own (`owed_h` of it is left)."""
+    at = priorities.turn(h, rivals, quantum(s, h))
+    if any(w.key in owed or (h.share_grant and w.priority >= h.priority) for w in rivals):
+        at = min(at, (h.granted_at + s.policy.scheduler.quota_sample_interval_s, REQUEST))
+    return max(at[0], now + owed_h), at[1]
 
 
 def frees(g: Gang, waiting: Waiting) -> bool:
@@ -66,5 +75,5 @@ def frees(g: Gang, waiting: Waiting) -> bool:
     GPUs (those behind it no longer wait for them), or g borrowed the idle time of a waiter of
     higher priority (`gang.grantable`: granted beside g's drain). O(G x P)."""
     return bool(g.gpus - g.held) or any(
-        priority.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
+        PriorityRule.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
     )

@@ -1,4 +1,5 @@
-"""The rules the lock asks (`share.ShareRule`, ...): their queries write nothing.
+"""The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, ...): their queries
+write nothing.
 
 Each rule answers the lock's phases with commands (named for the phase that asks) and queries
 (asked by any phase and by `next_deadline`). A query asked later than the last event, when
@@ -15,6 +16,7 @@ from appliance.core.state import GangPhase
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import Harness
+from .test_priority import HIGH, LOW, by_uid
 
 
 def crowd() -> Harness:
@@ -46,4 +48,32 @@ def test_the_share_rules_queries_write_nothing() -> None:
     # Asked twice, and once more a window later: the same answers, still nothing written.
     assert [shares.owed(g, h.now) for g in gangs] == owed
     assert [shares.owed(g, h.now + 2.0) for g in gangs] == owed
+    assert repr(h.state) == before
+
+
+def test_the_priority_rules_queries_write_nothing() -> None:
+    """A low priority borrows the GPU a high one let go idle, a middle one waits past the
+    starvation limit: every priority question about every pair leaves the state as it was."""
+    h = by_uid({1: LOW, 2: HIGH, 3: 0})
+    low, high, mid = h.register(uid=1), h.register(uid=2), h.register(uid=3)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    h.feed(ev.LockRequested(low, 1))
+    h.feed(ev.LockRequested(mid, 1))
+    h.now += 40.0
+    rule, gangs = h.core.lock.priorities, list(h.state.gangs.values())
+    before = repr(h.state)
+    answers = [
+        (rule.borrowed(a, b), rule.lent_back(a, b, 10.0), rule.yield_at(a, b, 10.0))
+        for a in gangs
+        for b in gangs
+    ]
+    g_low, g_high, g_mid = (h.state.gangs[h.state.clients[c].gang] for c in (low, high, mid))
+    line = rule.line([g_high, g_mid], h.now)
+    starved = [rule.starved(g_mid, t) for t in (h.now - 40.0, h.now)]
+    turns = [rule.turn(g, gangs, 10.0) for g in gangs]
+    assert repr(h.state) == before
+    assert rule.borrowed(g_low, g_high) and not rule.borrowed(g_mid, g_high)
+    assert line == [g_high, g_mid] and starved == [False, True]
+    assert len(answers) == 9 and len(turns) == 3
     assert repr(h.state) == before
