@@ -68,15 +68,6 @@ def gang_of(s: NodeState, c: Client) -> Gang:
     return s.gangs[c.gang]
 
 
-def eligible(s: NodeState, g: Gang, now: float) -> bool:
-    """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
-    quota = account(s, g)
-    if quota is None:
-        return True
-    quota.roll(now, s.policy.scheduler)
-    return quota.may_start(s.policy.scheduler)
-
-
 def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
     """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when
     no other gang holds it but one that borrowed g's idle time and is draining it (its queued

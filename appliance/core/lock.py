@@ -53,8 +53,8 @@ The rules it asks, each an object on the node's state whose commands are named f
 that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
 (`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
 (`share.ShareRule`: bill; owed, turn_at), `priorities` (`priority.PriorityRule`: granted,
-dropped; starved, line, borrowed, yield_at, turn). Still functions over the state: `terms`
-(lending), `gang`.
+dropped; starved, line, borrowed, yield_at, turn), `lending` (`terms.LendingRule`: tell;
+taken_back_at_once). Still functions over the state: `gang`.
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
@@ -92,6 +92,9 @@ class Lock:
         self.shares = ShareRule(state)
         self.priorities = PriorityRule(state)
         self.line = Line(state, self.quotas, self.shares, self.priorities)
+        self.lending = terms.LendingRule(
+            state, line=self.line, quotas=self.quotas, priorities=self.priorities
+        )
         self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
 
     # ------------------------------------------------------------ requests
@@ -313,7 +316,7 @@ class Lock:
         dropped, gangs = self._preempt_for_waiters(waiting, now)
         if any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-        lending = terms.lending(self._s, self.priorities, self.line, waiting, keeps, now)
+        lending = self.lending.tell(waiting, keeps, now)
         return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:

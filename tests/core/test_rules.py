@@ -1,5 +1,5 @@
-"""The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, ...): their queries
-write nothing.
+"""The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, `terms.LendingRule`):
+their queries write nothing.
 
 Each rule answers the lock's phases with commands (named for the phase that asks) and queries
 (asked by any phase and by `next_deadline`). A query asked later than the last event, when
@@ -10,13 +10,16 @@ gang, account and index.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from appliance.core import ahead
 from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.core.state import GangPhase
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import Harness
-from .test_priority import HIGH, LOW, by_uid
+from .test_priority import HIGH, LOW, SETTINGS, by_uid
 
 
 def crowd() -> Harness:
@@ -76,4 +79,27 @@ def test_the_priority_rules_queries_write_nothing() -> None:
     assert rule.borrowed(g_low, g_high) and not rule.borrowed(g_mid, g_high)
     assert line == [g_high, g_mid] and starved == [False, True]
     assert len(answers) == 9 and len(turns) == 3
+    assert repr(h.state) == before
+
+
+def test_whether_a_lender_is_taken_back_at_once_is_a_query_that_writes_nothing() -> None:
+    """A high priority with a compute quota lets its GPU go idle and a low one borrows it;
+    asked windows later whether the lender would be granted at once, its quota is looked at
+    through a copy: no account rolls (`gang.eligible` rolled the lender's)."""
+    h = by_uid({1: LOW, 2: HIGH}, replace(SETTINGS, idle_handoff_s=0.005))
+    h.state.policy = replace(h.state.policy, defaults=Limits(core_percent=50))
+    low, high = h.register(uid=1), h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.advance(0.5)
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    h.feed(ev.LockRequested(low, 1))
+    lock = h.core.lock
+    h.now += 7.5  # the lender's quota window has turned three times
+    waiting, keeps = lock.line.waiting(h.now), ahead.keeps(h.state, lock.line)
+    before = repr(h.state)
+    lent = [
+        lock.lending.taken_back_at_once(h.state.clients[c], waiting, keeps, h.now)
+        for c in (low, high)
+    ]
+    assert lent == [False, True]
     assert repr(h.state) == before
