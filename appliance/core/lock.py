@@ -39,12 +39,12 @@ dropped (`drops.DropReason`); status, `nvsharectl top` and the metrics read it.
 The state machine, per gang (`state.GangPhase`; each member's `state.Phase` follows):
 IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`-> IDLE (or
 WAITING again when a member asked meanwhile); a holder whose members all release early goes
-HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
+HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.GangRule` as lone
 gangs merge into one (it keeps their turn). After each event,
 `schedule` runs its phases in this order, each asking one rule: pass over late holders (the drop
 deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
 `shares`) -> grant in line order (`line`, ordered by `priorities` and `shares`;
-`gang.grantable`) -> preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`:
+`gangs.grantable`) -> preempt for waiters (`gangs.in_the_way`, then `yielding.next_yield`:
 `priorities`, `shares`, quantum) -> tell holders their terms and lenders they lend (`terms`).
 `next_deadline` and `grant_message` are queries: they bill and roll nothing
 (`core/invariants.py` checks the indexes the phases keep after every event of the core tests).
@@ -54,7 +54,8 @@ that asks them and whose queries write nothing (`tests/core/test_rules.py`): `qu
 (`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
 (`share.ShareRule`: bill; owed, turn_at), `priorities` (`priority.PriorityRule`: granted,
 dropped; starved, line, borrowed, yield_at, turn), `lending` (`terms.LendingRule`: tell;
-taken_back_at_once). Still functions over the state: `gang`.
+taken_back_at_once), `gangs` (`gang.GangRule`: asked, left, turn_over, begin_cut, force_cut,
+cut_over; grantable, in_the_way, behind).
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
@@ -70,7 +71,7 @@ from appliance.core import actions as act
 from appliance.core import ahead, terms, yielding
 from appliance.core import events as ev
 from appliance.core.drops import DropReason
-from appliance.core.gang import Gangs, gang_of, grantable, in_the_way
+from appliance.core.gang import GangRule, gang_of
 from appliance.core.line import Line, Waiting
 from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
@@ -95,7 +96,9 @@ class Lock:
         self.lending = terms.LendingRule(
             state, line=self.line, quotas=self.quotas, priorities=self.priorities
         )
-        self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
+        self.gangs = GangRule(
+            state, priorities=self.priorities, refile=self.line.refile, forget=self.line.forget
+        )
 
     # ------------------------------------------------------------ requests
 
@@ -375,7 +378,7 @@ class Lock:
         out: list[act.Action] = []
         for g in [g for g in self.line.owning.values() if g.phase is GangPhase.HOLDING]:
             growing = g.gpus - g.held
-            if growing and all(grantable(self._s, uuid, g) for uuid in growing):
+            if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
                 for uuid in growing:
                     self._s.gpus[uuid].owners.add(g.key)
@@ -385,7 +388,7 @@ class Lock:
             return out
         for g in self.line.turns(now):
             kept = ahead.kept_from(self._s, self.priorities, self.shares, keeps, g, now)
-            if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
+            if kept or g.gpus & blocked or not all(self.gangs.grantable(u, g) for u in g.gpus):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
                     break  # everyone further back waits for a GPU taken here
@@ -396,7 +399,7 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
+        dropped = self.gangs.in_the_way(list(self.line.owning.values()), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
             due = self._next_yield(uuid, waiting, now)
@@ -412,7 +415,7 @@ class Lock:
         A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
         deadline (a window turning) is the top of the line's heap."""
         times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
-        if (grows := in_the_way(self._s, list(self.line.owning.values()), now)[1]) is not None:
+        if (grows := self.gangs.in_the_way(list(self.line.owning.values()), now)[1]) is not None:
             times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start

@@ -31,7 +31,7 @@ rules order and compare gangs: a gang's priority is its members' highest.
 
 `PriorityRule` is the one object that answers for priorities, as `quota_rule.QuotaRule` does for
 quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ahead`, `terms` and
-`gang.grantable` ask it:
+`gang.GangRule` ask it:
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
   `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
   They write those two facts of the gang asked about and nothing else.

@@ -73,7 +73,7 @@ def frees(g: Gang, waiting: Waiting) -> bool:
     """Whether g's drop can let a waiter in before g has released, so that the lock reads its
     line again (otherwise a second grant pass finds what the first did): g waited for more
     GPUs (those behind it no longer wait for them), or g borrowed the idle time of a waiter of
-    higher priority (`gang.grantable`: granted beside g's drain). O(G x P)."""
+    higher priority (`GangRule.grantable`: granted beside g's drain). O(G x P)."""
     return bool(g.gpus - g.held) or any(
         PriorityRule.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
     )

@@ -1,5 +1,5 @@
-"""The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, `terms.LendingRule`):
-their queries write nothing.
+"""The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, `terms.LendingRule`,
+`gang.GangRule`): their queries write nothing.
 
 Each rule answers the lock's phases with commands (named for the phase that asks) and queries
 (asked by any phase and by `next_deadline`). A query asked later than the last event, when
@@ -19,6 +19,8 @@ from appliance.core.state import GangPhase
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import Harness
+from .test_gang import GPU0, GPU1, TQ, ask, job, shown
+from .test_gang import harness as gang_harness
 from .test_priority import HIGH, LOW, SETTINGS, by_uid
 
 
@@ -103,3 +105,27 @@ def test_whether_a_lender_is_taken_back_at_once_is_a_query_that_writes_nothing()
     ]
     assert lent == [False, True]
     assert repr(h.state) == before
+
+
+def test_the_gang_rules_queries_write_nothing() -> None:
+    """A gang holds GPU 0 and waits for GPU 1, which a lone client holds: whether each GPU can
+    be granted to each gang, who is in the gang's way and whether a member is behind its cut
+    leave the state as it was."""
+    h = gang_harness()
+    (rank,) = job(h, "g", (GPU0,))
+    ask(h, rank)
+    victim = h.register(gpu=GPU1)
+    shown(h, victim)
+    ask(h, victim)
+    ask(h, h.register(pod_uid="g", gpu=GPU1))  # no context on GPU 1 yet: not at once
+    h.now += 1.0
+    rule, lock, s = h.core.lock.gangs, h.core.lock, h.state
+    before = repr(s)
+    grantable = {(u, g.key): rule.grantable(u, g) for u in (GPU0, GPU1) for g in s.gangs.values()}
+    in_the_way = rule.in_the_way(list(lock.line.owning.values()), h.now)
+    behind = [rule.behind(s.gangs[c.gang], c) for c in s.clients.values()]
+    assert repr(s) == before
+    assert not grantable[(GPU1, "pod:g")] and grantable[(GPU0, "pod:g")]
+    victims = s.gangs[s.clients[victim].gang]
+    assert in_the_way == ([], victims.quantum_from + TQ)  # at the end of its quantum
+    assert behind == [False, False, False]
