@@ -52,10 +52,10 @@ deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`
 The rules it asks, each an object on the node's state whose commands are named for the phase
 that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
 (`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
-(`share.ShareRule`: bill; owed, turn_at), `priorities` (`priority.PriorityRule`: granted,
-dropped; starved, line, borrowed, yield_at, turn), `lending` (`terms.LendingRule`: tell;
-taken_back_at_once), `gangs` (`gang.GangRule`: asked, left, turn_over, begin_cut, force_cut,
-cut_over; grantable, in_the_way, behind).
+(`share.ShareRule`: granted, dropped, bill; owed, turn_at, resumes, yield_at), `priorities`
+(`priority.PriorityRule`: granted, dropped; starved, line, borrowed, yield_at, turn), `lending`
+(`terms.LendingRule`: tell; taken_back_at_once), `gangs` (`gang.GangRule`: asked, left,
+turn_over, begin_cut, force_cut, cut_over; grantable, in_the_way, behind).
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
@@ -232,19 +232,15 @@ class Lock:
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
         self.priorities.granted(g, now)
-        # Cut short for another's share, or back after letting the GPU go idle inside its
-        # quantum (`PriorityRule.lent_back`), it has the rest of its quantum back; granted for its
-        # own share, it gives the GPU back once it has had it (`share`).
+        # Cut short for another's share (`ShareRule.resumes`), or back after letting the GPU go
+        # idle inside its quantum (`PriorityRule.lent_back`), it has the rest of its quantum back.
         quantum = min(map(self._s.time_quantum, g.gpus))
-        resumed = (g.share_cut and now - g.dropped_at < quantum) or (
+        resumed = self.shares.resumes(g, now, quantum) or (
             g.lent_at is not None and now < g.quantum_from + quantum
         )
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
-        last = {self._s.gpus[u].last_drop for u in g.gpus}
-        g.share_cut, g.share_grant = False, DropReason.REQUEST in last
-        for uuid in g.gpus:
-            self._s.gpus[uuid].last_drop = None
+        self.shares.granted(g)
         g.granted_at = g.billed_until = now
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:
@@ -275,10 +271,8 @@ class Lock:
     def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
-        g.share_cut = why is DropReason.REQUEST and not g.share_grant
+        self.shares.dropped(g, why)
         self.priorities.dropped(g, now, why)
-        for uuid in g.held:
-            self._s.gpus[uuid].last_drop = why
         self._s.counters[f"drops_{why}"] += 1
         out: list[act.Action] = []
         for m in sorted(g.members):

@@ -23,15 +23,19 @@ more than 100 are then scaled down in proportion, and said so in the log, status
 
 `ShareRule` is the one object that answers for shares, as `quota_rule.QuotaRule` does for
 quotas; the lock (`lock.Lock`) and the line (`line.Line`) ask it, nobody else reads a share:
-- commands: `wants` and `rescale` (a client's limits changed: NodeCore's limits refresh), and
-  `bill` (a phase of the lock bills a gang's time: a drop, a release, a spent quota). They
-  write the accounts (`quota.GuaranteeAccount`) and nothing else.
+- commands: `wants` and `rescale` (a client's limits changed: NodeCore's limits refresh);
+  `granted` and `dropped` (the grant phase, a drop: whether a turn was granted for a share or
+  cut short for one); `bill` (a phase of the lock bills a gang's time: a drop, a release, a
+  spent quota). They write the accounts (`quota.GuaranteeAccount`), those facts of the gang
+  and `Gpu.last_drop`, nothing else.
 - queries, asked by any phase and by `next_deadline`: `owed` (what a gang is still owed, a
-  holder as if billed up to now), `turn_at` (when a member's window turns). They look through
-  a copy of each account and write nothing, so asking twice, or at a later time, changes no
+  holder as if billed up to now), `turn_at` (when a member's window turns), `resumes` and
+  `yield_at` (the preempt phase: when a holder gives way for a share). They look through a
+  copy of each account and write nothing, so asking twice, or at a later time, changes no
   answer and no bill.
 Cost, in clients touched: `wants` 1; `rescale` the clients asking for a share on one GPU;
-`bill`, `owed`, `turn_at` the members of the gang asked about (one for a lone client).
+`bill`, `owed`, `turn_at` the members of the gang asked about (one for a lone client);
+`granted`, `dropped`, `resumes`, `yield_at` none (the waiters they are given).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ log = logging.getLogger("nvshare.scheduler")
 REQUEST = DropReason.REQUEST  # (the name this module has used for it)
 _OWNING = (Phase.HOLDING, Phase.DRAINING)
 _GANG_OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
+Turn = tuple[float, DropReason]  # when a holder gives way, and why
 
 
 class ShareRule:
@@ -68,6 +73,21 @@ class ShareRule:
         return rescale(self._s, uuid, now)
 
     # ------------------------------------------------------------ commands (the lock's phases)
+
+    def granted(self, g: Gang) -> None:
+        """The grant phase: g granted after a drop for a waiter's share (`Gpu.last_drop`) was
+        granted for its own share, and gives way once it has had it (`share_grant`)."""
+        last = {self._s.gpus[u].last_drop for u in g.gpus}
+        g.share_cut, g.share_grant = False, REQUEST in last
+        for uuid in g.gpus:
+            self._s.gpus[uuid].last_drop = None
+
+    def dropped(self, g: Gang, why: DropReason) -> None:
+        """A drop: why g's GPUs were given up (`Gpu.last_drop`, read by the next grant), and
+        whether g was cut short for another's share (`share_cut`: its quantum goes on)."""
+        g.share_cut = why is REQUEST and not g.share_grant
+        for uuid in g.held:
+            self._s.gpus[uuid].last_drop = why
 
     def bill(self, g: Gang, now: float) -> None:
         """Each member's share, the lock time since g was last billed (`g.billed_until`), the
@@ -96,6 +116,20 @@ class ShareRule:
             ahead.roll(now, settings)
             most = max(most, ahead.owed_s(settings))
         return most
+
+    def resumes(self, g: Gang, now: float, quantum_s: float) -> bool:
+        """Whether g, cut short for another's share, is granted again inside the quantum it
+        was cut short in: it has the rest of that quantum back."""
+        return g.share_cut and now - g.dropped_at < quantum_s
+
+    def yield_at(self, h: Gang, rivals: list[Gang], owed: set[str]) -> Turn | None:
+        """When holder h gives way for a share, if it does: after the shortest grant (one
+        `quotaSampleInterval`) when one of the waiters (`rivals`) is `owed` its share, or when
+        h was granted for its own share and one of its priority or above waits."""
+        for w in rivals:
+            if w.key in owed or (h.share_grant and w.priority >= h.priority):
+                return h.granted_at + self._s.policy.scheduler.quota_sample_interval_s, REQUEST
+        return None
 
     def turn_at(self, g: Gang, now: float) -> float | None:
         """When a member's share window turns (it is owed again); what a waiting gang is

@@ -18,7 +18,6 @@ from appliance.core.state import Gang, GangPhase, NodeState
 from appliance.policy.model import Mode
 
 Yield = tuple[float, Gang, DropReason]  # when, who drops, why
-REQUEST = DropReason.REQUEST  # a waiter is owed its share
 
 
 def next_yield(
@@ -45,7 +44,8 @@ def next_yield(
     turns = []
     for o in holding:
         rivals = waiting.rivals(uuid, o)
-        at, why = turn(s, priorities, o, rivals, waiting.owed(rivals), now, shares.owed(o, now))
+        owed = waiting.owed(rivals)
+        at, why = turn(s, priorities, shares, o, rivals, owed, now, shares.owed(o, now))
         turns.append((at, why, o))
     at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
     return at, holder, why
@@ -54,6 +54,7 @@ def next_yield(
 def turn(
     s: NodeState,
     priorities: PriorityRule,
+    shares: ShareRule,
     h: Gang,
     rivals: list[Gang],
     owed: set[str],
@@ -61,11 +62,11 @@ def turn(
     owed_h: float,
 ) -> tuple[float, DropReason]:
     """When holder h must drop for one of the waiters (`rivals`), and why: by priority and
-    quantum (`PriorityRule.turn`), sooner for a waiter owed its share (after the shortest
-    grant), never while h is inside its own (`owed_h` of it is left)."""
+    quantum (`PriorityRule.turn`), sooner for a share (`ShareRule.yield_at`), never while h is
+    inside its own (`owed_h` of it is left)."""
     at = priorities.turn(h, rivals, quantum(s, h))
-    if any(w.key in owed or (h.share_grant and w.priority >= h.priority) for w in rivals):
-        at = min(at, (h.granted_at + s.policy.scheduler.quota_sample_interval_s, REQUEST))
+    if (for_share := shares.yield_at(h, rivals, owed)) is not None:
+        at = min(at, for_share)
     return max(at[0], now + owed_h), at[1]
 
 

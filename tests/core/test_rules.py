@@ -44,7 +44,11 @@ def test_the_share_rules_queries_write_nothing() -> None:
     before = repr(h.state)
     owed = [shares.owed(g, h.now) for g in gangs]
     turns = [shares.turn_at(g, h.now) for g in gangs]
+    waiters = [g for g in gangs if g.phase is GangPhase.WAITING]
+    keys = {g.key for g in waiters}
+    gives_way = [(shares.resumes(g, h.now, 2.0), shares.yield_at(g, waiters, keys)) for g in gangs]
     assert repr(h.state) == before
+    assert all(y is not None for _, y in gives_way)  # to a waiter owed its share
     # The waiters are owed their 20 % of the window turned since; the holder, as if billed up
     # to now, has had its own.
     holding = [g.phase is GangPhase.HOLDING for g in gangs]
