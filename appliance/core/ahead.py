@@ -1,6 +1,6 @@
 """Taking a GPU back ahead of a lender's next request, when its requests come at a steady pace.
 
-A high-priority request loop lends its GPU between requests (`priority.borrowed`) and takes it
+A high-priority request loop lends its GPU between requests (`PriorityRule.borrowed`) and takes it
 back at once when the next one comes, beside the borrower's drain (`lock`). That drain still
 costs the request: the borrower's last queued work is on the GPU, and the two contexts share
 it by time slices until that work has run (no lock can take queued work back). A loop that
@@ -11,7 +11,7 @@ next one: from `lead` before it is due, lower-priority holders that borrowed the
 dropped and lower priorities are not granted it, until the request comes or `lead` after it
 was due (then they have the GPU again, and the irregular interval stops the keeping until the
 pace is steady again). A holder inside its guaranteed share keeps the GPU, and a waiter owed its
-share or starved (`priority.starved`) is granted it, as against any higher priority.
+share or starved (`PriorityRule.starved`) is granted it, as against any higher priority.
 
 `lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the
 jitter of the requests and `GUARD_S`: enough for the borrower's queued work to have run when the
@@ -28,10 +28,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from appliance.core import priority
-from appliance.core.gang import owed_s
 from appliance.core.line import Line
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
+from appliance.core.share import ShareRule
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
 from appliance.policy.model import Mode, SchedulerSettings
 
@@ -95,25 +95,27 @@ def keeps(s: NodeState, line: Line) -> Keeps:
     return out
 
 
-def kept_from(s: NodeState, keeps: Keeps, g: Gang, now: float) -> bool:
+def kept_from(
+    s: NodeState, priorities: PriorityRule, shares: ShareRule, keeps: Keeps, g: Gang, now: float
+) -> bool:
     """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and g,
     neither starved nor owed its guaranteed share, waits for it."""
     if not any(
         k.on(now) and k.lender.priority > g.priority for uuid in g.gpus for k in keeps.get(uuid, ())
     ):
         return False
-    return not priority.starved(g, now, s.policy.scheduler) and owed_s(s, g, now) <= EPSILON_S
+    return not priorities.starved(g, now) and shares.owed(g, now) <= EPSILON_S
 
 
-def borrowers_due(s: NodeState, keeps: Keeps, now: float) -> list[Gang]:
+def borrowers_due(s: NodeState, shares: ShareRule, keeps: Keeps, now: float) -> list[Gang]:
     """The holders that borrowed a GPU kept now for its lender, outside their own share: they
     drop."""
     due: dict[str, Gang] = {}
     for uuid, kept in keeps.items():
         for o in [s.gangs[k] for k in sorted(s.gpus[uuid].owners)]:
-            if o.phase is not GangPhase.HOLDING or owed_s(s, o, now) > EPSILON_S:
+            if o.phase is not GangPhase.HOLDING or shares.owed(o, now) > EPSILON_S:
                 continue
-            if any(k.on(now) and priority.borrowed(o, k.lender) for k in kept):
+            if any(k.on(now) and PriorityRule.borrowed(o, k.lender) for k in kept):
                 due[o.key] = o
     return list(due.values())
 

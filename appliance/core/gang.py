@@ -26,16 +26,28 @@ each other forever while draining. The hooks count the collectives they submit (
 launched in the remote memory-synchronisation domain). A drop asks every member where it
 stands (and holds its next collective), the cut is the furthest of them, and every member runs
 up to the cut before it releases: one behind the cut asks for its GPU back to get there.
+
+`GangRule` is the one object the lock (`lock.Lock`) asks about gangs, as it asks
+`quota_rule.QuotaRule` about quotas:
+- commands, named for the event or phase that asks them: `registered`, `asked`, `left`,
+  `refresh` (membership; NodeCore's limits refresh asks `refresh`), `turn_over` (a release),
+  `begin_cut` (a drop), `force_cut` (passing over a late member), `cut_over` (the release
+  after a cut), `position` (a member's answer). They write gangs and their cuts.
+- queries, asked by the grant and preempt phases and by `next_deadline`: `grantable`,
+  `in_the_way`, `behind`. They write nothing.
+Cost, in clients touched: `asked` 1 (a gang's first forming looks at the job's clients once:
+O(n)); `left`, `refresh`, the cuts: the gang's members; `grantable`: the GPU's holders and the
+gang's members (in mode `auto`; else none); `in_the_way`: the members of the gangs that hold
+only part of their GPUs (none in the usual case); `behind` none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import priority, share
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import QuotaAccount
 from appliance.core.state import Client, Cut, Gang, GangPhase, NodeState, Phase
 from appliance.policy.model import Mode
@@ -69,71 +81,25 @@ def gang_of(s: NodeState, c: Client) -> Gang:
     return s.gangs[c.gang]
 
 
-def eligible(s: NodeState, g: Gang, now: float) -> bool:
-    """Whether g may be granted now: not waiting for its quota's next window (rolls it)."""
-    quota = account(s, g)
-    if quota is None:
-        return True
-    quota.roll(now, s.policy.scheduler)
-    return quota.may_start(s.policy.scheduler)
-
-
-def owed_s(s: NodeState, g: Gang, now: float) -> float:
-    """How much of its guaranteed share (`share`) the gang's most owed member is still owed."""
-    return max(share.owed_s(s.clients[m], now, s.policy.scheduler) for m in g.members)
-
-
-def owed_at(s: NodeState, g: Gang, now: float) -> float:
-    """`owed_s` as a query: each share is looked at through a copy, billed up to now for a
-    member that holds (as `lock` bills it)."""
-    settings = s.policy.scheduler
-    most = 0.0
-    for m in g.members:
-        c = s.clients[m]
-        if c.guarantee is None:
-            continue
-        ahead = replace(c.guarantee)
-        if c.phase in (Phase.HOLDING, Phase.DRAINING) and g.phase in (
-            GangPhase.HOLDING,
-            GangPhase.DRAINING,
-        ):
-            ahead.bill(g.billed_until, now, settings)
-        ahead.roll(now, settings)
-        most = max(most, ahead.owed_s(settings))
-    return most
-
-
-def grantable(s: NodeState, uuid: str, g: Gang) -> bool:
-    """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when
-    no other gang holds it but one that borrowed g's idle time and is draining it (its queued
-    work finishes beside g's), in `auto` while g's members there fit beside its holders."""
-    mode = s.gpu_mode(uuid)
-    others = [s.gangs[k] for k in s.gpus[uuid].owners - {g.key}]
-    if mode is Mode.OFF or not others:
-        return True
-    if mode is Mode.ON and all(
-        o.phase is GangPhase.DRAINING and priority.borrowed(o, g) for o in others
-    ):
-        return True
-    if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):
-        return False  # nothing is known to fit on a GPU of unknown size: serialise
-    running = sum(s.clients[h].footprint for h in s.gpus[uuid].holders)
-    joining = sum(s.clients[m].footprint for m in g.members if s.clients[m].gpu == uuid)
-    return running + joining <= size - s.policy.memory.reserve_bytes
-
-
 def label(g: Gang) -> str:
     """How status names a gang of several clients; "" for a lone client."""
     return g.key if g.joint else ""
 
 
-class Gangs:
-    """Membership and cuts; the lock (`lock.Lock`) decides when gangs hold and drop."""
+class GangRule:
+    """Membership, cuts, and what the lock asks of gangs; the lock (`lock.Lock`) decides when
+    gangs hold and drop (the module's docstring)."""
 
     def __init__(
-        self, state: NodeState, *, refile: Callable[[Gang], None], forget: Callable[[str], None]
+        self,
+        state: NodeState,
+        *,
+        priorities: PriorityRule,
+        refile: Callable[[Gang], None],
+        forget: Callable[[str], None],
     ) -> None:
         self._s = state
+        self._priorities = priorities  # who borrowed a gang's idle GPU
         self._refile = refile  # `line.Line`: a gang changed what it is filed by
         self._forget = forget
 
@@ -335,6 +301,58 @@ class Gangs:
             return []
         return [act.GangCutOver(m, cut.id) for m in sorted(cut.expected) if m in g.members]
 
+    # ------------------------------------------------------------ queries (grant, preempt)
+
+    def grantable(self, uuid: str, g: Gang) -> bool:
+        """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when no
+        other gang holds it but one that borrowed g's idle time and is draining it (its queued work
+        finishes beside g's), in `auto` while g's members there fit beside its holders."""
+        s = self._s
+        mode = s.gpu_mode(uuid)
+        others = [s.gangs[k] for k in s.gpus[uuid].owners - {g.key}]
+        if mode is Mode.OFF or not others:
+            return True
+        if mode is Mode.ON and all(
+            o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g) for o in others
+        ):
+            return True
+        if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):
+            return False  # nothing is known to fit on a GPU of unknown size: serialise
+        running = sum(s.clients[h].footprint for h in s.gpus[uuid].holders)
+        joining = sum(s.clients[m].footprint for m in g.members if s.clients[m].gpu == uuid)
+        return running + joining <= size - s.policy.memory.reserve_bytes
+
+    def in_the_way(self, owning: Iterable[Gang], now: float) -> tuple[list[Gang], float | None]:
+        """Holding gangs that must drop now, not at the end of their quantum: they own a GPU that a
+        gang holding only part of its GPUs (a member joined late, or asked for one more) waits for,
+        and NVML shows that member's process on that GPU (`touched`). That gang's members already
+        run and may sit in a collective waiting for the member that waits, so every second of
+        quantum left would idle both. Of two such gangs waiting for each other, only the younger
+        drops. A member NVML does not show there (no NVML, a sample not yet taken, or no context at
+        all) has the holder drop at the end of its quantum instead, as any waiter would. Returns
+        those due now, and when the next one is due."""
+        s = self._s
+        growing = sorted(
+            (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
+            key=lambda g: (g.granted_at, g.ticket),
+        )
+        out: dict[str, Gang] = {}
+        later: float | None = None
+        for i, g in enumerate(growing):
+            older = {o.key for o in growing[:i]}
+            for uuid in g.gpus - g.held:
+                shown = any(touched(s.clients[m]) for m in g.members if s.clients[m].gpu == uuid)
+                for key in s.gpus[uuid].owners - older - {g.key}:
+                    o = s.gangs[key]
+                    if o.phase is not GangPhase.HOLDING:
+                        continue
+                    at = now if shown else o.quantum_from + quantum(s, o)
+                    if at <= now:
+                        out[key] = o
+                    elif later is None or at < later:
+                        later = at
+        return list(out.values()), later
+
     def behind(self, g: Gang, c: Client) -> bool:
         """A member asking to reach the cut may have its GPU while the gang stops: back, or,
         when the gang dropped before it had that GPU, beside its holder (the one way out of a
@@ -347,37 +365,6 @@ def touched(c: Client) -> bool:
     connection is only a claim; a second connection of a process on a GPU it never used (any
     GPU of the node) must not take that GPU from its holder at once."""
     return c.nvml_used is not None
-
-
-def in_the_way(s: NodeState, owning: Iterable[Gang], now: float) -> tuple[list[Gang], float | None]:
-    """Holding gangs that must drop now, not at the end of their quantum: they own a GPU that a
-    gang holding only part of its GPUs (a member joined late, or asked for one more) waits
-    for, and NVML shows that member's process on that GPU (`touched`). That gang's members
-    already run and may sit in a collective waiting for the member that waits, so every second
-    of quantum left would idle both. Of two such gangs waiting for each other, only the younger
-    drops. A member NVML does not show there (no NVML, a sample not yet taken, or no context
-    at all) has the holder drop at the end of its quantum instead, as any waiter would.
-    Returns those due now, and when the next one is due."""
-    growing = sorted(
-        (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
-        key=lambda g: (g.granted_at, g.ticket),
-    )
-    out: dict[str, Gang] = {}
-    later: float | None = None
-    for i, g in enumerate(growing):
-        older = {o.key for o in growing[:i]}
-        for uuid in g.gpus - g.held:
-            shown = any(touched(s.clients[m]) for m in g.members if s.clients[m].gpu == uuid)
-            for key in s.gpus[uuid].owners - older - {g.key}:
-                o = s.gangs[key]
-                if o.phase is not GangPhase.HOLDING:
-                    continue
-                at = now if shown else o.quantum_from + quantum(s, o)
-                if at <= now:
-                    out[key] = o
-                elif later is None or at < later:
-                    later = at
-    return list(out.values()), later
 
 
 def quantum(s: NodeState, g: Gang) -> float:

@@ -11,23 +11,23 @@ what it is filed by changes (`refile`), and the questions read the files:
 - **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
   ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
   order, so a bucket in ticket order is in request order: its starved gangs
-  (`priority.starved`) are a prefix, its first gang the longest waiting. The order of grants
-  (`priority.line`) is then the buckets one after the other, read lazily: the lock stops reading
+  (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
+  (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
   once every GPU anyone waits for is taken.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
   window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
-  (`priority.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  (`PriorityRule.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
   requests come at a steady pace (`ahead` keeps their GPU for their next request).
 
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
 questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
 (once a window, not once an event); status's `queue` of a GPU O(P + its waiters). Accounts
-are only looked at, through copies (`QuotaRule.may_start`, `gang.owed_at`): asking the line never
-bills or rolls anything.
+are only looked at, through copies (`QuotaRule.may_start`, `ShareRule.owed`): asking the line
+never bills or rolls anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
 """
@@ -37,15 +37,17 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from appliance.core.gang import account, owed_at
+from appliance.core.gang import account
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
+from appliance.core.share import ShareRule
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
-# `priority.line`'s order: offender, not owed, not starved, -priority
+# `PriorityRule.line`'s order: offender, not owed, not starved, -priority
 LineKey = tuple[bool, bool, bool, int]
 Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
 
@@ -122,9 +124,13 @@ class Bucket:
 class Line:
     """Every gang filed by what the lock asks of it (see the module's docstring)."""
 
-    def __init__(self, state: NodeState, quotas: QuotaRule) -> None:
+    def __init__(
+        self, state: NodeState, quotas: QuotaRule, shares: ShareRule, priorities: PriorityRule
+    ) -> None:
         self._s = state
+        self._priorities = priorities  # who is starved
         self._quotas = quotas  # whether a waiter may start, and when it may again
+        self._shares = shares  # whether a waiter is owed its share, and when it may be again
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
         self._filed: dict[str, _Filing] = {}  # every waiting gang
@@ -166,9 +172,10 @@ class Line:
         eligible, owed, turn = True, False, None
         if accounted(s, g):
             eligible = self._quotas.may_start(g, now)
-            owed = owed_at(s, g, now) > EPSILON_S
+            owed = self._shares.owed(g, now) > EPSILON_S
             opens = None if eligible else self._quotas.opens_at(g, now)
-            turn = min((t for t in (share_turn(s, g, now), opens) if t is not None), default=None)
+            turns = (self._shares.turn_at(g, now), opens)
+            turn = min((t for t in turns if t is not None), default=None)
         f = _Filing(
             ticket=g.ticket,
             priority=g.priority,
@@ -229,7 +236,7 @@ class Line:
     # ------------------------------------------------------------ the line
 
     def turns(self, now: float) -> Iterator[Gang]:
-        """The eligible waiting gangs in the order they are granted (`priority.line`), read
+        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`), read
         lazily: O(P) to start, O(1) a gang."""
         self.catch_up(now)
         starved = self._starved(now)
@@ -241,12 +248,12 @@ class Line:
             yield from bucket.walk(starved, want)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
-        patience = now - self._s.policy.scheduler.starvation_limit_s
+        patience = self._priorities.patience(now)
         return lambda g: g.waiting_since <= patience
 
     def queue(self, uuid: str, now: float) -> list[int]:
         """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
-        those whose quota keeps them out until their window turns (in `priority.line`'s order
+        those whose quota keeps them out until their window turns (in `PriorityRule.line`'s order
         without starvation). For status: O(waiting for uuid) and no sort of the waiting gangs
         (each bucket is cut after its starved prefix, found by a walk of its length)."""
         self.catch_up(now)
@@ -288,6 +295,11 @@ class Line:
         self.catch_up(now)
         return Waiting(self)
 
+    def owed_now(self, g: Gang) -> bool:
+        """Whether g (not filed as a waiter: a lender, a holder) is still owed part of its
+        share at the time of the event being handled."""
+        return self._shares.owed(g, self.now) > EPSILON_S
+
     # ------------------------------------------------------------ the check
 
     def check(self) -> None:
@@ -305,7 +317,7 @@ class Line:
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
             assert now_filed == was, (k, now_filed, was)
-            owed = owed_at(s, g, self.now) > EPSILON_S
+            owed = self._shares.owed(g, self.now) > EPSILON_S
             assert (f.eligible, f.owed) == (self._quotas.may_start(g, self.now), owed), k
         lenders = {
             k
@@ -323,19 +335,6 @@ class Line:
 def accounted(s: NodeState, g: Gang) -> bool:
     """A gang whose place in line moves with its windows: a quota, or a member's share."""
     return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
-
-
-def share_turn(s: NodeState, g: Gang, now: float) -> float | None:
-    """When a member's share window turns (it is owed again); what a waiting gang is filed by
-    may change then, as when its quota's window opens (`QuotaRule.opens_at`)."""
-    settings = s.policy.scheduler
-    times = []
-    for m in g.members:
-        if (share := s.clients[m].guarantee) is not None:
-            ahead = replace(share)
-            ahead.roll(now, settings)
-            times.append(ahead.next_window(settings))
-    return min(times, default=None)
 
 
 def _remove(buckets: dict[Class, Bucket], key: str, f: _Filing) -> None:
@@ -371,7 +370,7 @@ class Waiting:
 
     def rivals(self, uuid: str, holder: Gang) -> list[Gang]:
         """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
-        (`priority.yield_at` depends on a waiter's priority, whether it lent the GPU before
+        (`PriorityRule.yield_at` depends on a waiter's priority, whether it lent the GPU before
         the holder's grant, when it asked, and whether it is owed its share): each bucket's
         longest waiting and its earliest lender."""
         out: list[Gang] = []
@@ -387,9 +386,7 @@ class Waiting:
         out = set()
         for g in gangs:
             f = self._line._filed.get(g.key)
-            owed = (
-                f.owed if f is not None else owed_at(self._line._s, g, self._line.now) > EPSILON_S
-            )
+            owed = f.owed if f is not None else self._line.owed_now(g)
             if owed:
                 out.add(g.key)
         return out

@@ -18,17 +18,17 @@ granted at once; a gang that holds only part of its GPUs has the holders in its 
   Warning Event on its pod), and its gang is queued behind every gang that drops in time, until
   it completes a drop in time itself.
 
-Priorities (`priority`) order the line of gangs (a gang's priority is its members' highest) and
-let a waiter of higher priority take a GPU after a short slice of the holder's; the starvation
-limit bounds how long a low priority waits. While someone waits for a GPU, its holders' hooks are
-told to hand the lock over after a short idle time (`scheduler.idleHandoff`) instead of
-`scheduler.idleRelease` (`LockTerms`).
+Priorities (`priority.PriorityRule`) order the line of gangs (a gang's priority is its members'
+highest) and let a waiter of higher priority take a GPU after a short slice of the holder's; the
+starvation limit bounds how long a low priority waits. While someone waits for a GPU, its
+holders' hooks are told to hand the lock over after a short idle time (`scheduler.idleHandoff`)
+instead of `scheduler.idleRelease` (`LockTerms`).
 
-Guaranteed shares (`share`) come before both: a waiter still owed its share goes first and
-takes the GPU from a holder that has had its own; a holder inside its share keeps the GPU (a
-gang's members' shares, each on its own GPU, count for the gang).
+Guaranteed shares (`share.ShareRule`) come before both: a waiter still owed its share goes
+first and takes the GPU from a holder that has had its own; a holder inside its share keeps the
+GPU (a gang's members' shares, each on its own GPU, count for the gang).
 
-Compute quotas (`quota.QuotaAccount`) bill the time a gang holds the lock (a lone client's
+Compute quotas (`quota_rule.QuotaRule`) bill the time a gang holds the lock (a lone client's
 account is its own); a quota holder is dropped early enough for its drain to end on its budget,
 and a gang whose budget is spent waits for its next window.
 
@@ -39,15 +39,23 @@ dropped (`drops.DropReason`); status, `nvsharectl top` and the metrics read it.
 The state machine, per gang (`state.GangPhase`; each member's `state.Phase` follows):
 IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`-> IDLE (or
 WAITING again when a member asked meanwhile); a holder whose members all release early goes
-HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.Gangs` as lone
+HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.GangRule` as lone
 gangs merge into one (it keeps their turn). After each event,
-`schedule` runs its phases in this order, each asking one rule: pass over late holders (the
-drop deadline) -> drop spent quotas (`quota_rule`) -> reclaim ahead of a steady lender (`ahead`)
--> grant in line order (`line`, ordered by `priority` and `share`; `gang.grantable`) ->
-preempt for waiters (`gang.in_the_way`, then `yielding.next_yield`: `priority`, `share`,
-quantum) -> tell holders their terms and lenders they lend (`terms`). `next_deadline` and
-`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
-indexes the phases keep after every event of the core tests).
+`schedule` runs its phases in this order, each asking one rule: pass over late holders (the drop
+deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
+`shares`) -> grant in line order (`line`, ordered by `priorities` and `shares`;
+`gangs.grantable`) -> preempt for waiters (`gangs.in_the_way`, then `yielding.next_yield`:
+`priorities`, `shares`, quantum) -> tell holders their terms and lenders they lend (`terms`).
+`next_deadline` and `grant_message` are queries: they bill and roll nothing
+(`core/invariants.py` checks the indexes the phases keep after every event of the core tests).
+
+The rules it asks, each an object on the node's state whose commands are named for the phase
+that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
+(`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
+(`share.ShareRule`: granted, dropped, bill; owed, turn_at, resumes, yield_at), `priorities`
+(`priority.PriorityRule`: granted, dropped; starved, line, borrowed, yield_at, turn), `lending`
+(`terms.LendingRule`: tell; taken_back_at_once), `gangs` (`gang.GangRule`: asked, left,
+turn_over, begin_cut, force_cut, cut_over; grantable, in_the_way, behind).
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
@@ -58,23 +66,17 @@ members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority, terms, yielding
+from appliance.core import ahead, terms, yielding
 from appliance.core import events as ev
 from appliance.core.drops import DropReason
-from appliance.core.gang import (
-    Gangs,
-    gang_of,
-    grantable,
-    in_the_way,
-    owed_at,
-    owed_s,
-)
+from appliance.core.gang import GangRule, gang_of
 from appliance.core.line import Line, Waiting
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
+from appliance.core.share import ShareRule
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
 
 log = logging.getLogger("nvshare.scheduler")
@@ -88,8 +90,15 @@ class Lock:
     def __init__(self, state: NodeState) -> None:
         self._s = state
         self.quotas = QuotaRule(state)  # (the pattern for the other rules: `quota_rule`)
-        self.line = Line(state, self.quotas)
-        self.gangs = Gangs(state, refile=self.line.refile, forget=self.line.forget)
+        self.shares = ShareRule(state)
+        self.priorities = PriorityRule(state)
+        self.line = Line(state, self.quotas, self.shares, self.priorities)
+        self.lending = terms.LendingRule(
+            state, line=self.line, quotas=self.quotas, priorities=self.priorities
+        )
+        self.gangs = GangRule(
+            state, priorities=self.priorities, refile=self.line.refile, forget=self.line.forget
+        )
 
     # ------------------------------------------------------------ requests
 
@@ -157,7 +166,7 @@ class Lock:
         return out + self.schedule(now)
 
     def _enqueue(self, g: Gang, now: float) -> None:
-        """Wait in line: behind everyone (`priority.line` orders the line); or, after a turn a
+        """Wait in line: behind everyone (`PriorityRule.line` orders it); or, after a turn a
         higher priority cut short, at its place in line with its starvation clock running on."""
         if not g.cut_short:
             self._s.tickets += 1
@@ -222,20 +231,16 @@ class Lock:
 
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
-        g.full_quantum = priority.starved(g, now, self._s.policy.scheduler)
-        # Cut short for another's share, or back after letting the GPU go idle inside its
-        # quantum (`priority.lent_back`), it has the rest of its quantum back; granted for its
-        # own share, it gives the GPU back once it has had it (`share`).
+        self.priorities.granted(g, now)
+        # Cut short for another's share (`ShareRule.resumes`), or back after letting the GPU go
+        # idle inside its quantum (`PriorityRule.lent_back`), it has the rest of its quantum back.
         quantum = min(map(self._s.time_quantum, g.gpus))
-        resumed = (g.share_cut and now - g.dropped_at < quantum) or (
+        resumed = self.shares.resumes(g, now, quantum) or (
             g.lent_at is not None and now < g.quantum_from + quantum
         )
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
-        last = {self._s.gpus[u].last_drop for u in g.gpus}
-        g.share_cut, g.share_grant = False, DropReason.REQUEST in last
-        for uuid in g.gpus:
-            self._s.gpus[uuid].last_drop = None
+        self.shares.granted(g)
         g.granted_at = g.billed_until = now
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:
@@ -266,10 +271,8 @@ class Lock:
     def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
-        g.share_cut = why is DropReason.REQUEST and not g.share_grant
-        g.cut_short = priority.cut_short(g, now, why, self._s.policy.scheduler)
-        for uuid in g.held:
-            self._s.gpus[uuid].last_drop = why
+        self.shares.dropped(g, why)
+        self.priorities.dropped(g, now, why)
         self._s.counters[f"drops_{why}"] += 1
         out: list[act.Action] = []
         for m in sorted(g.members):
@@ -285,19 +288,10 @@ class Lock:
         return out
 
     def _bill(self, g: Gang, now: float) -> None:
-        """Bill g's quota (`quota_rule`) and its members' shares up to now."""
-        settings = self._s.policy.scheduler
+        """Bill g's quota (`quota_rule`) and its members' shares (`share`) up to now."""
         self.quotas.bill(g, now)
-        for m in g.members:  # shares: each member's own, the drain included (its work ran)
-            c = self._s.clients[m]
-            if c.guarantee is not None and c.phase in (Phase.HOLDING, Phase.DRAINING):
-                c.guarantee.bill(g.billed_until, now, settings)
+        self.shares.bill(g, now)
         g.billed_until = now
-
-    def _owed(self, g: Gang, now: float) -> float:
-        """What a holder is still owed of its share, billed up to now."""
-        self._bill(g, now)
-        return owed_s(self._s, g, now)
 
     def _end_hold(self, c: Client, now: float) -> None:
         self._s.gpus[c.gpu].holders.discard(c.id)
@@ -319,7 +313,7 @@ class Lock:
         dropped, gangs = self._preempt_for_waiters(waiting, now)
         if any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-        lending = terms.lending(self._s, self.line, waiting, keeps, now)
+        lending = self.lending.tell(waiting, keeps, now)
         return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
@@ -367,7 +361,7 @@ class Lock:
 
     def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
         out: list[act.Action] = []
-        for g in ahead.borrowers_due(self._s, keeps, now):
+        for g in ahead.borrowers_due(self._s, self.shares, keeps, now):
             out += self._drop(g, now, DropReason.RECLAIM)
         return out
 
@@ -378,7 +372,7 @@ class Lock:
         out: list[act.Action] = []
         for g in [g for g in self.line.owning.values() if g.phase is GangPhase.HOLDING]:
             growing = g.gpus - g.held
-            if growing and all(grantable(self._s, uuid, g) for uuid in growing):
+            if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
                 for uuid in growing:
                     self._s.gpus[uuid].owners.add(g.key)
@@ -387,8 +381,8 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = ahead.kept_from(self._s, keeps, g, now)
-            if kept or g.gpus & blocked or not all(grantable(self._s, u, g) for u in g.gpus):
+            kept = ahead.kept_from(self._s, self.priorities, self.shares, keeps, g, now)
+            if kept or g.gpus & blocked or not all(self.gangs.grantable(u, g) for u in g.gpus):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
                     break  # everyone further back waits for a GPU taken here
@@ -399,10 +393,10 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = in_the_way(self._s, list(self.line.owning.values()), now)[0]
+        dropped = self.gangs.in_the_way(list(self.line.owning.values()), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self._s.gpus:
-            due = yielding.next_yield(self._s, uuid, waiting, now, lambda o: self._owed(o, now))
+            due = self._next_yield(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
                 dropped.append(due[1])
@@ -415,18 +409,21 @@ class Lock:
         A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
         deadline (a window turning) is the top of the line's heap."""
         times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
-        if (grows := in_the_way(self._s, list(self.line.owning.values()), now)[1]) is not None:
+        if (grows := self.gangs.in_the_way(list(self.line.owning.values()), now)[1]) is not None:
             times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
-            owed = partial(owed_at, self._s, now=now)
-            times += (
-                [due[0]] if (due := yielding.next_yield(self._s, uuid, waiting, now, owed)) else []
-            )
+            if (due := self._next_yield(uuid, waiting, now)) is not None:
+                times.append(due[0])
         times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
         return min(times) if times else None
+
+    def _next_yield(self, uuid: str, waiting: Waiting, now: float) -> yielding.Yield | None:
+        return yielding.next_yield(
+            self._s, uuid, waiting, now, priorities=self.priorities, shares=self.shares
+        )
 
     def _deadlines(self, g: Gang, now: float) -> list[float]:
         if g.phase is GangPhase.DRAINING:

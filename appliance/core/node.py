@@ -37,7 +37,7 @@ from typing import Any
 
 from appliance.core import actions as act
 from appliance.core import events as ev
-from appliance.core import invariants, share, views
+from appliance.core import invariants, views
 from appliance.core.admin import Admin
 from appliance.core.annotations import AnnotationProblem, PodTable
 from appliance.core.authority import STATE_CHANGES, Authority
@@ -305,7 +305,7 @@ class NodeCore:
 
     def _rescale(self, uuid: str, now: float) -> None:
         """Shares of a GPU scaled again; a gang whose member's share changed is filed again."""
-        for c in share.rescale(self.state, uuid, now):
+        for c in self.lock.shares.rescale(uuid, now):
             self.lock.line.refile(self.state.gangs[c.gang])
 
     def _refresh_limits(self, c: Client, now: float) -> bool:
@@ -317,7 +317,7 @@ class NodeCore:
             c.quota.percent = c.limits.core_percent
         else:
             c.quota = None
-        share.wants(self.state, c)
+        self.lock.shares.wants(c)
         if c.gang in self.state.gangs:  # its quota or share may move its place in line
             self.lock.line.refile(self.state.gangs[c.gang])
         enforced = self.state.enforced(c)

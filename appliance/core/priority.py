@@ -29,8 +29,17 @@ A holder gives way to a waiter (`yield_at`):
 The lock is granted to gangs (`core.gang`; a client on one GPU is a gang of one), so these
 rules order and compare gangs: a gang's priority is its members' highest.
 
-Pure functions over the core's state; the lock calls them to order its line, to pick whom to
-drop and to know when to look again.
+`PriorityRule` is the one object that answers for priorities, as `quota_rule.QuotaRule` does for
+quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ahead`, `terms` and
+`gang.GangRule` ask it:
+- commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
+  `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
+  They write those two facts of the gang asked about and nothing else.
+- queries: `starved`, `patience`, `line`, `borrowed`, `lent_back`, `yield_at`, `turn`. They read the
+  gangs they are given and the scheduler's settings, and write nothing.
+Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
+waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
+all clients.
 """
 
 from __future__ import annotations
@@ -38,96 +47,100 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from appliance.core.drops import DropReason
-from appliance.core.state import Gang
-from appliance.policy.model import SchedulerSettings
+from appliance.core.state import Gang, NodeState
 
 PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
 QUANTUM = DropReason.QUANTUM
 CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # higher claims
 
 
-def starved(g: Gang, now: float, settings: SchedulerSettings) -> bool:
-    """Whether a waiting gang has gone without a turn of its own past the starvation limit:
-    the clock (`Gang.waiting_since`) runs from its request on, through any turn a higher
-    priority cut short, whoever lent it that turn."""
-    return now >= g.waiting_since + settings.starvation_limit_s
+class PriorityRule:
+    """Priorities, as the lock and its parts ask about them (the module's docstring)."""
 
+    def __init__(self, state: NodeState) -> None:
+        self._s = state
 
-def cut_short(g: Gang, now: float, why: DropReason, settings: SchedulerSettings) -> bool:
-    """Whether a turn that ends now for `why` was too short to count as the gang's own: taken
-    by a higher claim (a higher priority, its lender's pace, a gang that holds part of its
-    GPUs) before it held as long as it had waited for the turn, and before the slice any
-    holder has (`scheduler.preemptAfter`). Its starvation clock then runs on (`starved`). Not
-    its own quota, an equal's quantum (an equal that lent its GPU takes back at most the rest
-    of its own quantum, `lent_back`) nor a share (shares are bounded by 100 % of a window):
-    those turns go round."""
-    held, waited = now - g.granted_at, g.granted_at - g.requested_at
-    return why in CUT_SHORT and held < min(waited, settings.preempt_after_s)
+    # ------------------------------------------------------------ commands (the lock's phases)
 
+    def granted(self, g: Gang, now: float) -> None:
+        """The grant phase: a gang granted after waiting past the starvation limit keeps the
+        lock for its whole quantum (`full_quantum`): no higher priority cuts it short."""
+        g.full_quantum = self.starved(g, now)
 
-def line(
-    waiters: Iterable[Gang],
-    now: float,
-    settings: SchedulerSettings,
-    owed: Collection[str] = (),
-) -> list[Gang]:
-    """Waiters in the order they are granted: offenders last; first those still `owed` part of
-    their guaranteed share (`share`; gang keys), then the starved, then by priority; equal ones
-    in the order they came (the sort is stable)."""
-    patience = now - settings.starvation_limit_s  # who asked before this is starved
-    return sorted(
-        waiters,
-        key=lambda g: (g.offender, g.key not in owed, g.waiting_since > patience, -g.priority),
-    )
+    def dropped(self, g: Gang, now: float, why: DropReason) -> None:
+        """A drop: whether the turn that ends now for `why` was too short to count as the
+        gang's own (`cut_short`): taken by a higher claim (a higher priority, its lender's
+        pace, a gang that holds part of its GPUs) before it held as long as it had waited for
+        the turn, and before the slice any holder has (`scheduler.preemptAfter`). Its
+        starvation clock then runs on (`starved`). Not its own quota, an equal's quantum (an
+        equal that lent its GPU takes back at most the rest of its own quantum, `lent_back`)
+        nor a share (shares are bounded by 100 % of a window): those turns go round."""
+        held, waited = now - g.granted_at, g.granted_at - g.requested_at
+        g.cut_short = why in CUT_SHORT and held < min(
+            waited, self._s.policy.scheduler.preempt_after_s
+        )
 
+    # ------------------------------------------------------------ queries
 
-def borrowed(holder: Gang, lender: Gang) -> bool:
-    """Whether `holder` was granted time that `lender`, of higher priority, let go idle."""
-    return (
-        lender.priority > holder.priority
-        and not holder.full_quantum
-        and lender.lent_at is not None
-        and holder.granted_at >= lender.lent_at
-    )
+    def patience(self, now: float) -> float:
+        """Who asked before this (`Gang.waiting_since`) is starved now."""
+        return now - self._s.policy.scheduler.starvation_limit_s
 
+    def starved(self, g: Gang, now: float) -> bool:
+        """Whether a waiting gang has gone without a turn of its own past the starvation
+        limit: the clock (`Gang.waiting_since`) runs from its request on, through any turn a
+        higher priority cut short, whoever lent it that turn."""
+        return now >= g.waiting_since + self._s.policy.scheduler.starvation_limit_s
 
-def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
-    """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and the
-    lender asked again before its own quantum was over."""
-    return (
-        lender.priority == holder.priority
-        and not holder.full_quantum
-        and lender.lent_at is not None
-        and holder.granted_at >= lender.lent_at
-        and lender.requested_at < lender.quantum_from + quantum_s
-    )
+    def line(self, waiters: Iterable[Gang], now: float, owed: Collection[str] = ()) -> list[Gang]:
+        """Waiters in the order they are granted: offenders last; first those still `owed`
+        part of their guaranteed share (`share`; gang keys), then the starved, then by
+        priority; equal ones in the order they came (the sort is stable)."""
+        patience = self.patience(now)
+        return sorted(
+            waiters,
+            key=lambda g: (g.offender, g.key not in owed, g.waiting_since > patience, -g.priority),
+        )
 
+    @staticmethod
+    def borrowed(holder: Gang, lender: Gang) -> bool:
+        """Whether `holder` was granted time that `lender`, of higher priority, let go idle."""
+        return (
+            lender.priority > holder.priority
+            and not holder.full_quantum
+            and lender.lent_at is not None
+            and holder.granted_at >= lender.lent_at
+        )
 
-def yield_at(
-    holder: Gang, waiter: Gang, *, quantum_s: float, settings: SchedulerSettings
-) -> tuple[float, DropReason]:
-    """When `holder` must drop for `waiter` (if it still holds and the waiter still waits then),
-    and why."""
-    if waiter.priority > holder.priority and not holder.full_quantum:
-        slice_s = 0.0 if borrowed(holder, waiter) else settings.preempt_after_s
-        return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
-    quantum_over = holder.quantum_from + quantum_s
-    if lent_back(holder, waiter, quantum_s):
-        return min(holder.granted_at, quantum_over), QUANTUM  # the lender's quantum
-    if waiter.priority < holder.priority:
-        starving_at = waiter.waiting_since + settings.starvation_limit_s
-        return max(quantum_over, starving_at), QUANTUM
-    return quantum_over, QUANTUM
+    @staticmethod
+    def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
+        """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and
+        the lender asked again before its own quantum was over."""
+        return (
+            lender.priority == holder.priority
+            and not holder.full_quantum
+            and lender.lent_at is not None
+            and holder.granted_at >= lender.lent_at
+            and lender.requested_at < lender.quantum_from + quantum_s
+        )
 
+    def yield_at(self, holder: Gang, waiter: Gang, quantum_s: float) -> tuple[float, DropReason]:
+        """When `holder` must drop for `waiter` (if it still holds and the waiter still waits
+        then), and why."""
+        settings = self._s.policy.scheduler
+        if waiter.priority > holder.priority and not holder.full_quantum:
+            slice_s = 0.0 if self.borrowed(holder, waiter) else settings.preempt_after_s
+            return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
+        quantum_over = holder.quantum_from + quantum_s
+        if self.lent_back(holder, waiter, quantum_s):
+            return min(holder.granted_at, quantum_over), QUANTUM  # the lender's quantum
+        if waiter.priority < holder.priority:
+            starving_at = waiter.waiting_since + settings.starvation_limit_s
+            return max(quantum_over, starving_at), QUANTUM
+        return quantum_over, QUANTUM
 
-def kinds(holder: Gang, waiting: Iterable[Gang], owed: Collection[str]) -> list[Gang]:
-    """The waiters whose turns can differ for `holder`: the one that came first of each
-    priority, lent or not, owed or not (with a long queue, one or two instead of all)."""
-    first: dict[tuple[int, bool, bool, bool], Gang] = {}
-    for w in waiting:
-        lender = w.lent_at is not None and holder.granted_at >= w.lent_at
-        key = (w.priority, borrowed(holder, w), lender, w.key in owed)
-        seen = first.get(key)
-        if seen is None or w.waiting_since < seen.waiting_since:
-            first[key] = w
-    return list(first.values())
+    def turn(
+        self, holder: Gang, rivals: Iterable[Gang], quantum_s: float
+    ) -> tuple[float, DropReason]:
+        """The earliest `yield_at` of `holder` for any of `rivals` (at least one)."""
+        return min(self.yield_at(holder, w, quantum_s) for w in rivals)

@@ -7,14 +7,15 @@ object with the questions the lock's phases ask of it, and nothing else:
 
 - commands, asked only by the phases of `Lock.schedule` and by a release (`bill`, `spent`):
   they bill a holder's time and roll its windows;
-- queries, asked by anyone (`drop_at`, and the line's `may_start`, `opens_at`): they look
-  at what was billed, or through a copy of the account, and write nothing (`next_deadline`
-  and the line's filing are queries).
+- queries, asked by anyone (`drop_at`, and the line's and `terms.LendingRule`'s
+  `may_start`, the line's `opens_at`): they look at what was billed, or through a copy of
+  the account, and write nothing (`next_deadline`, the line's filing and whether a lender
+  is lent to are queries).
 
-The pattern for the other rules (priority, gang, share, lending): an object built on the
-node's state, its commands named for the phase that asks them, its queries side-effect free.
-The accounts themselves (windows, debt, the drain estimate) are `quota.QuotaAccount`. Not
-yet here: `terms` asks whether a lender may start through `gang.eligible` (which rolls).
+The pattern for the other rules (`share.ShareRule`, `priority.PriorityRule`,
+`terms.LendingRule`): an object built on the node's state, its commands named for the phase
+that asks them, its queries side-effect free. The accounts themselves (windows, debt, the
+drain estimate) are `quota.QuotaAccount`.
 
 Cost: each question O(members of the gang asked about) (one account; a window rolled at most
 once per window passed).

@@ -165,7 +165,7 @@ class Gang:
     phase: GangPhase = GangPhase.IDLE
     ticket: int = 0  # its place in line
     requested_at: float = 0.0
-    # The starvation clock (`priority.starved`): when it asked, kept with its place in line
+    # The starvation clock (`PriorityRule.starved`): when it asked, kept with its place in line
     # across turns a higher priority cut short (`cut_short`), so that a grant of a near-zero
     # slice does not set it back.
     waiting_since: float = 0.0

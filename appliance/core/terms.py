@@ -5,24 +5,26 @@
   for nothing) before it hands the lock back. While another gang waits for its GPU the window is
   the short `scheduler.idleHandoff` (a request loop that submits a little every few milliseconds
   leaves the GPU idle in between), else `scheduler.idleRelease`.
-- Lending (`Lent`): a client that let its GPU go idle and whose GPU now runs only clients of
-  lower priority that borrowed it (`priority.borrowed`) would be granted at once if it asked
-  (beside their drain, `lock`). Its hook is told so, and then submits at once when it has work
-  again, asking for the lock as it goes instead of before: a request every few tens of
-  milliseconds waits for no round trip through the daemon. While its GPU is kept for its next
+- Lending (`Lent`, `LendingRule`): a client that let its GPU go idle and whose GPU now runs only
+  clients of lower priority that borrowed it (`PriorityRule.borrowed`) would be granted at once
+  if it asked (beside their drain, `lock`). Its hook is told so, and then submits at once when
+  it has work again, asking for the lock as it goes instead of before: a request every few tens
+  of milliseconds waits for no round trip through the daemon. While its GPU is kept for its next
   request (`ahead`), nobody holding it, it stays told so. It is told again as soon as that stops
   being true (a gang that is not its borrower holds the GPU or waits ahead of it), and then asks
-  and waits as usual. Only a client that is a gang of its own is lent to: a gang of
-  several clients takes its GPUs together.
+  and waits as usual. Only a client that is a gang of its own is lent to: a gang of several
+  clients takes its GPUs together.
 """
 
 from __future__ import annotations
 
 from appliance.core import actions as act
-from appliance.core import ahead, priority
-from appliance.core.gang import eligible, gang_of
+from appliance.core import ahead
+from appliance.core.gang import gang_of
 from appliance.core.line import Line, Waiting
-from appliance.core.state import Client, Gang, NodeState, Phase
+from appliance.core.priority import PriorityRule
+from appliance.core.quota_rule import QuotaRule
+from appliance.core.state import Client, NodeState, Phase
 from appliance.policy.model import Mode, SchedulerSettings
 
 MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
@@ -64,56 +66,78 @@ def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
     return idle_window(waiting.others(c.gpu, gang_of(s, c)), s.policy.scheduler)
 
 
-def lending(
-    s: NodeState, line: Line, waiting: Waiting, keeps: ahead.Keeps, now: float
-) -> list[act.Action]:
-    """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to each
-    one told so before for whom that has stopped being true. O(told + candidates): only an
-    idle lender of a priority above all its GPU's holders (or, with no holder, the lender its
-    GPU is kept for) can be lent to."""
-    candidates = set(s.lent_told)
-    for uuid, gpu in s.gpus.items():
-        if gpu.owners:
-            top = max(s.gangs[k].priority for k in gpu.owners)
-            lenders = line.lenders_above(uuid, top)
+class LendingRule:
+    """Which idle lone clients are told their GPU is lent (`Lent`): the lock's last phase asks
+    it, once its grants and drops are done.
+
+    - command: `tell` (the phase "tell lenders they lend"): it writes only who was told
+      (`Client.lent_told`, `NodeState.lent_told`).
+    - query: `taken_back_at_once`: whether a client's request would be granted at once; it
+      asks the quota through a copy (`QuotaRule.may_start`) and writes nothing.
+    Cost, in clients touched: `tell` O(told + candidates), each candidate one query;
+    `taken_back_at_once` O(holders of its GPU + P) (P: the buckets waiting for its GPU).
+    """
+
+    def __init__(
+        self, state: NodeState, *, line: Line, quotas: QuotaRule, priorities: PriorityRule
+    ) -> None:
+        self._s = state
+        self._line = line  # the idle lenders, by GPU and priority
+        self._quotas = quotas  # whether a lender may start
+        self._priorities = priorities  # who borrowed, who comes first
+
+    # ------------------------------------------------------------ command (the last phase)
+
+    def tell(self, waiting: Waiting, keeps: ahead.Keeps, now: float) -> list[act.Action]:
+        """`Lent` to each lone client whose idle GPU is lent to lower priorities only, and to
+        each one told so before for whom that has stopped being true. Only an idle lender of
+        a priority above all its GPU's holders (or, with no holder, the lender its GPU is kept
+        for) can be lent to."""
+        s = self._s
+        candidates = set(s.lent_told)
+        for uuid, gpu in s.gpus.items():
+            if gpu.owners:
+                top = max(s.gangs[k].priority for k in gpu.owners)
+                lenders = self._line.lenders_above(uuid, top)
+            else:
+                lenders = [k.lender for k in keeps.get(uuid, ()) if k.on(now)]
+            for g in lenders:
+                candidates |= g.members
+        out: list[act.Action] = []
+        for c in [s.clients[i] for i in sorted(candidates)]:
+            if c.phase is Phase.HOLDING:
+                self._told(c, False)  # its grant took its hook out of lending
+                continue
+            g = gang_of(s, c)
+            if g.lent_at is None and not c.lent_told:
+                continue
+            lent = c.phase is Phase.IDLE and self.taken_back_at_once(c, waiting, keeps, now)
+            if lent != c.lent_told:
+                self._told(c, lent)
+                out.append(act.Lent(c.id, lent))
+        return out
+
+    def _told(self, c: Client, lent: bool) -> None:
+        c.lent_told = lent
+        if lent:
+            self._s.lent_told.add(c.id)
         else:
-            lenders = [k.lender for k in keeps.get(uuid, ()) if k.on(now)]
-        for g in lenders:
-            candidates |= g.members
-    out: list[act.Action] = []
-    for c in [s.clients[i] for i in sorted(candidates)]:
-        if c.phase is Phase.HOLDING:
-            _tell(s, c, False)  # its grant took its hook out of lending
-            continue
-        g = gang_of(s, c)
-        if g.lent_at is None and not c.lent_told:
-            continue
-        lent = c.phase is Phase.IDLE and _taken_back_at_once(s, c, g, waiting, keeps, now)
-        if lent != c.lent_told:
-            _tell(s, c, lent)
-            out.append(act.Lent(c.id, lent))
-    return out
+            self._s.lent_told.discard(c.id)
 
+    # ------------------------------------------------------------ query
 
-def _tell(s: NodeState, c: Client, lent: bool) -> None:
-    c.lent_told = lent
-    if lent:
-        s.lent_told.add(c.id)
-    else:
-        s.lent_told.discard(c.id)
-
-
-def _taken_back_at_once(
-    s: NodeState, c: Client, g: Gang, waiting: Waiting, keeps: ahead.Keeps, now: float
-) -> bool:
-    """Whether c's request would be granted at once: its GPU is held by borrowers of g only (or
-    by nobody, kept for g's next request), and no waiter goes before g."""
-    owners = [s.gangs[k] for k in s.gpus[c.gpu].owners - {g.key}]
-    if g.joint or s.gpu_mode(c.gpu) is not Mode.ON or not eligible(s, g, now):
-        return False
-    if owners and not all(priority.borrowed(o, g) for o in owners):
-        return False
-    if not owners and not any(k.lender is g and k.on(now) for k in keeps.get(c.gpu, ())):
-        return False
-    asking = [*waiting.firsts(c.gpu), g]  # enough of the waiters to tell who comes first
-    return priority.line(asking, now, s.policy.scheduler, waiting.owed(asking))[0] is g
+    def taken_back_at_once(
+        self, c: Client, waiting: Waiting, keeps: ahead.Keeps, now: float
+    ) -> bool:
+        """Whether c's request would be granted at once: its GPU is held by borrowers of its
+        gang only (or by nobody, kept for its next request), and no waiter goes before it."""
+        s, g = self._s, gang_of(self._s, c)
+        owners = [s.gangs[k] for k in s.gpus[c.gpu].owners - {g.key}]
+        if g.joint or s.gpu_mode(c.gpu) is not Mode.ON or not self._quotas.may_start(g, now):
+            return False
+        if owners and not all(self._priorities.borrowed(o, g) for o in owners):
+            return False
+        if not owners and not any(k.lender is g and k.on(now) for k in keeps.get(c.gpu, ())):
+            return False
+        asking = [*waiting.firsts(c.gpu), g]  # enough of the waiters to tell who comes first
+        return self._priorities.line(asking, now, waiting.owed(asking))[0] is g
