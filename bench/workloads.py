@@ -35,6 +35,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--quota-seconds 20] [--infer steady:1,poisson:8:graph,...]
                                [--quota-variants ';computeWindow: 250ms']
+                               [--priority-variants ';idleHandoff: 2ms']
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -444,7 +445,12 @@ def section_quotas(
     return out
 
 
-def section_priorities(seconds: float, infer: tuple[str, ...] = INFER) -> dict[str, Any]:
+def section_priorities(
+    seconds: float, infer: tuple[str, ...] = INFER, variants: tuple[str, ...] = ("",)
+) -> dict[str, Any]:
+    """Each request shape alone, then beside a trainer: at priority high (by rule), beside a
+    trainer that lowers itself, and with mode off; the mode-on cases once per `variants` (more
+    scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the first."""
     out: dict[str, Any] = {}
     train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
     for request in infer:
@@ -454,17 +460,11 @@ def section_priorities(seconds: float, infer: tuple[str, ...] = INFER) -> dict[s
             "alone_p50_ms": round(alone["p50_ms"], 3),
             "alone_p99_ms": round(alone["p99_ms"], 3),
         }
-        cases = {
-            "on": (on_policy(), [Role("hii", spec), Role("lot", "train:item")]),
-            "on_self_lowered": (
-                on_policy(),
-                [
-                    Role("inf", spec),
-                    Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"}),
-                ],
-            ),
-            "off": (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")]),
-        }
+        cases: dict[str, tuple[str, list[Role]]] = {}
+        for settings in variants:
+            tag = f"[{settings}]" if settings else ""
+            cases |= priority_cases(spec, tag, on_policy(settings=settings))
+        cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")])
         for case, (policy, roles) in cases.items():
             pair = run(policy, roles, seconds)
             inf, trn = (pair[r.name] for r in roles)
@@ -475,6 +475,18 @@ def section_priorities(seconds: float, infer: tuple[str, ...] = INFER) -> dict[s
             }
         out[spec] = row
     return out
+
+
+def priority_cases(spec: str, tag: str, policy: str) -> dict[str, tuple[str, list[Role]]]:
+    """The inference loop at high beside a trainer at low by rule, and beside one that lowers
+    itself through NVSHARE_GPU_PRIORITY."""
+    return {
+        f"on{tag}": (policy, [Role("hii", spec), Role("lot", "train:item")]),
+        f"on_self_lowered{tag}": (
+            policy,
+            [Role("inf", spec), Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"})],
+        ),
+    }
 
 
 def section_requests(seconds: float) -> dict[str, Any]:
@@ -504,6 +516,11 @@ def main() -> int:
         default="",
         help="scheduler settings for the quotas section, ';' between variants ('' = defaults)",
     )
+    ap.add_argument(
+        "--priority-variants",
+        default="",
+        help="scheduler settings for the priorities section's mode-on cases, as --quota-variants",
+    )
     args = ap.parse_args()
     sections = SECTIONS | {
         "quotas": functools.partial(
@@ -511,7 +528,11 @@ def main() -> int:
             long=args.quota_seconds,
             variants=tuple(args.quota_variants.split(";")),
         ),
-        "priorities": functools.partial(section_priorities, infer=tuple(args.infer.split(","))),
+        "priorities": functools.partial(
+            section_priorities,
+            infer=tuple(args.infer.split(",")),
+            variants=tuple(args.priority_variants.split(";")),
+        ),
     }
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
