@@ -1059,10 +1059,12 @@ def kube_annotations() -> None:
 
 HOLDER = """
 import sys, torch
-free, total = torch.cuda.mem_get_info()
-held = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda")  # cudaMalloc
+held = []  # every GPU of the node: the extender accepts a node where any one has room
+for i in range(torch.cuda.device_count()):
+    free, total = torch.cuda.mem_get_info(i)
+    held.append(torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device=f"cuda:{i}"))
 torch.cuda.synchronize()
-print(held.numel(), flush=True)
+print(held[0].numel(), flush=True)
 sys.stdin.readline()
 """
 
@@ -1164,7 +1166,10 @@ def realtime_extender() -> None:
         }
         check("realtime: idle node accepted for 8Gi", verdict("8Gi")["NodeNames"] == [node], "")
         patches_before = sum(1 for m, *_ in api.requests if m == "PATCH")
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # outside the hook
+        # outside the hook, and on every GPU the node publishes (NVML sees them all)
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
+        }
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLDER, str(4 * GiB)],
             env=env,
