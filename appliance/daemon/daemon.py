@@ -9,6 +9,7 @@ actions to the sinks; only the loop touches the core.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import grp
 import logging
@@ -125,27 +126,27 @@ class Daemon:
         self._ready = False
         self._threads: list[Any] = []  # started sources and sinks with a stop()
         self._tasks: list[asyncio.Task[None]] = []
-        self._api: Any = None  # the Kubernetes ApiClient, with --node-name
-        # Each set once, when it is whole: the wiring after the first policy, the edges after it.
-        self.wiring: Wiring | None = None
+        # The wiring, once the first policy is in and the loop runs (for tests and the watcher's
+        # thread: a promise, never a half-built daemon); the edges, once they are all started.
+        self.serving: concurrent.futures.Future[Wiring] = concurrent.futures.Future()
         self.edges = Edges()
 
     def _on_policy(self, policy: Policy) -> None:
         """From the watcher's thread; the first policy (at start) arrives before the engine
         exists, and the core is built with it."""
-        if self.wiring is not None:
-            self.wiring.engine.submit(ev.PolicyChanged(policy))
+        if self.serving.done():
+            self.serving.result().engine.submit(ev.PolicyChanged(policy))
         if self.edges.node_status is not None:
             self.edges.node_status.set_settings(policy.realtime_check.published())
 
     # ------------------------------------------------------------ sources and sinks
 
-    def _start_kube(self, w: Wiring, policy: Policy, node: str) -> Edges:
+    def _start_kube(self, w: Wiring, policy: Policy, node: str, api: Any) -> Edges:
         from appliance.kube.access import Permissions  # only with --node-name
         from appliance.kube.pod_watch import PodWatcher
         from appliance.kube.recorder import EventRecorder
 
-        api, engine = self._api, w.engine
+        engine = w.engine
         permissions = Permissions(api)
         self._threads.append(permissions)
         recorder = EventRecorder(api, node_name=node, permissions=permissions)
@@ -234,12 +235,13 @@ class Daemon:
         """Serve until SIGTERM/SIGINT; the exit status. Every way it cannot start is one log
         line saying why, and leaves no socket behind."""
         loop = asyncio.get_running_loop()
-        problem = self._preflight()
-        policy = problem if problem is not None else self._first_policy()
+        api = self._preflight()
+        policy = api if isinstance(api, str) else self._first_policy()
         if isinstance(policy, str):
             log.error("refusing to start: %s", policy)
             return 2
-        self.wiring = w = self._wire(policy, loop)
+        w = self._wire(policy, loop)
+        self.serving.set_result(w)
         # Before the sockets exist: a SIGTERM as soon as they appear still ends in a clean exit
         # that removes them, not in the default action.
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -253,14 +255,9 @@ class Daemon:
             return 1
         w.engine.dispatch(ev.Tick())  # the first event: publishes the limits hooks fall back to
         try:
-            return await self._serve(w, policy)
+            return await self._serve(w, policy, api)
         finally:
             await self._shutdown(w)
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The event loop serving, once the daemon is wired."""
-        return self.wiring.loop if self.wiring is not None else None
 
     def _wire(self, policy: Policy, loop: asyncio.AbstractEventLoop) -> Wiring:
         """The core, the engine that feeds it, and the server and limits file it speaks through."""
@@ -322,8 +319,9 @@ class Daemon:
         engine.connect(published, act.LimitsPublished)
         return Wiring(loop, core, engine, answers, server, backstop_loop)
 
-    def _preflight(self) -> str | None:
-        """What makes the configuration unusable, found before anything is claimed."""
+    def _preflight(self) -> str | Any:
+        """What makes the configuration unusable, found before anything is claimed; else the
+        Kubernetes ApiClient with --node-name (None without)."""
         config = self.config
         if config.admin_group is not None:
             try:
@@ -340,7 +338,7 @@ class Daemon:
             from appliance.kube.api import KubeConfigError, api_client_from_env
 
             try:
-                self._api = api_client_from_env(config.kube_api)
+                return api_client_from_env(config.kube_api)
             except KubeConfigError as exc:
                 return f"--node-name {config.node_name}: {exc}"
         return None
@@ -365,13 +363,13 @@ class Daemon:
             errors = "\n".join(f"  {err}" for err in exc.errors)
             return f"the policy in {directory} is invalid:\n{errors}"
 
-    async def _serve(self, w: Wiring, policy: Policy) -> int:
+    async def _serve(self, w: Wiring, policy: Policy, api: Any) -> int:
         if self.config.metrics and policy.metrics.enabled:
             self._start_metrics(w, policy)
         if self.config.probe_address:
             self._start_probes(w, self.config.probe_address)
         try:
-            self.edges = self._start_edges(w, policy)
+            self.edges = self._start_edges(w, policy, api)
         except Exception as exc:
             log.error("stopping: %s", exc)
             return 1
@@ -388,10 +386,10 @@ class Daemon:
         await self._stopping.wait()
         return 0
 
-    def _start_edges(self, w: Wiring, policy: Policy) -> Edges:
+    def _start_edges(self, w: Wiring, policy: Policy, api: Any) -> Edges:
         """The Kubernetes edges asked for, then the NVML sampler and the backstop where NVML is."""
         node = self.config.node_name
-        edges = self._start_kube(w, policy, node) if node else Edges()
+        edges = self._start_kube(w, policy, node, api) if node else Edges()
         if self.config.device_plugin:
             edges = dataclasses.replace(edges, device_plugin=self._start_device_plugin(w, policy))
         if self.nvml.available:

@@ -348,8 +348,8 @@ def test_the_daemon_limits_a_registered_clients_cgroup_and_clears_it_when_it_goe
 
     def body(d: Daemon) -> None:
         eventually(lambda: d._ready, "the daemon serving")
-        assert d.wiring is not None
-        engine, answers = d.wiring.engine, d.wiring.answers
+        wiring = d.serving.result(timeout=5)
+        engine, answers = wiring.engine, wiring.answers
         hook = ControlClient.as_hook(config.socket_dir, timeout=5)
         hook.request(p.Register(pid=0, gpu_uuid=GPU, gpu_total_mem=80 * GiB))
         eventually(lambda: library.limits, "the client's cgroup limited")

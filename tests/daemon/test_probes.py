@@ -42,10 +42,10 @@ def test_a_wedged_event_loop_fails_healthz_and_a_running_one_passes_on_both_fami
         assert probe(port, "/readyz") == (200, "ok\n")  # no pod watch, no device plugin
         if ipv6_loopback():  # the default listens on both families
             assert probe(port, "/healthz", host="::1") == (200, "ok\n")
-        assert d.loop is not None
+        loop = d.serving.result(timeout=5).loop
         release = threading.Event()
         # A handler that blocks the loop, as a blocking call on the loop would.
-        d.loop.call_soon_threadsafe(release.wait, 60)
+        loop.call_soon_threadsafe(release.wait, 60)
         try:
             status, text = probe(port, "/healthz")
             assert status == 503 and "event loop did not answer within" in text
