@@ -10,12 +10,11 @@ import pytest
 
 from appliance.core import events as ev
 from appliance.core.invariants import StateOutOfStep
-from appliance.core.node import NodeCore
 from appliance.core.state import NodeState
 from appliance.core.views import ExplainQuery
-from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import GPU, Harness
+from .test_rules import crowd
 
 Corrupt = Callable[[NodeState, int, int], None]
 
@@ -58,14 +57,7 @@ def test_the_check_writes_nothing(harness: Harness) -> None:
 def test_status_explain_and_the_deadline_are_queries_that_write_nothing() -> None:
     """Asked later than the last event (windows turned, the holder held on), every query
     nvsharectl, the metrics and the engine ask leaves the state exactly as it was."""
-    policy = Policy(
-        scheduler=SchedulerSettings(mode=Mode.ON, time_quantum_s=2),
-        defaults=Limits(core_percent=50, priority=0, core_request=20),
-    )
-    h = Harness(NodeCore(policy))
-    for cid in [h.register(), h.register(), h.register(pod_uid="pod-q")]:
-        h.feed(ev.LockRequested(cid, 2))
-    h.now += 7.5
+    h = crowd()
     before = repr(h.state)
     rows = tuple(h.core.client_rows(h.now))
     h.core.status(h.now, rows)
