@@ -296,12 +296,11 @@ class PeerConnection(asyncio.BufferedProtocol):
 
     def _account(self) -> None:
         # O(1): a flood queues thousands of frames, and this runs every turn
-        held = self._decoder.buffered + self._queued
-        if self.closed:
-            held = 0
+        partial = self._decoder.buffered
+        held = 0 if self.closed else partial + self._queued
         self._budget.used += held - self._held
         self._held = held
-        if self._decoder.buffered == 0:
+        if partial == 0:
             self.partial_since = None
         elif self.partial_since is None:
             self.partial_since = asyncio.get_running_loop().time()
