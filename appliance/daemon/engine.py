@@ -54,7 +54,7 @@ class Engine:
     def dispatch(self, event: ev.Event) -> None:
         """Feed one event to the core and route what it returns (event-loop thread only)."""
         self.generation += 1
-        actions = self._core.handle(event, self.now())
+        actions = self._core.handle(event, self._loop.time())
         for action in actions:
             sink = self._sinks.get(type(action))
             if sink is None:

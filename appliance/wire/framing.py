@@ -138,29 +138,32 @@ class FrameDecoder:
         out: list[Frame | ProtocolError] = []
         start, end = 0, len(data)
         while end - start >= HEADER.size:
-            version, msg_type, length, seq = self._header(data, start)
+            magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(data, start)
+            if magic != MAGIC or length > self._max_body:
+                raise self._unusable(magic, length)
             begin = start + HEADER.size
             if end - begin < length:
                 break
             start = begin + length
-            self._take(out, version, msg_type, seq, bytes(data[begin:start]))
+            body = bytes(data[begin:start])
+            if version == VERSION and not self._max_document:  # the daemon's every frame
+                out.append(Frame(msg_type, seq, body))
+            else:
+                self._take(out, version, msg_type, seq, body)
         if data is self._buf:
             del self._buf[:start]
         elif start < end:
             self._buf += data[start:]
         return out
 
-    def _header(self, data: bytes | bytearray | memoryview, at: int) -> tuple[int, int, int, int]:
-        """(version, type, body length, seq) of the header at `at`, if the stream is usable."""
-        magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(data, at)
+    def _unusable(self, magic: int, length: int) -> ProtocolError:
+        """What makes the stream unusable: not our magic, or a body larger than allowed."""
         if magic != MAGIC:
-            raise ProtocolError(Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer")
-        if length > self._max_body:
-            raise ProtocolError(
-                Status.BAD_BODY,
-                f"frame body of {length} bytes is too large (at most {self._max_body} here)",
-            )
-        return version, msg_type, length, seq
+            return ProtocolError(Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer")
+        return ProtocolError(
+            Status.BAD_BODY,
+            f"frame body of {length} bytes is too large (at most {self._max_body} here)",
+        )
 
     def _take(
         self, out: list[Frame | ProtocolError], version: int, msg_type: int, seq: int, body: bytes
