@@ -27,10 +27,12 @@ class BenchDaemon:
         tree: Path | None = None,
         start: bool = True,
         metrics_port: int | None = None,
+        under: list[str] | None = None,
     ) -> None:
         """`tree`: run the appliance of another checkout (an older commit, side by side);
         `start`: False to add policy files first (`policy_dir`), then `start()`;
-        `metrics_port`: serve /metrics on 127.0.0.1 there (off otherwise)."""
+        `metrics_port`: serve /metrics on 127.0.0.1 there (off otherwise);
+        `under`: a command that runs the daemon's Python (valgrind and its options)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="nvs-bench-"))
         self.tmp.chmod(0o755)  # other users' clients (bench/abuse.py's uid 65534) reach its sockets
         self.policy_dir = self.tmp / "policy"
@@ -45,6 +47,7 @@ class BenchDaemon:
         self.log = self.tmp / "daemon.log"
         self.args = args or []
         self.tree = tree
+        self.under = under or []
         if start:
             self.start()
 
@@ -56,6 +59,7 @@ class BenchDaemon:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [
+                    *self.under,
                     sys.executable,
                     "-m",
                     "appliance",
@@ -68,7 +72,7 @@ class BenchDaemon:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + (600 if self.under else 30)
         # this daemon's, not a socket left by one killed before (`start` again after a kill)
         while answering_pid(self.socket_dir / socket_dirs.SOCKET_NAME) != self.proc.pid:
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -113,6 +113,8 @@ def handoff(n: int, handoffs: int, tree: Path | None, status: bool) -> tuple[lis
         assert isinstance(holder.request(p.LockRequest()), p.LockGrant)
         for c in clients[1:]:
             c.send(p.LockRequest())
+        while _waiting(d) < n - 1:  # else the first hand-off waits for the n requests (max)
+            time.sleep(0.02)
         sel = selectors.DefaultSelector()
         for c in clients:
             sel.register(c._sock, selectors.EVENT_READ, c)

@@ -38,6 +38,7 @@ class Engine:
         self._loop = loop
         self._sinks: dict[type, Sink] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # when `_timer` fires
         self.generation = 0  # counts the events fed: whatever was read of the core before is stale
 
     def connect(self, sink: Sink, *kinds: type) -> None:
@@ -53,7 +54,7 @@ class Engine:
     def dispatch(self, event: ev.Event) -> None:
         """Feed one event to the core and route what it returns (event-loop thread only)."""
         self.generation += 1
-        actions = self._core.handle(event, self.now())
+        actions = self._core.handle(event, self._loop.time())
         for action in actions:
             sink = self._sinks.get(type(action))
             if sink is None:
@@ -116,12 +117,23 @@ class Engine:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self._deadline = None
 
     def _arm_timer(self) -> None:
-        self.close()
+        """Wake the core at the deadline it asks for. Most events leave it where it was (a
+        lock request in line); the timer armed for it then stays, not cancelled and armed
+        again, which left a cancelled timer on the loop's heap per event."""
         deadline = self._core.next_deadline()
+        if deadline == self._deadline and self._timer is not None:
+            return
+        self.close()
         if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self.dispatch, ev.Tick())
+            self._timer = self._loop.call_at(deadline, self._wake)
+            self._deadline = deadline
+
+    def _wake(self) -> None:
+        self._timer = self._deadline = None  # fired: the next event arms it again
+        self.dispatch(ev.Tick())
 
 
 async def _call(fn: Callable[[], T]) -> T:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import assert_never
+from typing import Any, assert_never
 
 from appliance.core import actions as act
 from appliance.core import events as ev
@@ -169,23 +169,24 @@ class NodeGpus:
         )
 
 
+# What is checked of each message a hook sends, by its class (looked up once per frame: every
+# frame of every hook comes here); a message not listed has no field that can be out of range.
+_HOOK_CHECKS: dict[type, Callable[[Any], str | None]] = {
+    pg.GangHint: _gang_hint_problem,
+    p.PriorityHint: _priority_hint_problem,
+    p.Register: _register_problem,
+    pv.ViewRequest: _place_problem,
+    p.MemReserve: _bytes_problem,
+    p.MemReturn: _bytes_problem,
+    p.MemRefusals: _refusals_problem,
+}
+
+
 def hook_problem(message: Decoded) -> str | None:
     """What makes a hook's message unacceptable (a field out of range), or None (the daemon
     closes a hook that sends one)."""
-    match message:
-        case pg.GangHint():
-            return _gang_hint_problem(message)
-        case p.PriorityHint():
-            return _priority_hint_problem(message)
-        case p.Register():
-            return _register_problem(message)
-        case pv.ViewRequest():
-            return _place_problem(message)
-        case p.MemReserve() | p.MemReturn():
-            return _bytes_problem(message)
-        case p.MemRefusals():
-            return _refusals_problem(message)
-    return None
+    check = _HOOK_CHECKS.get(type(message))
+    return None if check is None else check(message)
 
 
 def wire_limits(limits: HookLimits) -> p.WireLimits:
@@ -205,17 +206,17 @@ def _ms(seconds: float) -> int:
 def to_hook(a: act.HookAction) -> tuple[int, Message, int]:
     """An action for a hook as (client id, message, seq): the whole of what the core says to
     hooks (mypy fails on an action of `HookAction` left out)."""
-    match a:
-        case act.Registered():
-            return a.client_id, p.Registered(a.client_id, wire_limits(a.limits)), a.seq
+    match a:  # the lock's hand-off first: every hand-off sends a grant and most a drop
         case act.Grant():
             return a.client_id, p.LockGrant(_ms(a.time_quantum_s), _ms(a.idle_release_s)), a.seq
+        case act.Drop():
+            return a.client_id, p.LockDrop(), 0
+        case act.Registered():
+            return a.client_id, p.Registered(a.client_id, wire_limits(a.limits)), a.seq
         case act.LockTerms():
             return a.client_id, p.LockTerms(_ms(a.time_quantum_s), _ms(a.idle_release_s)), 0
         case act.Lent():
             return a.client_id, p.LockLent() if a.lent else p.LockUnlent(), 0
-        case act.Drop():
-            return a.client_id, p.LockDrop(), 0
         case act.GangDrop() | act.GangCut() | act.GangCutOver():
             return a.client_id, _gang_message(a), 0
         case act.LimitsChanged() | act.MemoryGranted() | act.MemoryObserved() | act.PeersChanged():

@@ -62,8 +62,18 @@ def encode_body(msg_type: MsgType, body: bytes, *, seq: int = 0) -> bytes:
     return b"".join(frames)
 
 
+# Bodies of a fixed layout by the plain number in a header: read without an enum made per frame.
+_FIXED_BY_NUMBER: dict[int, type[messages.Body]] = {int(t): b for t, b in messages.FIXED.items()}
+
+
 def decode_body(frame: Frame) -> Decoded:
     """Parse a frame's body; raises ProtocolError saying what is wrong with it."""
+    fixed = _FIXED_BY_NUMBER.get(frame.msg_type)
+    if fixed is not None:  # every message a hook sends: the hot path
+        try:
+            return fixed.unpack(frame.body)
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            raise _malformed(MsgType(frame.msg_type), frame, exc) from None
     try:
         msg_type = MsgType(frame.msg_type)
     except ValueError:
@@ -85,11 +95,15 @@ def decode_body(frame: Frame) -> Decoded:
             ref_type=frame.msg_type,
         ) from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(
-            Status.BAD_BODY,
-            f"{msg_type.name} body of {len(frame.body)} bytes is malformed: {exc}",
-            ref_type=frame.msg_type,
-        ) from None
+        raise _malformed(msg_type, frame, exc) from None
+
+
+def _malformed(msg_type: MsgType, frame: Frame, exc: Exception) -> ProtocolError:
+    return ProtocolError(
+        Status.BAD_BODY,
+        f"{msg_type.name} body of {len(frame.body)} bytes is malformed: {exc}",
+        ref_type=frame.msg_type,
+    )
 
 
 class FrameDecoder:
@@ -115,42 +129,63 @@ class FrameDecoder:
         """Bytes of a frame not yet complete."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[Frame | ProtocolError]:
-        self._buf += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame | ProtocolError]:
+        """The frames `data` completes, in order; what is left of a frame is kept for the next
+        call (`data` itself is not: a caller may reuse its buffer)."""
+        if self._buf:
+            self._buf += data
+            data = self._buf
         out: list[Frame | ProtocolError] = []
-        while len(self._buf) >= HEADER.size:
-            magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(self._buf)
-            if magic != MAGIC:
-                raise ProtocolError(
-                    Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer"
-                )
-            if length > self._max_body:
-                raise ProtocolError(
-                    Status.BAD_BODY,
-                    f"frame body of {length} bytes is too large (at most {self._max_body} here)",
-                )
-            if len(self._buf) < HEADER.size + length:
+        start, end = 0, len(data)
+        while end - start >= HEADER.size:
+            magic, version, msg_type, _flags, length, seq = HEADER.unpack_from(data, start)
+            if magic != MAGIC or length > self._max_body:
+                raise self._unusable(magic, length)
+            begin = start + HEADER.size
+            if end - begin < length:
                 break
-            body = bytes(self._buf[HEADER.size : HEADER.size + length])
-            del self._buf[: HEADER.size + length]
-            if version != VERSION:
-                out.append(
-                    ProtocolError(
-                        Status.BAD_VERSION,
-                        f"protocol version {version} is not supported (we speak {VERSION})",
-                        ref_type=msg_type,
-                    )
-                )
-                continue
-            if self._max_document and msg_type == MsgType.JSON_PART:
-                part = self._parts.setdefault(seq, bytearray())
-                part += body
-                if len(part) > self._max_document:
-                    raise ProtocolError(
-                        Status.BAD_BODY, f"a document of more than {self._max_document} bytes"
-                    )
-                continue
-            if seq in self._parts:
-                body = bytes(self._parts.pop(seq)) + body
-            out.append(Frame(msg_type, seq, body))
+            start = begin + length
+            body = bytes(data[begin:start])
+            if version == VERSION and not self._max_document:  # the daemon's every frame
+                out.append(Frame(msg_type, seq, body))
+            else:
+                self._take(out, version, msg_type, seq, body)
+        if data is self._buf:
+            del self._buf[:start]
+        elif start < end:
+            self._buf += data[start:]
         return out
+
+    def _unusable(self, magic: int, length: int) -> ProtocolError:
+        """What makes the stream unusable: not our magic, or a body larger than allowed."""
+        if magic != MAGIC:
+            return ProtocolError(Status.BAD_BODY, f"bad magic 0x{magic:08x}: not an nvshare peer")
+        return ProtocolError(
+            Status.BAD_BODY,
+            f"frame body of {length} bytes is too large (at most {self._max_body} here)",
+        )
+
+    def _take(
+        self, out: list[Frame | ProtocolError], version: int, msg_type: int, seq: int, body: bytes
+    ) -> None:
+        """One whole frame: to `out`, or held as a part of a document."""
+        if version != VERSION:
+            out.append(
+                ProtocolError(
+                    Status.BAD_VERSION,
+                    f"protocol version {version} is not supported (we speak {VERSION})",
+                    ref_type=msg_type,
+                )
+            )
+            return
+        if self._max_document and msg_type == MsgType.JSON_PART:
+            part = self._parts.setdefault(seq, bytearray())
+            part += body
+            if len(part) > self._max_document:
+                raise ProtocolError(
+                    Status.BAD_BODY, f"a document of more than {self._max_document} bytes"
+                )
+            return
+        if seq in self._parts:
+            body = bytes(self._parts.pop(seq)) + body
+        out.append(Frame(msg_type, seq, body))

@@ -12,6 +12,7 @@ import dataclasses
 import re
 import struct
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 
@@ -25,6 +26,43 @@ def _string_sizes(fmt: struct.Struct) -> list[int]:
     return [int(count or 1) if code == "s" else 0 for count, code in items]
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one body class goes to bytes and back, worked out once per class: every message
+    sent or read goes through here, so nothing of it is looked up per message."""
+
+    names: tuple[str, ...]  # per item of FORMAT: its field, "" for a reserved one
+    sizes: tuple[int, ...]  # per item: a string's size, 0 for a number
+    plain: bool  # numbers only, every item a field in the class's own order, none decoded
+    # what unpacking keeps: (item, field, is a string, what turns the number into its enum)
+    reads: tuple[tuple[int, str, bool, Callable[[Any], Any] | None], ...]
+
+    @classmethod
+    def of(cls, body: type[Fixed]) -> _Plan:
+        fields = tuple(f.name for f in dataclasses.fields(body))  # type: ignore[arg-type]
+        names = body.LAYOUT or fields
+        sizes = tuple(_string_sizes(body.FORMAT))
+        if len(names) != len(sizes):
+            raise ValueError(f"{body.__name__}: {len(names)} fields for {len(sizes)} items")
+        plain = names == fields and not any(sizes) and not body.DECODE
+        reads = tuple(
+            (i, name, bool(size), body.DECODE.get(name))
+            for i, (name, size) in enumerate(zip(names, sizes, strict=True))
+            if name
+        )
+        return cls(names, sizes, plain, reads)
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(body: type[Fixed]) -> _Plan:
+    plan = _PLANS.get(body)
+    if plan is None:
+        plan = _PLANS[body] = _Plan.of(body)
+    return plan
+
+
 class Fixed:
     """A fixed-layout body: FORMAT's items are LAYOUT's fields in order (the dataclass's fields
     when LAYOUT is empty; "" marks a reserved field sent as 0). Strings travel NUL-padded and cut
@@ -34,24 +72,26 @@ class Fixed:
     LAYOUT: ClassVar[tuple[str, ...]] = ()
     DECODE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
 
-    @classmethod
-    def _layout(cls) -> tuple[str, ...]:
-        return cls.LAYOUT or tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-
     def pack(self) -> bytes:
+        plan = _plan(type(self))
+        if plan.plain:
+            return self.FORMAT.pack(*[getattr(self, name) for name in plan.names])
         values: list[Any] = []
-        for name, size in zip(self._layout(), _string_sizes(self.FORMAT), strict=True):
+        for name, size in zip(plan.names, plan.sizes, strict=True):
             value: Any = getattr(self, name) if name else 0
             values.append(value.encode("utf-8")[: size - 1] if size else value)
         return self.FORMAT.pack(*values)
 
     @classmethod
     def unpack(cls, body: bytes) -> Self:
+        plan = _plan(cls)
+        if plan.plain:
+            return cls(*cls.FORMAT.unpack(body))
+        items = cls.FORMAT.unpack(body)
         fields = {}
-        for name, value in zip(cls._layout(), cls.FORMAT.unpack(body), strict=True):
-            if name:
-                raw = _cstr(value) if isinstance(value, bytes) else value
-                fields[name] = cls.DECODE[name](raw) if name in cls.DECODE else raw
+        for i, name, text, decode in plan.reads:
+            value = _cstr(items[i]) if text else items[i]
+            fields[name] = value if decode is None else decode(value)
         return cls(**fields)
 
 

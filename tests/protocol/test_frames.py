@@ -53,6 +53,22 @@ def test_round_trip_every_fixed_message() -> None:
     assert [framing.decode_body(f) for f in frames] == messages  # type: ignore[arg-type]
 
 
+def test_the_decoder_keeps_a_partial_frame_when_the_buffer_it_read_from_is_reused() -> None:
+    """The daemon reads every connection into one scratch buffer and hands the decoder a view
+    of it: what is left of a frame must be the decoder's own copy."""
+    data = framing.encode(p.LockGrant(30000, 5), seq=1) + framing.encode(p.MemGrant(7, 8), seq=2)
+    scratch = bytearray(64)
+    cut = len(data) - 5
+    scratch[:cut] = data[:cut]
+    decoder = framing.FrameDecoder()
+    first = decoder.feed(memoryview(scratch)[:cut])
+    scratch[:] = bytes(64)  # the next read overwrites it
+    scratch[:5] = data[cut:]
+    second = decoder.feed(memoryview(scratch)[:5])
+    got = [framing.decode_body(f) for f in first + second]  # type: ignore[arg-type]
+    assert got == [p.LockGrant(30000, 5), p.MemGrant(7, 8)]
+
+
 def test_a_view_lists_what_fits_and_counts_the_rest() -> None:
     many = tuple(pv.ViewProcess(pid, 0, 1 << 20) for pid in range(1, 21))
     frame = framing.FrameDecoder().feed(framing.encode(pv.View(1 << 30, 20 << 20, many)))[0]
