@@ -146,7 +146,7 @@ def test_once_prints_a_frame_of_every_gpu_and_client(node: tuple[RunningDaemon, 
         core="30",
         req="0%",
         prio="normal",
-        quota="0/600ms",  # 30 % of the seed's 2 s window, nothing used
+        quota="0/150ms",  # 30 % of the default 500 ms window, nothing used
         gang="-",
     )
     assert re.search(quota_row, out, re.M), out
