@@ -45,6 +45,7 @@ from typing import Any
 from _daemon import BenchDaemon
 
 from appliance.cli.client import ControlClient
+from appliance.policy.model import SchedulerSettings
 from appliance.wire import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,7 @@ HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 SLICE_S = 0.05
 
 
-DROP_DEADLINE_S = 5.0
+DROP_DEADLINE_S = SchedulerSettings().drop_deadline_s  # the daemon runs with the default
 DEFAULT_RUNS = (
     "solo:item,solo:ddp,item+item@0.5,item+item@0,item+item@3,item+item@1,ddp+item@0.5,"
     "item+ddp@0.5,ddp+item@3,ddp+ddp@0.5,ddp+ddp@0,item+ddp@2"
