@@ -35,7 +35,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--quota-seconds 20] [--infer steady:1,poisson:8:graph,...]
                                [--quota-variants ';computeWindow: 250ms']
-                               [--priority-variants ';idleHandoff: 2ms']
+                               [--priority-variants ';idleHandoff: 2ms'] [--base OLD_CHECKOUT]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -274,10 +274,13 @@ class SmClock:
         return round(sum(self._mhz) / max(1, len(self._mhz)))
 
 
-def run(policy: str | None, roles: list[Role], seconds: float) -> dict[str, Any]:
-    """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon).
+def run(
+    policy: str | None, roles: list[Role], seconds: float, tree: Path | None = None
+) -> dict[str, Any]:
+    """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon),
+    the daemon of checkout `tree` if given (side by side with an older commit).
     Each role's result also carries `sm_mhz`, the mean SM clock while they ran."""
-    daemon = BenchDaemon(policy + RULES) if policy is not None else None
+    daemon = BenchDaemon(policy + RULES, tree=tree) if policy is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     if daemon is not None:
@@ -446,11 +449,15 @@ def section_quotas(
 
 
 def section_priorities(
-    seconds: float, infer: tuple[str, ...] = INFER, variants: tuple[str, ...] = ("",)
+    seconds: float,
+    infer: tuple[str, ...] = INFER,
+    variants: tuple[str, ...] = ("",),
+    base: Path | None = None,
 ) -> dict[str, Any]:
     """Each request shape alone, then beside a trainer: at priority high (by rule), beside a
     trainer that lowers itself, and with mode off; the mode-on cases once per `variants` (more
-    scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the first."""
+    scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the first, and once
+    under the daemon of checkout `base`, keyed `on@base`."""
     out: dict[str, Any] = {}
     train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
     for request in infer:
@@ -460,13 +467,15 @@ def section_priorities(
             "alone_p50_ms": round(alone["p50_ms"], 3),
             "alone_p99_ms": round(alone["p99_ms"], 3),
         }
-        cases: dict[str, tuple[str, list[Role]]] = {}
+        cases: dict[str, tuple[str, list[Role], Path | None]] = {}
         for settings in variants:
             tag = f"[{settings}]" if settings else ""
             cases |= priority_cases(spec, tag, on_policy(settings=settings))
-        cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")])
-        for case, (policy, roles) in cases.items():
-            pair = run(policy, roles, seconds)
+        if base is not None:
+            cases |= priority_cases(spec, "@base", on_policy(), base)
+        cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")], None)
+        for case, (policy, roles, tree) in cases.items():
+            pair = run(policy, roles, seconds, tree)
             inf, trn = (pair[r.name] for r in roles)
             row[case] = {
                 "p99_ms": round(latency(inf)["p99_ms"], 3),
@@ -477,14 +486,17 @@ def section_priorities(
     return out
 
 
-def priority_cases(spec: str, tag: str, policy: str) -> dict[str, tuple[str, list[Role]]]:
+def priority_cases(
+    spec: str, tag: str, policy: str, tree: Path | None = None
+) -> dict[str, tuple[str, list[Role], Path | None]]:
     """The inference loop at high beside a trainer at low by rule, and beside one that lowers
     itself through NVSHARE_GPU_PRIORITY."""
     return {
-        f"on{tag}": (policy, [Role("hii", spec), Role("lot", "train:item")]),
+        f"on{tag}": (policy, [Role("hii", spec), Role("lot", "train:item")], tree),
         f"on_self_lowered{tag}": (
             policy,
             [Role("inf", spec), Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"})],
+            tree,
         ),
     }
 
@@ -521,6 +533,11 @@ def main() -> int:
         default="",
         help="scheduler settings for the priorities section's mode-on cases, as --quota-variants",
     )
+    ap.add_argument(
+        "--base",
+        type=Path,
+        help="another checkout (an older commit): priorities' mode-on cases also under its daemon",
+    )
     args = ap.parse_args()
     sections = SECTIONS | {
         "quotas": functools.partial(
@@ -532,6 +549,7 @@ def main() -> int:
             section_priorities,
             infer=tuple(args.infer.split(",")),
             variants=tuple(args.priority_variants.split(";")),
+            base=args.base,
         ),
     }
     res: dict[str, Any] = {

@@ -363,6 +363,14 @@ class Waiting:
             waiting -= 1
         return waiting > 0
 
+    def outranked(self, uuid: str, mine: Gang) -> bool:
+        """Whether every eligible gang other than `mine` waiting for GPU `uuid` is of a lower
+        priority than `mine`."""
+        for (_, _, priority), b in self._line._by_gpu.get(uuid, {}).items():
+            if priority >= mine.priority and len(b) > (mine.key in b.gangs):
+                return False
+        return True
+
     def firsts(self, uuid: str) -> list[Gang]:
         """Enough of GPU `uuid`'s waiters to know who of them comes first in line: each
         bucket's longest waiting."""

@@ -4,7 +4,8 @@
   it holds: the quantum, and the idle window, how long the holder may submit nothing (and wait
   for nothing) before it hands the lock back. While another gang waits for its GPU the window is
   the short `scheduler.idleHandoff` (a request loop that submits a little every few milliseconds
-  leaves the GPU idle in between), else `scheduler.idleRelease`.
+  leaves the GPU idle in between), or a millisecond when the holder's priority is above every
+  waiter's (`idle_window`), else `scheduler.idleRelease`.
 - Lending (`Lent`, `LendingRule`): a client that let its GPU go idle and whose GPU now runs only
   clients of lower priority that borrowed it (`PriorityRule.borrowed`) would be granted at once
   if it asked (beside their drain, `lock`). Its hook is told so, and then submits at once when
@@ -54,16 +55,24 @@ def changed(s: NodeState, waiting: Waiting) -> list[act.Action]:
     return out
 
 
-def idle_window(others_wait: bool, settings: SchedulerSettings) -> float:
-    """How long a holder may sit idle with the lock, given whether others wait for its GPU."""
+def idle_window(others_wait: bool, settings: SchedulerSettings, outranks: bool = False) -> float:
+    """How long a holder may sit idle with the lock, given whether others wait for its GPU
+    and whether it `outranks` every one of them. A holder above all its waiters hands over
+    after the shortest idle the hook can count: taking its GPU back costs it nothing (it is
+    granted at once, beside its borrowers' drain, `PriorityRule.borrowed`, and a lone one is
+    told it may submit before asking, `LendingRule`), while every millisecond it sits idle
+    with the lock is its waiters'. A request loop beside a trainer then hands the GPU back
+    within a millisecond or two of each request instead of after `idleHandoff`."""
     handoff = settings.idle_handoff_s
     if handoff >= MIN_IDLE_HANDOFF_S and others_wait:
-        return min(handoff, settings.idle_release_s)
+        return min(MIN_IDLE_HANDOFF_S if outranks else handoff, settings.idle_release_s)
     return settings.idle_release_s
 
 
 def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
-    return idle_window(waiting.others(c.gpu, gang_of(s, c)), s.policy.scheduler)
+    g = gang_of(s, c)
+    others = waiting.others(c.gpu, g)
+    return idle_window(others, s.policy.scheduler, others and waiting.outranked(c.gpu, g))
 
 
 class LendingRule:

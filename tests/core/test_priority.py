@@ -11,6 +11,7 @@ from appliance.core import events as ev
 from appliance.core.annotations import PRIORITY, PodInfo
 from appliance.core.node import ANNOTATION_WARNING, NodeCore
 from appliance.core.state import Phase
+from appliance.core.terms import MIN_IDLE_HANDOFF_S
 from appliance.core.views import ExplainQuery
 from appliance.policy.model import (
     AnnotationPolicy,
@@ -283,6 +284,32 @@ def test_while_someone_waits_the_holder_is_told_to_hand_over_after_a_short_idle(
     a, b = off.register(uid=1), off.register(uid=1)
     off.feed(ev.LockRequested(a, 1))
     assert of(off.feed(ev.LockRequested(b, 1)), act.LockTerms) == []
+
+
+def test_a_holder_above_every_waiter_hands_over_after_the_shortest_idle() -> None:
+    # A request loop at high beside a trainer at low: each millisecond it holds the lock idle
+    # after a request is the trainer's, and taking the GPU back costs it nothing.
+    settings = replace(SETTINGS, idle_release_s=1.0, idle_handoff_s=0.005)
+    h = by_uid({1: LOW, 2: HIGH, 3: HIGH}, settings)
+    high, low = h.register(uid=2), h.register(uid=1)
+    h.feed(ev.LockRequested(high, 1))
+    out = h.feed(ev.LockRequested(low, 1))
+    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)]
+    # An equal waiting too: it would wait a quantum for a turn given back, so idleHandoff.
+    peer = h.register(uid=3)
+    out = h.feed(ev.LockRequested(peer, 1))
+    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, 0.005)]
+    h.feed(ev.LockReleased(peer, ev.ReleaseReason.EXIT))
+    assert of(h.sent, act.LockTerms)[-1] == act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    h.advance(settings.preempt_after_s)
+    assert grants(h.feed(ev.LockRequested(high, 2))) == [high]  # taken back at once
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+    out = h.feed(ev.LockRequested(low, 2))  # the trainer's hook asks again
+    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)]
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    assert of(h.sent, act.Grant)[-1] == act.Grant(low, 2, 10.0, 1.0)  # nobody waits
+    assert drops(h.feed(ev.LockRequested(high, 3))) == [low]  # and back at once again
 
 
 def pod(priority: str) -> ev.PodSeen:
