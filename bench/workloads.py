@@ -25,15 +25,16 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
   modes      two `train:item` in modes on / auto / off: combined rate against one alone
   quotas     `train:item` at coreLimit 25 / 50 / 75, `compiled` at 30, and a 25/75 pair:
              throughput share over the first 1 s, the first 8 s and the whole run
-             (--quota-seconds), against the same loop alone; with the mean SM clock of
-             each run, so a share of work can be told from a share of time
+             (--quota-seconds), against the same loop alone; and shares of time: work
+             with the SM clock divided out, and NVML's utilization against the loop alone
   priorities an inference loop at priority high beside `train:item` at low (steady and Poisson,
              eager and graph), and beside a trainer that lowers itself (NVSHARE_GPU_PRIORITY);
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
-                               [--quota-seconds 20] [--infer steady:1,poisson:8:graph,...]
+                               [--infer steady:1,poisson:8:graph,...]
+                               [--quota-seconds 20] [--quota-cases 25,75,30c,pair]
                                [--quota-variants ';computeWindow: 250ms']
                                [--priority-variants ';idleHandoff: 2ms'] [--base OLD_CHECKOUT]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
@@ -64,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ = "5s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
+QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled loop], a 25/75 pair
 INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph")  # ARRIVAL:MS[:graph]
 RULES = """
 rules:
@@ -249,9 +251,10 @@ def interpreter(role: str) -> str:
     return named
 
 
-class SmClock:
-    """GPU 0's SM clock sampled every 50 ms while the workers run (a GPU running at low duty
-    can clock higher, and then does more work per second of GPU time than it does alone)."""
+class GpuSampler:
+    """GPU 0's SM clock and utilization (NVML's share of time a kernel ran, over its own sample
+    period) every 50 ms while the workers run: a GPU running at low duty can clock higher, and
+    then does more work per second of GPU time than it does alone."""
 
     def __init__(self) -> None:
         import pynvml
@@ -259,19 +262,31 @@ class SmClock:
         pynvml.nvmlInit()
         self._nvml = pynvml
         self._gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-        self._mhz: list[int] = []
+        self._samples: list[tuple[float, int, int]] = []  # (wall time, SM MHz, utilization %)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
+        nvml, gpu = self._nvml, self._gpu
         while not self._stop.wait(0.05):
-            self._mhz.append(self._nvml.nvmlDeviceGetClockInfo(self._gpu, self._nvml.NVML_CLOCK_SM))
+            mhz = nvml.nvmlDeviceGetClockInfo(gpu, nvml.NVML_CLOCK_SM)
+            util = nvml.nvmlDeviceGetUtilizationRates(gpu).gpu
+            self._samples.append((time.time(), mhz, util))
 
-    def mean(self) -> float:
+    def stop(self) -> list[tuple[float, int, int]]:
         self._stop.set()
         self._thread.join()
-        return round(sum(self._mhz) / max(1, len(self._mhz)))
+        return self._samples
+
+
+def gpu_between(samples: list[list[float]], lo: float, hi: float) -> tuple[float, float]:
+    """(SM MHz while busy, mean utilization %) over [lo, hi]: the clock weighted by
+    utilization, so idle stretches at a lower clock do not count."""
+    inside = [(mhz, util) for t, mhz, util in samples if lo <= t <= hi]
+    busy = sum(util for _, util in inside)
+    mhz = sum(m * u for m, u in inside) / busy if busy else 0.0
+    return mhz, busy / max(1, len(inside))
 
 
 def run(
@@ -279,7 +294,7 @@ def run(
 ) -> dict[str, Any]:
     """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon),
     the daemon of checkout `tree` if given (side by side with an older commit).
-    Each role's result also carries `sm_mhz`, the mean SM clock while they ran."""
+    Each role's result also carries `gpu`, the GPU's samples while they ran (`GpuSampler`)."""
     daemon = BenchDaemon(policy + RULES, tree=tree) if policy is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -296,12 +311,12 @@ def run(
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
                 raise RuntimeError(f"workers did not start: {[p.poll() for p in procs.values()]}")
             time.sleep(0.01)
-        clock = SmClock()
+        sampler = GpuSampler()
         (tmp / "go").touch()
         for p in procs.values():
             p.wait(seconds + 120)
-        mhz = clock.mean()
-        return {r.name: json.loads((tmp / r.name).read_text()) | {"sm_mhz": mhz} for r in roles}
+        samples = sampler.stop()
+        return {r.name: json.loads((tmp / r.name).read_text()) | {"gpu": samples} for r in roles}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -408,42 +423,52 @@ def section_modes(seconds: float) -> dict[str, Any]:
 
 
 def section_quotas(
-    seconds: float, long: float = QUOTA_SECONDS, variants: tuple[str, ...] = ("",)
+    _seconds: float,
+    long: float = QUOTA_SECONDS,
+    variants: tuple[str, ...] = ("",),
+    cases: tuple[str, ...] = QUOTA_CASES,
 ) -> dict[str, Any]:
     """Shares of work as a user measures them: steps in the first 1 s, 8 s and the whole run
-    against the same loop alone over the same spans. `time_share_*` divides out the clock: the
-    share of GPU time the work took, if the loop's speed follows the SM clock. Each of
-    `variants` (more scheduler settings, "" for the defaults) runs every quota case."""
+    against the same loop alone over the same spans. `time_share_*` divides out the SM clock
+    (while busy): the share of GPU time the work took, if the loop's speed follows the clock;
+    `util_share_*` (a loop alone under its quota) is NVML's time with a kernel running against
+    the loop's alone, a measure of time that needs no clock (NVML averages over its own sample
+    period, up to a second: not given for the first second). Each of `variants` (more
+    scheduler settings, "" for the defaults) runs each of `cases` (`QUOTA_CASES`)."""
+    limited = [(int(c[:2]), c[2:] or "t") for c in cases if c != "pair"]
     solo = {
         base: run(on_policy(), [Role(base, spec)], long)[base]
         for base, spec in (("t", "train:item"), ("c", "compiled"))
+        if base == "t" or ("c" in {b for _, b in limited})
     }
     spans = {"1s": 1.0, "8s": 8.0, "whole": None}
 
-    def shares(r: dict[str, Any], base: str) -> dict[str, Any]:
-        work = {k: 100 * rate(r, v) / rate(solo[base], v) for k, v in spans.items()}
-        clocked = solo[base]["sm_mhz"] / max(1, r["sm_mhz"])
-        return {
-            **{f"share_{k}": round(w, 1) for k, w in work.items()},
-            **{f"time_share_{k}": round(w * clocked, 1) for k, w in work.items()},
-            "sm_mhz": r["sm_mhz"],
-            "solo_sm_mhz": solo[base]["sm_mhz"],
-        }
+    def shares(r: dict[str, Any], base: str, alone: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, first in spans.items():
+            work = 100 * rate(r, first) / rate(solo[base], first)
+            ran, ran_solo = (
+                gpu_between(x["gpu"], x["start"], x["start"] + first if first else x["ends"][-1])
+                for x in (r, solo[base])
+            )
+            out[f"share_{k}"] = round(work, 1)
+            out[f"time_share_{k}"] = round(work * ran_solo[0] / max(1.0, ran[0]), 1)
+            if alone and first != 1.0:
+                out[f"util_share_{k}"] = round(100 * ran[1] / max(1.0, ran_solo[1]), 1)
+            if first is None:
+                out |= {"busy_mhz": round(ran[0]), "solo_busy_mhz": round(ran_solo[0])}
+        return out
 
     out: dict[str, Any] = {}
     for settings in variants:
         policy = on_policy(settings=settings)
         row: dict[str, Any] = {}
-        for pct, spec, base in (
-            (25, "train:item", "t"),
-            (50, "train:item", "t"),
-            (75, "train:item", "t"),
-            (30, "compiled", "c"),
-        ):
-            name = f"q{pct}{base}"
+        for pct, base in limited:
+            name, spec = f"q{pct}{base}", "compiled" if base == "c" else "train:item"
             row[name] = {"limit": pct, **shares(run(policy, [Role(name, spec)], long)[name], base)}
-        pair = run(policy, [Role("q25a", "train:item"), Role("q75a", "train:item")], seconds)
-        row["25+75"] = {n: shares(r, "t") for n, r in pair.items()}
+        if "pair" in cases:
+            pair = run(policy, [Role("q25a", "train:item"), Role("q75a", "train:item")], long)
+            row["25+75"] = {n: shares(r, "t", alone=False) for n, r in pair.items()}
         out[settings or "defaults"] = row
     return out
 
@@ -522,6 +547,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
+    ap.add_argument("--quota-cases", default=",".join(QUOTA_CASES))
     ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
     ap.add_argument(
         "--quota-variants",
@@ -544,6 +570,7 @@ def main() -> int:
             section_quotas,
             long=args.quota_seconds,
             variants=tuple(args.quota_variants.split(";")),
+            cases=tuple(args.quota_cases.split(",")),
         ),
         "priorities": functools.partial(
             section_priorities,
