@@ -21,7 +21,8 @@ job made no step, throughput shares from the first second.
 
 Sections (each pair also runs each member alone, in the same call, for its ratios):
   turns      two trainers at TQ 5 s, mode on, the second started 0.5 s after the first, for every
-             step shape, and mixed pairs in both start orders: split and longest stall
+             step shape, and mixed pairs in both start orders (--turns-seconds each): split and
+             longest stall
   modes      two `train:item` in modes on / auto / off: combined rate against one alone
   quotas     `train:item` at coreLimit 25 / 50 / 75, `compiled` at 30, and a 25/75 pair:
              throughput share over the first 1 s, the first 8 s and the whole run
@@ -65,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ = "5s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
+TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
 QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled loop], a 25/75 pair
 INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph")  # ARRIVAL:MS[:graph]
 RULES = """
@@ -387,11 +389,14 @@ def alone_rates(specs: dict[str, str], seconds: float) -> dict[str, float]:
     }
 
 
-def section_turns(seconds: float) -> dict[str, Any]:
+def section_turns(alone_s: float, seconds: float = TURNS_SECONDS) -> dict[str, Any]:
+    """Every step shape's pair, and the mixed pairs in both orders, for `seconds` each: whole
+    quanta, so that a 50/50 split is what alternating turns give over the time both ran (each
+    loop's rate alone over `alone_s`)."""
     out: dict[str, Any] = {}
     shapes = ["item", "cpu", "event", "pinned", "loader", "sync"]
-    solo = alone_rates({f"t{s}": f"train:{s}" for s in shapes}, seconds)
-    solo |= alone_rates({"tcompiled": "compiled"}, seconds)
+    solo = alone_rates({f"t{s}": f"train:{s}" for s in shapes}, alone_s)
+    solo |= alone_rates({"tcompiled": "compiled"}, alone_s)
     for shape in shapes:
         a, b = f"t{shape}", f"t{shape}2"
         pair = run(
@@ -547,6 +552,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
+    ap.add_argument("--turns-seconds", type=float, default=TURNS_SECONDS)
     ap.add_argument("--quota-cases", default=",".join(QUOTA_CASES))
     ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
     ap.add_argument(
@@ -566,6 +572,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     sections = SECTIONS | {
+        "turns": functools.partial(section_turns, seconds=args.turns_seconds),
         "quotas": functools.partial(
             section_quotas,
             long=args.quota_seconds,
@@ -582,7 +589,14 @@ def main() -> int:
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
+        "gpus": subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")[:-1],
         "seconds": args.seconds,
+        "quota_seconds": args.quota_seconds,
+        "turns_seconds": args.turns_seconds,
     }
     for name in args.sections.split(","):
         started = time.monotonic()

@@ -1,0 +1,204 @@
+"""The whole workload suite on a GPU machine, one command, with its table.
+
+    bash bench/suite.sh OUTDIR [--sections turns,modes,quotas,priorities,requests,gangs]
+                               [--seconds 12] [--quota-seconds 60] [--turns-seconds 40.5]
+    python3 bench/suite.py report OUTDIR          (anywhere: the table again, from the JSON)
+
+`run` (what suite.sh calls on the GPU machine after building the hook) runs `bench/workloads.py`
+with every section (turns of every step shape, modes on/auto/off, quotas, priorities,
+guaranteed shares) and, when the machine has two GPUs, `bench/gangs.py` (2-GPU NCCL jobs,
+`.item()` and DDP steps, both orders, staggered), into OUTDIR/workloads.json and
+OUTDIR/gangs.json, then writes OUTDIR/suite.md: the machine, the date, and one table per
+feature with each figure judged against issue 22's targets. All of it takes about 45 minutes
+on an H100; `--sections` runs part of it, and what earlier runs into the same OUTDIR measured
+is kept (a machine lent for ten minutes at a time runs it in parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+STALL_BOUND_S = 10.0  # TQ 5 s + the drop deadline 5 s
+POISSON_BOUND, STEADY_BOUND, TRAINER_FLOOR = 2.0, 1.5, 0.8
+QUOTA_SLACK = 1.0  # points
+RUN_FIELDS = ("date", "machine", "gpus", "seconds", "quota_seconds", "turns_seconds")
+
+
+def ok(good: bool) -> str:
+    return "ok" if good else "**miss**"
+
+
+def turns(res: dict[str, Any]) -> Iterator[str]:
+    yield "| pair | split % | combined (x alone) | longest stall s | verdict |"
+    yield "|---|---|---:|---|---|"
+    for pair, r in res.items():
+        if not isinstance(r, dict):
+            continue
+        split, stall = list(r["split_pct"].values()), list(r["longest_stall_s"].values())
+        good = all(abs(x - 50) <= 5 for x in split) and max(stall) <= STALL_BOUND_S
+        yield (
+            f"| {pair} | {' / '.join(map(str, split))} | {r['combined_of_alone']} | "
+            f"{' / '.join(map(str, stall))} | {ok(good)} |"
+        )
+
+
+def modes(res: dict[str, Any]) -> Iterator[str]:
+    yield "| mode | split % | combined (x alone) |"
+    yield "|---|---|---:|"
+    for mode, r in res.items():
+        if isinstance(r, dict):
+            split = " / ".join(map(str, r["split_pct"].values()))
+            yield f"| {mode} | {split} | {r['combined_of_alone']} |"
+
+
+def quotas(res: dict[str, Any]) -> Iterator[str]:
+    yield "| settings | loop | limit | work 1 s / 8 s / whole | time 1 s / 8 s / whole | verdict |"
+    yield "|---|---|---:|---|---|---|"
+    for variant, row in res.items():
+        if not isinstance(row, dict):
+            continue
+        cases = [(n, r, r["limit"]) for n, r in row.items() if n != "25+75"]
+        cases += [(n, r, int(n[1:3])) for n, r in row.get("25+75", {}).items()]
+        for name, r, limit in cases:
+            spans = ("1s", "8s", "whole")
+            work = [r[f"share_{k}"] for k in spans]
+            time = [r[f"time_share_{k}"] for k in spans]
+            good = all(abs(x - limit) <= QUOTA_SLACK for x in work + time)
+            yield (
+                f"| {variant} | {name} | {limit} | {' / '.join(map(str, work))} | "
+                f"{' / '.join(map(str, time))} | {ok(good)} |"
+            )
+
+
+def priorities(res: dict[str, Any]) -> Iterator[str]:
+    yield "| requests | case | p99 ms (x alone) | trainer (x solo) | verdict |"
+    yield "|---|---|---|---:|---|"
+    for spec, row in res.items():
+        if not isinstance(row, dict):
+            continue
+        bound = POISSON_BOUND if ":poisson:" in spec else STEADY_BOUND
+        off = row["off"]["p99_ms"]
+        for case, r in row.items():
+            if not isinstance(r, dict):
+                continue
+            good = case == "off" or (
+                r["p99_x_alone"] <= bound
+                and r["trainer_of_solo"] >= TRAINER_FLOOR
+                and r["p99_ms"] <= off
+            )
+            yield (
+                f"| {spec} (alone p99 {row['alone_p99_ms']}) | {case} | {r['p99_ms']} "
+                f"({r['p99_x_alone']}x) | {r['trainer_of_solo']} | {ok(good)} |"
+            )
+
+
+def requests(res: dict[str, Any]) -> Iterator[str]:
+    yield "| client | guaranteed % | got % of solo |"
+    yield "|---|---:|---:|"
+    for name, got in res.items():
+        if name != "section_s":
+            yield f"| {name} | {name[1:]} | {got} |"
+
+
+def gangs(res: dict[str, Any]) -> Iterator[str]:
+    yield "| run | split % | combined | longest gap s | verdict |"
+    yield "|---|---|---:|---|---|"
+    for r in res["runs"]:
+        if "fair" in r:
+            good = r["fair"] and r["throughput_ok"] and r["waits_ok"]
+            gaps = " / ".join(map(str, r["longest_gap_s"].values()))
+            yield (
+                f"| {r['run']} | {' / '.join(map(str, r['split_pct']))} | {r['combined']} | "
+                f"{gaps} | {ok(good)} |"
+            )
+
+
+SECTIONS = {
+    "turns": ("Turns: two loops at TQ 5 s, the second 0.5 s later", turns),
+    "modes": ("Modes: two `train:item` loops", modes),
+    "quotas": ("Quotas: shares from the first step, against the loop alone", quotas),
+    "priorities": ("Priorities: inference at high beside a trainer", priorities),
+    "requests": ("Guaranteed shares (coreRequest 30 and 70)", requests),
+}
+
+
+def report(out: Path) -> str:
+    lines: list[str] = []
+    work = json.loads((out / "workloads.json").read_text())
+    lines += ["# Workload suite", ""]
+    for r in work["runs"]:
+        lines.append(
+            f"- {', '.join(r['sections'])}: {r['date']}, {', '.join(r['gpus'])}; {r['machine']}; "
+            f"seconds a case {r['seconds']}, quota runs {r['quota_seconds']} s, "
+            f"turns {r['turns_seconds']} s"
+        )
+    lines.append("")
+    for key, (title, table) in SECTIONS.items():
+        if key in work:
+            lines += [f"## {title}", "", *table(work[key]), ""]
+    if (out / "gangs.json").exists():
+        g = json.loads((out / "gangs.json").read_text())
+        lines += [f"## Gangs: two 2-GPU jobs ({', '.join(g['gpus'])}; {g['date']})", ""]
+        lines += [*gangs(g), ""]
+    else:
+        lines += ["## Gangs", "", "Not run: the machine has fewer than two GPUs.", ""]
+    return "\n".join(lines)
+
+
+def gpu_count() -> int:
+    smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    return len(smi.stdout.splitlines())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("what", choices=("run", "report"))
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--sections", default=",".join([*SECTIONS, "gangs"]))
+    ap.add_argument("--seconds", default="12")
+    ap.add_argument("--quota-seconds", default="60")
+    ap.add_argument("--turns-seconds", default="40.5")
+    args = ap.parse_args()
+    if args.what == "run":
+        run(args)
+    table = report(args.out)
+    (args.out / "suite.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    """The sections asked for, merged into what OUTDIR already holds."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    py = [sys.executable, "-u"]
+    wanted = args.sections.split(",")
+    if sections := [s for s in wanted if s in SECTIONS]:
+        part = args.out / "workloads.part.json"
+        done = subprocess.run(
+            [*py, BENCH / "workloads.py", "--sections", ",".join(sections),
+             "--seconds", args.seconds, "--quota-seconds", args.quota_seconds,
+             "--turns-seconds", args.turns_seconds, "--json", part],
+        )  # fmt: skip
+        if part.exists():  # the sections it finished, also when it was cut short
+            new = json.loads(part.read_text())
+            whole = args.out / "workloads.json"
+            kept = json.loads(whole.read_text()) if whole.exists() else {"runs": []}
+            about = {k: new.pop(k) for k in RUN_FIELDS if k in new}
+            kept["runs"].append(about | {"sections": list(new)})
+            whole.write_text(json.dumps(kept | new, indent=2) + "\n")
+            part.unlink()
+        if done.returncode != 0:
+            raise SystemExit(f"bench/workloads.py exited with {done.returncode}")
+    if "gangs" in wanted and gpu_count() >= 2:
+        subprocess.run([*py, BENCH / "gangs.py", "--json", args.out / "gangs.json"], check=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
