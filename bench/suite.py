@@ -35,89 +35,80 @@ def ok(good: bool) -> str:
     return "ok" if good else "**miss**"
 
 
+def line(*cells: object) -> str:
+    """A table row; a list or tuple cell is its items with slashes between them."""
+    shown = (" / ".join(map(str, c)) if isinstance(c, list | tuple) else str(c) for c in cells)
+    return "| " + " | ".join(shown) + " |"
+
+
+def sections_of(res: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A section's cases (its `section_s` and other plain figures left out)."""
+    return ((k, v) for k, v in res.items() if isinstance(v, dict))
+
+
 def turns(res: dict[str, Any]) -> Iterator[str]:
-    yield "| pair | split % | combined (x alone) | longest stall s | verdict |"
+    yield line("pair", "split %", "combined (x alone)", "longest stall s", "verdict")
     yield "|---|---|---:|---|---|"
-    for pair, r in res.items():
-        if not isinstance(r, dict):
-            continue
+    for pair, r in sections_of(res):
         split, stall = list(r["split_pct"].values()), list(r["longest_stall_s"].values())
         good = all(abs(x - 50) <= 5 for x in split) and max(stall) <= STALL_BOUND_S
-        yield (
-            f"| {pair} | {' / '.join(map(str, split))} | {r['combined_of_alone']} | "
-            f"{' / '.join(map(str, stall))} | {ok(good)} |"
-        )
+        yield line(pair, split, r["combined_of_alone"], stall, ok(good))
 
 
 def modes(res: dict[str, Any]) -> Iterator[str]:
-    yield "| mode | split % | combined (x alone) |"
+    yield line("mode", "split %", "combined (x alone)")
     yield "|---|---|---:|"
-    for mode, r in res.items():
-        if isinstance(r, dict):
-            split = " / ".join(map(str, r["split_pct"].values()))
-            yield f"| {mode} | {split} | {r['combined_of_alone']} |"
+    for mode, r in sections_of(res):
+        yield line(mode, list(r["split_pct"].values()), r["combined_of_alone"])
 
 
 def quotas(res: dict[str, Any]) -> Iterator[str]:
-    yield "| settings | loop | limit | work 1 s / 8 s / whole | time 1 s / 8 s / whole | verdict |"
+    spans = ("1s", "8s", "whole")
+    yield line("settings", "loop", "limit", "work 1 s / 8 s / whole", "time, the same", "verdict")
     yield "|---|---|---:|---|---|---|"
-    for variant, row in res.items():
-        if not isinstance(row, dict):
-            continue
+    for variant, row in sections_of(res):
         cases = [(n, r, r["limit"]) for n, r in row.items() if n != "25+75"]
         cases += [(n, r, int(n[1:3])) for n, r in row.get("25+75", {}).items()]
         for name, r, limit in cases:
-            spans = ("1s", "8s", "whole")
             work = [r[f"share_{k}"] for k in spans]
             time = [r[f"time_share_{k}"] for k in spans]
             good = all(abs(x - limit) <= QUOTA_SLACK for x in work + time)
-            yield (
-                f"| {variant} | {name} | {limit} | {' / '.join(map(str, work))} | "
-                f"{' / '.join(map(str, time))} | {ok(good)} |"
-            )
+            yield line(variant, name, limit, work, time, ok(good))
 
 
 def priorities(res: dict[str, Any]) -> Iterator[str]:
-    yield "| requests | case | p99 ms (x alone) | trainer (x solo) | verdict |"
+    yield line("requests", "case", "p99 ms (x alone)", "trainer (x solo)", "verdict")
     yield "|---|---|---|---:|---|"
-    for spec, row in res.items():
-        if not isinstance(row, dict):
-            continue
+    for spec, row in sections_of(res):
         bound = POISSON_BOUND if ":poisson:" in spec else STEADY_BOUND
         off = row["off"]["p99_ms"]
-        for case, r in row.items():
-            if not isinstance(r, dict):
-                continue
+        for case, r in sections_of(row):
             good = case == "off" or (
                 r["p99_x_alone"] <= bound
                 and r["trainer_of_solo"] >= TRAINER_FLOOR
                 and r["p99_ms"] <= off
             )
-            yield (
-                f"| {spec} (alone p99 {row['alone_p99_ms']}) | {case} | {r['p99_ms']} "
-                f"({r['p99_x_alone']}x) | {r['trainer_of_solo']} | {ok(good)} |"
-            )
+            p99 = f"{r['p99_ms']} ({r['p99_x_alone']}x)"
+            yield line(f"{spec} (alone p99 {row['alone_p99_ms']})", case, p99,
+                       r["trainer_of_solo"], ok(good))  # fmt: skip
 
 
 def requests(res: dict[str, Any]) -> Iterator[str]:
-    yield "| client | guaranteed % | got % of solo |"
+    yield line("client", "guaranteed %", "got % of solo")
     yield "|---|---:|---:|"
     for name, got in res.items():
         if name != "section_s":
-            yield f"| {name} | {name[1:]} | {got} |"
+            yield line(name, name[1:], got)
 
 
 def gangs(res: dict[str, Any]) -> Iterator[str]:
-    yield "| run | split % | combined | longest gap s | verdict |"
+    yield line("run", "split %", "combined", "longest gap s", "verdict")
     yield "|---|---|---:|---|---|"
     for r in res["runs"]:
         if "fair" in r:
             good = r["fair"] and r["throughput_ok"] and r["waits_ok"]
-            gaps = " / ".join(map(str, r["longest_gap_s"].values()))
-            yield (
-                f"| {r['run']} | {' / '.join(map(str, r['split_pct']))} | {r['combined']} | "
-                f"{gaps} | {ok(good)} |"
-            )
+            gaps = list(r["longest_gap_s"].values())
+            yield line(r["run"], r["split_pct"], r["combined"], gaps, ok(good))
 
 
 SECTIONS = {
