@@ -144,12 +144,16 @@ class Line:
         self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
         self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
         self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
+        # GPUs whose waiters or owners changed since the lock last worked out when their
+        # holders give way (`Lock.next_deadline` works those out again, and only those)
+        self.moved: set[str] = set()
 
     # ------------------------------------------------------------ filing
 
     def refile(self, g: Gang) -> None:
         """File g again by what it is now: O(G + log n)."""
         self._unfile(g.key)
+        self.moved.update(g.gpus)  # (what it holds is among them)
         if self._s.gangs.get(g.key) is not g:
             return  # gone
         if g.phase in _OWNING:
@@ -211,6 +215,7 @@ class Line:
         f = self._filed.pop(key, None)
         if f is None or not f.eligible:
             return
+        self.moved.update(f.gpus)
         for uuid in f.gpus:
             self._waited[uuid] -= 1
             if not self._waited[uuid]:
@@ -285,6 +290,11 @@ class Line:
     def paced_lenders(self) -> Iterator[tuple[str, Gang]]:
         """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""
         return iter(self._paced.values())
+
+    @property
+    def paced(self) -> bool:
+        """Whether an idle lone gang that lent its GPU asks at a steady pace."""
+        return bool(self._paced)
 
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
         """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""

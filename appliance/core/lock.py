@@ -60,7 +60,9 @@ turn_over, begin_cut, force_cut, cut_over; grantable, in_the_way, behind).
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
 requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
 gangs involved), never a pass over all waiting clients; `leave`: the same plus its gang's
-members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
+members; `next_deadline`: O(G + owning + paced lenders), plus O(P) for each GPU whose owners
+or waiters moved after the event's preempt phase, or whose holder has a share
+(`yielding.Yields` keeps each GPU's turn as that phase worked it out).
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class Lock:
         )
         self.gangs = GangRule(
             state, priorities=self.priorities, refile=self.line.refile, forget=self.line.forget
+        )
+        self.yields = yielding.Yields(
+            state, line=self.line, priorities=self.priorities, shares=self.shares
         )
 
     # ------------------------------------------------------------ requests
@@ -179,6 +184,7 @@ class Lock:
         held = c.id in self._s.gpus[c.gpu].holders
         if held:
             self._end_hold(c, now)
+        self.line.moved.add(c.gpu)  # (its gang may own the GPU no longer)
         c.phase = Phase.IDLE
         g = gang_of(self._s, c)
         out = self.gangs.left(c)
@@ -220,6 +226,7 @@ class Lock:
                 self._s.gpus[uuid].drains.append(now - g.dropped_at)
         for uuid in g.held:
             self._s.gpus[uuid].owners.discard(g.key)
+        self.line.moved |= g.held
         g.held = set()
         out = self.gangs.cut_over(g)
         g.phase, g.late = GangPhase.IDLE, False
@@ -271,6 +278,7 @@ class Lock:
     def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
+        self.yields.dropped(g)
         self.shares.dropped(g, why)
         self.priorities.dropped(g, now, why)
         self._s.counters[f"drops_{why}"] += 1
@@ -374,6 +382,7 @@ class Lock:
             growing = g.gpus - g.held
             if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
+                self.line.moved |= growing
                 for uuid in growing:
                     self._s.gpus[uuid].owners.add(g.key)
             blocked |= g.gpus - g.held
@@ -395,8 +404,8 @@ class Lock:
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
         dropped = self.gangs.in_the_way(list(self.line.owning.values()), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
-        for uuid in self._s.gpus:
-            due = self._next_yield(uuid, waiting, now)
+        for uuid in self.yields.begin():
+            due = self.yields.due(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
                 dropped.append(due[1])
@@ -406,26 +415,35 @@ class Lock:
 
     def next_deadline(self, now: float) -> float | None:
         """When to look again: a quantum, slice, quota, drop deadline or window running out.
-        A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
-        deadline (a window turning) is the top of the line's heap."""
-        times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
-        if (grows := self.gangs.in_the_way(list(self.line.owning.values()), now)[1]) is not None:
-            times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
+        A query: it writes nothing. O(G + owning gangs + paced lenders): a GPU's turn is the
+        one the preempt phase worked out (`yielding.Yields`), worked out again (O(P)) only
+        where its owners or waiters moved since, or where it moves with the clock (a holder's
+        share); a waiter's own deadline (a window turning) is the top of the line's heap."""
+        return self._next_deadline(now, kept=True)
+
+    def next_deadline_afresh(self, now: float) -> float | None:
+        """`next_deadline` worked out from scratch, every GPU's turn asked again: what the kept
+        one must equal (`NodeCore.check`)."""
+        return self._next_deadline(now, kept=False)
+
+    def _next_deadline(self, now: float, *, kept: bool) -> float | None:
+        times: list[float] = []
+        grows = False
+        for g in self.line.owning.values():
+            if g.phase is GangPhase.DRAINING:
+                times.append(g.dropped_at + self._s.policy.scheduler.drop_deadline_s)
+            elif (due := self.quotas.drop_at(g)) is not None:
+                times.append(due)
+            grows = grows or len(g.gpus) > len(g.held)
+        later = self.gangs.in_the_way(self.line.owning.values(), now)[1] if grows else None
+        if later is not None:
+            times.append(later)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
-            if (due := self._next_yield(uuid, waiting, now)) is not None:
-                times.append(due[0])
-        times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
+            if (at := self.yields.at(uuid, waiting, now, kept=kept)) is not None:
+                times.append(at)
+        if self.line.paced:  # (`ahead`: lenders at a steady pace are few)
+            times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
         return min(times) if times else None
-
-    def _next_yield(self, uuid: str, waiting: Waiting, now: float) -> yielding.Yield | None:
-        return yielding.next_yield(
-            self._s, uuid, waiting, now, priorities=self.priorities, shares=self.shares
-        )
-
-    def _deadlines(self, g: Gang, now: float) -> list[float]:
-        if g.phase is GangPhase.DRAINING:
-            return [g.dropped_at + self._s.policy.scheduler.drop_deadline_s]
-        return [] if (due := self.quotas.drop_at(g)) is None else [due]
