@@ -116,7 +116,7 @@ class NodeCore:
         lock's kept deadline against one worked out afresh; O(n), for tests."""
         invariants.check(self.state, self.lock.line)
         now = self.lock.line.now
-        kept, afresh = self.lock.next_deadline(now), self.lock.next_deadline_afresh(now)
+        kept, afresh = self.lock.next_deadline(now), self.lock.next_deadline(now, afresh=True)
         if kept != afresh:
             raise invariants.StateOutOfStep(
                 f"the lock's kept deadline {kept} != {afresh} worked out afresh at {now}"

@@ -77,9 +77,9 @@ class Yields:
 
     # ------------------------------------------------------------ query
 
-    def at(self, uuid: str, waiting: Waiting, now: float, *, kept: bool = True) -> float | None:
-        """When GPU `uuid`'s holder gives way, as of now; without `kept`, worked out afresh."""
-        if kept and uuid not in self._line.moved and uuid in self._kept:
+    def at(self, uuid: str, waiting: Waiting, now: float, *, afresh: bool = False) -> float | None:
+        """When GPU `uuid`'s holder gives way, as of now: as kept, or worked out `afresh`."""
+        if not afresh and uuid not in self._line.moved and uuid in self._kept:
             turn = self._kept[uuid]
             if turn is None:
                 return None

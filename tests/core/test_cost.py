@@ -267,4 +267,4 @@ def test_the_deadline_after_a_hand_off_works_out_no_turn_again() -> None:
         finally:
             sys.settrace(None)
         assert asked == 0, type(event).__name__
-        assert deadline == c.core.lock.next_deadline_afresh(c.now)
+        assert deadline == c.core.lock.next_deadline(c.now, afresh=True)
