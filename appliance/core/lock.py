@@ -167,10 +167,12 @@ class Lock:
             )
         c.phase = Phase.IDLE  # a waiting client that releases gives up waiting (e.g. exiting)
         g = gang_of(self._s, c)
-        if e.reason is ev.ReleaseReason.IDLE:
+        lent, phase = e.reason is ev.ReleaseReason.IDLE, g.phase
+        if lent:
             g.lent_at = now  # it takes the GPU back at once from a lower priority
-            self.line.refile(g)
         out = self._settle(g, now)
+        if lent and g.phase is phase:  # (a gang whose phase changed was filed again)
+            self.line.refile(g)
         if c.requeue:
             c.requeue = False
             out += self._want(c, now)
