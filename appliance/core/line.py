@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from appliance.core.gang import account
 from appliance.core.priority import PriorityRule
@@ -52,9 +52,9 @@ LineKey = tuple[bool, bool, bool, int]
 Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
 
 
-@dataclass(frozen=True, slots=True)
-class _Filing:
-    """What a waiting gang was filed by (what `_unfile` must find it by again)."""
+class _Filing(NamedTuple):
+    """What a waiting gang was filed by (what `_unfile` must find it by again). (A tuple: one
+    is made for every gang that starts waiting, and a frozen dataclass costs a call a field.)"""
 
     ticket: int
     priority: int
