@@ -271,8 +271,8 @@ class NodeState:
         return self.inventory.get(uuid, GpuFacts(uuid=uuid))
 
     def gpu_mode(self, uuid: str) -> Mode:
-        modes = self.overrides.modes
-        override = modes.get(uuid) or modes.get("")
+        modes = self.overrides.modes  # (usually none: nvsharectl set no mode)
+        override = (modes.get(uuid) or modes.get("")) if modes else None
         return override or self._settings(uuid).mode
 
     def time_quantum(self, uuid: str) -> float:
@@ -284,7 +284,8 @@ class NodeState:
 
     def _settings(self, uuid: str) -> GpuSettings:
         """`gpu_settings`, worked out again only when the policy or the GPU's facts change."""
-        facts = self.facts(uuid)
+        gpu = self.gpus.get(uuid)  # (asked several times an event: `facts` inlined)
+        facts = gpu.facts if gpu is not None else self.facts(uuid)
         seen = self.settings_seen.get(uuid)
         if seen is not None and seen[0] is self.policy and seen[1] is facts:
             return seen[2]
