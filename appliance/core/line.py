@@ -144,6 +144,7 @@ class Line:
         self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
         self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
         self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
+        self._waiting = Waiting(self)  # (it keeps nothing of its own: one for every asker)
         # GPUs whose waiters or owners changed since the lock last worked out when their
         # holders give way (`Lock.next_deadline` works those out again, and only those)
         self.moved: set[str] = set()
@@ -303,7 +304,7 @@ class Line:
 
     def waiting(self, now: float) -> Waiting:
         self.catch_up(now)
-        return Waiting(self)
+        return self._waiting
 
     def owed_now(self, g: Gang) -> bool:
         """Whether g (not filed as a waiter: a lender, a holder) is still owed part of its
