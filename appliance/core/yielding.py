@@ -61,14 +61,17 @@ class Yields:
         if due is None:
             self._kept[uuid] = None
             return None
-        s = self._s
-        timed = any(
-            s.clients[m].guarantee is not None
-            for k in s.gpus[uuid].owners
-            for m in s.gangs[k].members
-        )
-        self._kept[uuid] = (due[0], timed)
+        self._kept[uuid] = (due[0], self._timed(uuid))
         return due
+
+    def _timed(self, uuid: str) -> bool:
+        """Whether a holder of GPU `uuid` has a guaranteed share (its turn moves with time)."""
+        s = self._s
+        for key in s.gpus[uuid].owners:
+            for m in s.gangs[key].members:
+                if s.clients[m].guarantee is not None:
+                    return True
+        return False
 
     def dropped(self, g: Gang) -> None:
         """g drops: nobody gives way on its GPUs until it has released (`next_yield`)."""
