@@ -250,7 +250,8 @@ class Line:
         for (offender, owed, prio), bucket in self._line.items():
             for want in (True, False):
                 parts.append(((offender, not owed, not want, -prio), bucket, want))
-        for _, bucket, want in sorted(parts, key=lambda part: part[0]):
+        parts.sort()  # (the keys differ, so no two buckets are ever compared)
+        for _, bucket, want in parts:
             yield from bucket.walk(starved, want)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
