@@ -64,7 +64,8 @@ class TermsRule:
         s = self._s
         out: list[act.Action] = []
         for gpu in s.gpus.values():
-            for h in [s.clients[h] for h in sorted(gpu.holders)]:
+            holders = gpu.holders
+            for h in [s.clients[h] for h in (sorted(holders) if len(holders) > 1 else holders)]:
                 window = self.window(h, waiting)
                 if h.phase is Phase.HOLDING and window != h.idle_told_s:
                     h.idle_told_s = window
@@ -131,6 +132,8 @@ class LendingRule:
             for g in lenders:
                 candidates |= g.members
         out: list[act.Action] = []
+        if not candidates:
+            return out  # (nobody lends, nobody was told so: the usual case)
         for c in [s.clients[i] for i in sorted(candidates)]:
             if c.phase is Phase.HOLDING:
                 self._told(c, False)  # its grant took its hook out of lending
