@@ -333,7 +333,7 @@ class GangRule:
         those due now, and when the next one is due."""
         s = self._s
         growing = sorted(
-            (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
+            (g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)),
             key=lambda g: (g.granted_at, g.ticket),
         )
         out: dict[str, Gang] = {}

@@ -410,7 +410,7 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = self.gangs.in_the_way(list(self.line.owning.values()), now)[0]
+        dropped = self.gangs.in_the_way(self.line.owning.values(), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
         for uuid in self.yields.begin():
             due = self.yields.due(uuid, waiting, now)
