@@ -110,14 +110,15 @@ def next_yield(
     waits for it; None while nobody waits, in mode off, or while a holder still drains.
     O(holders of the GPU x (P + accounted waiters of the GPU)), and each holder's members
     (`ShareRule.owed`)."""
-    if s.gpu_mode(uuid) is Mode.OFF:
+    owners = s.gpus[uuid].owners
+    if not owners or not waiting.any(uuid) or s.gpu_mode(uuid) is Mode.OFF:
         return None
-    owners = [s.gangs[k] for k in s.gpus[uuid].owners]
-    holding = [o for o in owners if o.phase is GangPhase.HOLDING]
-    if not holding or any(o.phase is GangPhase.DRAINING for o in owners):
-        return None
-    if not waiting.any(uuid):
-        return None
+    holding = []
+    for key in owners:
+        o = s.gangs[key]
+        if o.phase is GangPhase.DRAINING:
+            return None
+        holding.append(o)  # (an owner holds or drains)
     turns = []
     for o in holding:
         rivals = waiting.rivals(uuid, o)
