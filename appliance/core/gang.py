@@ -308,9 +308,11 @@ class GangRule:
         other gang holds it but one that borrowed g's idle time and is draining it (its queued work
         finishes beside g's), in `auto` while g's members there fit beside its holders."""
         s = self._s
+        others = [s.gangs[k] for k in s.gpus[uuid].owners if k != g.key]
+        if not others:
+            return True
         mode = s.gpu_mode(uuid)
-        others = [s.gangs[k] for k in s.gpus[uuid].owners - {g.key}]
-        if mode is Mode.OFF or not others:
+        if mode is Mode.OFF:
             return True
         if mode is Mode.ON and all(
             o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g) for o in others
