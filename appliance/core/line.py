@@ -227,8 +227,9 @@ class Line:
     def catch_up(self, now: float) -> None:
         """File again the waiters one of whose windows has turned by `now` (the index follows
         the clock; no account is touched)."""
-        self.now = max(self.now, now)
-        while self._turns and (
+        if now > self.now:
+            self.now = now
+        while self._turns and (  # (asked several times an event: usually no window turns)
             self._turns[0][0] <= now or self._stamp.get(self._turns[0][2]) != self._turns[0][1]
         ):
             _, stamp, key = heapq.heappop(self._turns)
