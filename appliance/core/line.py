@@ -299,6 +299,10 @@ class Line:
         """Whether an idle lone gang that lent its GPU asks at a steady pace."""
         return bool(self._paced)
 
+    def lent(self, uuid: str) -> bool:
+        """Whether an idle lone gang lent GPU `uuid`."""
+        return bool(self._lenders.get(uuid))
+
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
         """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""
         by_priority = self._lenders.get(uuid, {})

@@ -125,6 +125,8 @@ class LendingRule:
         candidates = set(s.lent_told)
         for uuid, gpu in s.gpus.items():
             if gpu.owners:
+                if not self._line.lent(uuid):
+                    continue  # (nobody lent it: its holders' priorities do not matter)
                 top = max(s.gangs[k].priority for k in gpu.owners)
                 lenders = self._line.lenders_above(uuid, top)
             else:
