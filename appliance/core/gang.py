@@ -334,10 +334,10 @@ class GangRule:
         all) has the holder drop at the end of its quantum instead, as any waiter would. Returns
         those due now, and when the next one is due."""
         s = self._s
-        growing = sorted(
-            (g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)),
-            key=lambda g: (g.granted_at, g.ticket),
-        )
+        growing = [g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)]
+        if not growing:
+            return [], None  # (the usual case: every holder holds all it takes)
+        growing.sort(key=lambda g: (g.granted_at, g.ticket))
         out: dict[str, Gang] = {}
         later: float | None = None
         for i, g in enumerate(growing):
