@@ -372,4 +372,4 @@ def touched(c: Client) -> bool:
 def quantum(s: NodeState, g: Gang) -> float:
     """A gang's quantum: the shortest of its GPUs'. (The node's, looked up for no GPU, is
     worked out afresh each time: asked only of a gang that holds none.)"""
-    return min(s.time_quantum(u) for u in g.held) if g.held else s.time_quantum("")
+    return min(map(s.time_quantum, g.held)) if g.held else s.time_quantum("")
