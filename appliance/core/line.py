@@ -249,8 +249,9 @@ class Line:
         starved = self._starved(now)
         parts: list[tuple[LineKey, Bucket, bool]] = []
         for (offender, owed, prio), bucket in self._line.items():
-            for want in (True, False):
-                parts.append(((offender, not owed, not want, -prio), bucket, want))
+            if starved(bucket.first()):  # (else it has no starved prefix to read)
+                parts.append(((offender, not owed, False, -prio), bucket, True))
+            parts.append(((offender, not owed, True, -prio), bucket, False))
         parts.sort()  # (the keys differ, so no two buckets are ever compared)
         for _, bucket, want in parts:
             yield from bucket.walk(starved, want)
