@@ -18,7 +18,7 @@ jitter of the requests and `GUARD_S`: enough for the borrower's queued work to h
 request comes. It is at most `scheduler.reclaimAhead` (0 turns keeping off) and an eighth of the
 period, so a borrower gives up at most that share of its time to the keeping (twice that when
 the request does not come). While its GPU is kept, the lender's hook stays told that it may
-submit at once (`terms.lending`).
+submit at once (`terms.LendingRule`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ what it is filed by changes (`refile`), and the questions read the files:
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
   window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
-  (`PriorityRule.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  (`PriorityRule.borrowed`, `terms.LendingRule`, `ahead`), by GPU and priority; apart, those whose
   requests come at a steady pace (`ahead` keeps their GPU for their next request).
 
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`

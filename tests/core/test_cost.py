@@ -129,7 +129,7 @@ def test_a_gang_hint_and_a_memory_request_cost_the_same_however_many_wait() -> N
 
 
 def test_idle_lenders_cost_a_hand_off_nothing() -> None:
-    """Clients that let the GPU go idle and stay away (lenders, `terms.lending`) are not
+    """Clients that let the GPU go idle and stay away (lenders, `terms.LendingRule`) are not
     looked at on every event."""
 
     def hand_off_beside_lenders(c: Crowd) -> int:
