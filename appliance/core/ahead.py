@@ -18,7 +18,7 @@ jitter of the requests and `GUARD_S`: enough for the borrower's queued work to h
 request comes. It is at most `scheduler.reclaimAhead` (0 turns keeping off) and an eighth of the
 period, so a borrower gives up at most that share of its time to the keeping (twice that when
 the request does not come). While its GPU is kept, the lender's hook stays told that it may
-submit at once (`terms.lending`).
+submit at once (`terms.LendingRule`).
 """
 
 from __future__ import annotations
@@ -82,45 +82,76 @@ class Keep:
 Keeps = dict[str, list[Keep]]  # by GPU
 
 
-def keeps(s: NodeState, line: Line) -> Keeps:
-    """By GPU, the keeping for each lone client in mode `on` that let its GPU go idle and whose
-    requests come at a steady pace: O(paced lenders), read from `line`."""
-    out: Keeps = {}
-    for uuid, g in line.paced_lenders():
-        if g.pace is None or s.gpu_mode(uuid) is not Mode.ON:
-            continue
-        kept = window(g.pace, g.arrivals[-1], s.gpus[uuid].drains, s.policy.scheduler)
-        if kept is not None:
-            out.setdefault(uuid, []).append(Keep(g, *kept))
-    return out
+class ReclaimRule:
+    """Keeping a GPU for a steady lender's next request, as the lock (`lock.Lock`) asks it
+    (the module's docstring), like `quota_rule.QuotaRule` for quotas:
 
+    - command: `asked` (a request: a lender back after letting its GPU go idle; it writes the
+      gang's arrivals and pace, `Gang.arrivals`, `Gang.pace`, and nothing else).
+    - queries, written nothing by: `keeps` (the start of `Lock.schedule`, and `next_deadline`),
+      `borrowers_due` (the phase "reclaim ahead of a steady lender"), `kept_from` (the grant
+      phase), `deadlines` (`next_deadline`).
+    Cost, in clients touched: `asked` none (O(ARRIVALS)); `keeps` O(paced lenders), read from
+    the line; `borrowers_due` the owners of the kept GPUs; `kept_from` none (O(g's GPUs x
+    keepings of them)); `deadlines` none (O(keepings)).
+    """
 
-def kept_from(
-    s: NodeState, priorities: PriorityRule, shares: ShareRule, keeps: Keeps, g: Gang, now: float
-) -> bool:
-    """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and g,
-    neither starved nor owed its guaranteed share, waits for it."""
-    if not any(
-        k.on(now) and k.lender.priority > g.priority for uuid in g.gpus for k in keeps.get(uuid, ())
-    ):
-        return False
-    return not priorities.starved(g, now) and shares.owed(g, now) <= EPSILON_S
+    def __init__(
+        self, state: NodeState, *, line: Line, priorities: PriorityRule, shares: ShareRule
+    ) -> None:
+        self._s = state
+        self._line = line  # the paced lenders
+        self._priorities = priorities  # who is starved
+        self._shares = shares  # who is owed its share
 
+    # ------------------------------------------------------------ command (a request)
 
-def borrowers_due(s: NodeState, shares: ShareRule, keeps: Keeps, now: float) -> list[Gang]:
-    """The holders that borrowed a GPU kept now for its lender, outside their own share: they
-    drop."""
-    due: dict[str, Gang] = {}
-    for uuid, kept in keeps.items():
-        for o in [s.gangs[k] for k in sorted(s.gpus[uuid].owners)]:
-            if o.phase is not GangPhase.HOLDING or shares.owed(o, now) > EPSILON_S:
+    def asked(self, g: Gang, now: float) -> None:
+        """g asks again after letting its GPU go idle: when, and its pace (`pace`)."""
+        g.arrivals.append(now)
+        g.pace = pace(g.arrivals)
+
+    # ------------------------------------------------------------ queries
+
+    def keeps(self) -> Keeps:
+        """By GPU, the keeping for each lone client in mode `on` that let its GPU go idle and
+        whose requests come at a steady pace."""
+        s = self._s
+        out: Keeps = {}
+        for uuid, g in self._line.paced_lenders():
+            if g.pace is None or s.gpu_mode(uuid) is not Mode.ON:
                 continue
-            if any(k.on(now) and PriorityRule.borrowed(o, k.lender) for k in kept):
-                due[o.key] = o
-    return list(due.values())
+            kept = window(g.pace, g.arrivals[-1], s.gpus[uuid].drains, s.policy.scheduler)
+            if kept is not None:
+                out.setdefault(uuid, []).append(Keep(g, *kept))
+        return out
 
+    def kept_from(self, keeps: Keeps, g: Gang, now: float) -> bool:
+        """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and
+        g, neither starved nor owed its guaranteed share, waits for it."""
+        if not keeps or not any(
+            k.on(now) and k.lender.priority > g.priority
+            for uuid in g.gpus
+            for k in keeps.get(uuid, ())
+        ):
+            return False
+        return not self._priorities.starved(g, now) and self._shares.owed(g, now) <= EPSILON_S
 
-def deadlines(keeps: Keeps, now: float) -> list[float]:
-    """When a keeping starts or ends."""
-    ks = [k for kept in keeps.values() for k in kept]
-    return [k.start if now < k.start else k.until for k in ks if now < k.until]
+    def borrowers_due(self, keeps: Keeps, now: float) -> list[Gang]:
+        """The holders that borrowed a GPU kept now for its lender, outside their own share:
+        they drop."""
+        s = self._s
+        due: dict[str, Gang] = {}
+        for uuid, kept in keeps.items():
+            for o in [s.gangs[k] for k in sorted(s.gpus[uuid].owners)]:
+                if o.phase is not GangPhase.HOLDING or self._shares.owed(o, now) > EPSILON_S:
+                    continue
+                if any(k.on(now) and PriorityRule.borrowed(o, k.lender) for k in kept):
+                    due[o.key] = o
+        return list(due.values())
+
+    @staticmethod
+    def deadlines(keeps: Keeps, now: float) -> list[float]:
+        """When a keeping starts or ends."""
+        ks = [k for kept in keeps.values() for k in kept]
+        return [k.start if now < k.start else k.until for k in ks if now < k.until]

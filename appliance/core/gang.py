@@ -308,9 +308,11 @@ class GangRule:
         other gang holds it but one that borrowed g's idle time and is draining it (its queued work
         finishes beside g's), in `auto` while g's members there fit beside its holders."""
         s = self._s
+        others = [s.gangs[k] for k in s.gpus[uuid].owners if k != g.key]
+        if not others:
+            return True
         mode = s.gpu_mode(uuid)
-        others = [s.gangs[k] for k in s.gpus[uuid].owners - {g.key}]
-        if mode is Mode.OFF or not others:
+        if mode is Mode.OFF:
             return True
         if mode is Mode.ON and all(
             o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g) for o in others
@@ -332,10 +334,10 @@ class GangRule:
         all) has the holder drop at the end of its quantum instead, as any waiter would. Returns
         those due now, and when the next one is due."""
         s = self._s
-        growing = sorted(
-            (g for g in owning if g.phase is GangPhase.HOLDING and g.gpus - g.held),
-            key=lambda g: (g.granted_at, g.ticket),
-        )
+        growing = [g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)]
+        if not growing:
+            return [], None  # (the usual case: every holder holds all it takes)
+        growing.sort(key=lambda g: (g.granted_at, g.ticket))
         out: dict[str, Gang] = {}
         later: float | None = None
         for i, g in enumerate(growing):
@@ -370,4 +372,4 @@ def touched(c: Client) -> bool:
 def quantum(s: NodeState, g: Gang) -> float:
     """A gang's quantum: the shortest of its GPUs'. (The node's, looked up for no GPU, is
     worked out afresh each time: asked only of a gang that holds none.)"""
-    return min(s.time_quantum(u) for u in g.held) if g.held else s.time_quantum("")
+    return min(map(s.time_quantum, g.held)) if g.held else s.time_quantum("")

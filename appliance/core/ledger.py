@@ -177,7 +177,9 @@ class Ledger:
 
     def next_deadline(self) -> float | None:
         """When the earliest waiting request is decided without its peers: O(waiting)."""
-        return min((r.deadline for r in self._reclaims.values()), default=None)
+        if not self._reclaims:  # (asked after every event; usually nobody waits)
+            return None
+        return min(r.deadline for r in self._reclaims.values())
 
     def refused_by_hook(self, e: ev.MemoryRefusedByHook, now: float) -> list[act.Action]:
         """What a hook refused without asking (over the limit it knows) counts as refused too."""

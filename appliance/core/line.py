@@ -19,7 +19,7 @@ what it is filed by changes (`refile`), and the questions read the files:
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
   window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
-  (`PriorityRule.borrowed`, `terms.lending`, `ahead`), by GPU and priority; apart, those whose
+  (`PriorityRule.borrowed`, `terms.LendingRule`, `ahead`), by GPU and priority; apart, those whose
   requests come at a steady pace (`ahead` keeps their GPU for their next request).
 
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from appliance.core.gang import account
 from appliance.core.priority import PriorityRule
@@ -52,9 +52,9 @@ LineKey = tuple[bool, bool, bool, int]
 Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
 
 
-@dataclass(frozen=True, slots=True)
-class _Filing:
-    """What a waiting gang was filed by (what `_unfile` must find it by again)."""
+class _Filing(NamedTuple):
+    """What a waiting gang was filed by (what `_unfile` must find it by again). (A tuple: one
+    is made for every gang that starts waiting, and a frozen dataclass costs a call a field.)"""
 
     ticket: int
     priority: int
@@ -144,12 +144,17 @@ class Line:
         self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
         self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
         self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
+        self._waiting = Waiting(self)  # (it keeps nothing of its own: one for every asker)
+        # GPUs whose waiters or owners changed since the lock last worked out when their
+        # holders give way (`Lock.next_deadline` works those out again, and only those)
+        self.moved: set[str] = set()
 
     # ------------------------------------------------------------ filing
 
     def refile(self, g: Gang) -> None:
         """File g again by what it is now: O(G + log n)."""
         self._unfile(g.key)
+        self.moved.update(g.gpus)  # (what it holds is among them)
         if self._s.gangs.get(g.key) is not g:
             return  # gone
         if g.phase in _OWNING:
@@ -211,6 +216,7 @@ class Line:
         f = self._filed.pop(key, None)
         if f is None or not f.eligible:
             return
+        self.moved.update(f.gpus)
         for uuid in f.gpus:
             self._waited[uuid] -= 1
             if not self._waited[uuid]:
@@ -221,8 +227,9 @@ class Line:
     def catch_up(self, now: float) -> None:
         """File again the waiters one of whose windows has turned by `now` (the index follows
         the clock; no account is touched)."""
-        self.now = max(self.now, now)
-        while self._turns and (
+        if now > self.now:
+            self.now = now
+        while self._turns and (  # (asked several times an event: usually no window turns)
             self._turns[0][0] <= now or self._stamp.get(self._turns[0][2]) != self._turns[0][1]
         ):
             _, stamp, key = heapq.heappop(self._turns)
@@ -242,9 +249,11 @@ class Line:
         starved = self._starved(now)
         parts: list[tuple[LineKey, Bucket, bool]] = []
         for (offender, owed, prio), bucket in self._line.items():
-            for want in (True, False):
-                parts.append(((offender, not owed, not want, -prio), bucket, want))
-        for _, bucket, want in sorted(parts, key=lambda part: part[0]):
+            if starved(bucket.first()):  # (else it has no starved prefix to read)
+                parts.append(((offender, not owed, False, -prio), bucket, True))
+            parts.append(((offender, not owed, True, -prio), bucket, False))
+        parts.sort()  # (the keys differ, so no two buckets are ever compared)
+        for _, bucket, want in parts:
             yield from bucket.walk(starved, want)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
@@ -286,6 +295,15 @@ class Line:
         """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""
         return iter(self._paced.values())
 
+    @property
+    def paced(self) -> bool:
+        """Whether an idle lone gang that lent its GPU asks at a steady pace."""
+        return bool(self._paced)
+
+    def lent(self, uuid: str) -> bool:
+        """Whether an idle lone gang lent GPU `uuid`."""
+        return bool(self._lenders.get(uuid))
+
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
         """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""
         by_priority = self._lenders.get(uuid, {})
@@ -293,7 +311,7 @@ class Line:
 
     def waiting(self, now: float) -> Waiting:
         self.catch_up(now)
-        return Waiting(self)
+        return self._waiting
 
     def owed_now(self, g: Gang) -> bool:
         """Whether g (not filed as a waiter: a lender, a holder) is still owed part of its

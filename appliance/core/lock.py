@@ -40,27 +40,30 @@ The state machine, per gang (`state.GangPhase`; each member's `state.Phase` foll
 IDLE -`_enqueue`-> WAITING -`_grant`-> HOLDING -`_drop`-> DRAINING -`_release`-> IDLE (or
 WAITING again when a member asked meanwhile); a holder whose members all release early goes
 HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.GangRule` as lone
-gangs merge into one (it keeps their turn). After each event,
-`schedule` runs its phases in this order, each asking one rule: pass over late holders (the drop
-deadline) -> drop spent quotas (`quotas`) -> reclaim ahead of a steady lender (`ahead`,
-`shares`) -> grant in line order (`line`, ordered by `priorities` and `shares`;
-`gangs.grantable`) -> preempt for waiters (`gangs.in_the_way`, then `yielding.next_yield`:
-`priorities`, `shares`, quantum) -> tell holders their terms and lenders they lend (`terms`).
-`next_deadline` and `grant_message` are queries: they bill and roll nothing
-(`core/invariants.py` checks the indexes the phases keep after every event of the core tests).
+gangs merge into one (it keeps their turn). After each event, `schedule` runs its phases in
+this order, each asking its rules: pass over late holders (the drop deadline) -> drop spent
+quotas (`quotas`) -> reclaim ahead of a steady lender (`reclaims`) -> grant in line order
+(`line`, ordered by `priorities` and `shares`; `reclaims.kept_from`, `gangs.grantable`) ->
+preempt for waiters (`gangs.in_the_way`, then `yields`: `priorities`, `shares`, quantum) ->
+tell holders their terms (`terms`) and lenders they lend (`lending`). `next_deadline` and
+`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
+indexes the phases keep after every event of the core tests).
 
 The rules it asks, each an object on the node's state whose commands are named for the phase
 that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
 (`quota_rule.QuotaRule`: bill, spent; drop_at, may_start, opens_at), `shares`
 (`share.ShareRule`: granted, dropped, bill; owed, turn_at, resumes, yield_at), `priorities`
-(`priority.PriorityRule`: granted, dropped; starved, line, borrowed, yield_at, turn), `lending`
-(`terms.LendingRule`: tell; taken_back_at_once), `gangs` (`gang.GangRule`: asked, left,
-turn_over, begin_cut, force_cut, cut_over; grantable, in_the_way, behind).
+(`priority.PriorityRule`: granted, dropped; starved, line, borrowed, yield_at, turn),
+`reclaims` (`ahead.ReclaimRule`: asked; keeps, borrowers_due, kept_from, deadlines), `terms`
+(`terms.TermsRule`: granted, tell; window), `lending` (`terms.LendingRule`: tell;
+taken_back_at_once), `gangs` (`gang.GangRule`: asked, left, turn_over, begin_cut, force_cut,
+cut_over; grantable, in_the_way, behind), `yields` (`yielding.Yields`: begin, due, dropped; at).
 
 Cost per event (n clients, G GPUs, P priorities waiting; `node` has the whole table):
-requested, released, and a Tick: O(G x P + log n + owning + accounted + members of the
-gangs involved), never a pass over all waiting clients; `leave`: the same plus its gang's
-members; `next_deadline`: O(owning + accounted + G x P + paced lenders).
+requested, released, a Tick: O(G x P + log n + owning + accounted + members of the gangs
+involved), never a pass over all waiting clients; `leave`: the same plus its gang's members;
+`next_deadline`: O(G + owning + paced lenders), plus O(P) for each GPU whose owners or waiters
+moved after the event's preempt phase, or whose holder has a share (`yielding.Yields`).
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ from __future__ import annotations
 import logging
 
 from appliance.core import actions as act
-from appliance.core import ahead, terms, yielding
 from appliance.core import events as ev
+from appliance.core import yielding
+from appliance.core.ahead import Keeps, ReclaimRule
 from appliance.core.drops import DropReason
 from appliance.core.gang import GangRule, gang_of
 from appliance.core.line import Line, Waiting
@@ -78,6 +82,7 @@ from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
 from appliance.core.state import Client, Gang, GangPhase, NodeState, Phase
+from appliance.core.terms import LendingRule, TermsRule
 
 log = logging.getLogger("nvshare.scheduler")
 
@@ -93,11 +98,18 @@ class Lock:
         self.shares = ShareRule(state)
         self.priorities = PriorityRule(state)
         self.line = Line(state, self.quotas, self.shares, self.priorities)
-        self.lending = terms.LendingRule(
+        self.terms = TermsRule(state)
+        self.lending = LendingRule(
             state, line=self.line, quotas=self.quotas, priorities=self.priorities
+        )
+        self.reclaims = ReclaimRule(
+            state, line=self.line, priorities=self.priorities, shares=self.shares
         )
         self.gangs = GangRule(
             state, priorities=self.priorities, refile=self.line.refile, forget=self.line.forget
+        )
+        self.yields = yielding.Yields(
+            state, line=self.line, priorities=self.priorities, shares=self.shares
         )
 
     # ------------------------------------------------------------ requests
@@ -133,8 +145,7 @@ class Lock:
         g.gpus.add(c.gpu)  # (a draining gang queues again once every member has released)
         if g.phase is GangPhase.IDLE:
             if g.lent_at is not None:  # back after letting the GPU go idle: its pace (`ahead`)
-                g.arrivals.append(now)
-                g.pace = ahead.pace(g.arrivals)
+                self.reclaims.asked(g, now)
             self._enqueue(g, now)
         self.line.refile(g)  # (it may wait for one more GPU)
         return []
@@ -156,10 +167,12 @@ class Lock:
             )
         c.phase = Phase.IDLE  # a waiting client that releases gives up waiting (e.g. exiting)
         g = gang_of(self._s, c)
-        if e.reason is ev.ReleaseReason.IDLE:
+        lent, phase = e.reason is ev.ReleaseReason.IDLE, g.phase
+        if lent:
             g.lent_at = now  # it takes the GPU back at once from a lower priority
-            self.line.refile(g)
         out = self._settle(g, now)
+        if lent and g.phase is phase:  # (a gang whose phase changed was filed again)
+            self.line.refile(g)
         if c.requeue:
             c.requeue = False
             out += self._want(c, now)
@@ -179,6 +192,7 @@ class Lock:
         held = c.id in self._s.gpus[c.gpu].holders
         if held:
             self._end_hold(c, now)
+        self.line.moved.add(c.gpu)  # (its gang may own the GPU no longer)
         c.phase = Phase.IDLE
         g = gang_of(self._s, c)
         out = self.gangs.left(c)
@@ -197,7 +211,7 @@ class Lock:
         return out + self._settle(gang_of(self._s, c), now)
 
     def grant_message(self, c: Client, seq: int, now: float) -> act.Grant:
-        return terms.grant(self._s, c, seq, self.line.waiting(now))
+        return self.terms.granted(c, seq, self.line.waiting(now))
 
     # ------------------------------------------------------------ a gang's turn
 
@@ -220,6 +234,7 @@ class Lock:
                 self._s.gpus[uuid].drains.append(now - g.dropped_at)
         for uuid in g.held:
             self._s.gpus[uuid].owners.discard(g.key)
+        self.line.moved |= g.held
         g.held = set()
         out = self.gangs.cut_over(g)
         g.phase, g.late = GangPhase.IDLE, False
@@ -271,6 +286,7 @@ class Lock:
     def _drop(self, g: Gang, now: float, why: DropReason) -> list[act.Action]:
         self._bill(g, now)
         g.phase, g.dropped_at = GangPhase.DRAINING, now
+        self.yields.dropped(g)
         self.shares.dropped(g, why)
         self.priorities.dropped(g, now, why)
         self._s.counters[f"drops_{why}"] += 1
@@ -302,7 +318,7 @@ class Lock:
     def schedule(self, now: float) -> list[act.Action]:
         """The phases of a decision, in order (the module's docstring): pass over late
         holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
-        keeps = ahead.keeps(self._s, self.line)
+        keeps = self.reclaims.keeps()
         out = [
             *self._pass_over_late_holders(now),
             *self._drop_spent_quotas(now),
@@ -314,7 +330,7 @@ class Lock:
         if any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
         lending = self.lending.tell(waiting, keeps, now)
-        return [*out, *dropped, *terms.changed(self._s, waiting), *lending]
+        return [*out, *dropped, *self.terms.tell(waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
         """Members still draining past the drop deadline no longer hold their GPUs."""
@@ -359,13 +375,13 @@ class Lock:
                 out += self._drop(g, now, DropReason.QUOTA)
         return out
 
-    def _reclaim_ahead(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
+    def _reclaim_ahead(self, keeps: Keeps, now: float) -> list[act.Action]:
         out: list[act.Action] = []
-        for g in ahead.borrowers_due(self._s, self.shares, keeps, now):
+        for g in self.reclaims.borrowers_due(keeps, now):
             out += self._drop(g, now, DropReason.RECLAIM)
         return out
 
-    def _grant_waiting(self, keeps: ahead.Keeps, now: float) -> list[act.Action]:
+    def _grant_waiting(self, keeps: Keeps, now: float) -> list[act.Action]:
         """In line order, every gang whose GPUs can all be granted now; a gang that cannot be
         keeps everyone behind it off its GPUs, and so does a GPU kept for a lender (`ahead`)."""
         blocked: set[str] = set()
@@ -374,6 +390,7 @@ class Lock:
             growing = g.gpus - g.held
             if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
+                self.line.moved |= growing
                 for uuid in growing:
                     self._s.gpus[uuid].owners.add(g.key)
             blocked |= g.gpus - g.held
@@ -381,7 +398,7 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = ahead.kept_from(self._s, self.priorities, self.shares, keeps, g, now)
+            kept = self.reclaims.kept_from(keeps, g, now)
             if kept or g.gpus & blocked or not all(self.gangs.grantable(u, g) for u in g.gpus):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
@@ -393,10 +410,10 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = self.gangs.in_the_way(list(self.line.owning.values()), now)[0]
+        dropped = self.gangs.in_the_way(self.line.owning.values(), now)[0]
         out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
-        for uuid in self._s.gpus:
-            due = self._next_yield(uuid, waiting, now)
+        for uuid in self.yields.begin():
+            due = self.yields.due(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:
                 out += self._drop(due[1], now, due[2])
                 dropped.append(due[1])
@@ -404,28 +421,30 @@ class Lock:
 
     # ------------------------------------------------------------ deadlines
 
-    def next_deadline(self, now: float) -> float | None:
+    def next_deadline(self, now: float, *, afresh: bool = False) -> float | None:
         """When to look again: a quantum, slice, quota, drop deadline or window running out.
-        A query: it writes nothing. O(owning gangs + G x P + paced lenders): a waiter's own
+        A query: it writes nothing. O(G + owning gangs + paced lenders): a GPU's turn is the
+        one the preempt phase worked out (`yielding.Yields`), worked out again (O(P)) only
+        where its owners or waiters moved since, where it moves with the clock (a holder's
+        share), or `afresh` (what the kept one must equal, `NodeCore.check`); a waiter's own
         deadline (a window turning) is the top of the line's heap."""
-        times = [t for g in self.line.owning.values() for t in self._deadlines(g, now)]
-        if (grows := self.gangs.in_the_way(list(self.line.owning.values()), now)[1]) is not None:
-            times.append(grows)  # a holder's quantum ends, in the way of a gang that grows
+        times: list[float] = []
+        grows = False
+        for g in self.line.owning.values():
+            if g.phase is GangPhase.DRAINING:
+                times.append(g.dropped_at + self._s.policy.scheduler.drop_deadline_s)
+            elif (due := self.quotas.drop_at(g)) is not None:
+                times.append(due)
+            grows = grows or len(g.gpus) > len(g.held)
+        later = self.gangs.in_the_way(self.line.owning.values(), now)[1] if grows else None
+        if later is not None:
+            times.append(later)  # a holder's quantum ends, in the way of a gang that grows
         if (turn := self.line.next_turn()) is not None:
             times.append(turn)  # a waiter's window turns: it may be owed again, or start
         waiting = self.line.waiting(now)
         for uuid in self._s.gpus:
-            if (due := self._next_yield(uuid, waiting, now)) is not None:
-                times.append(due[0])
-        times += ahead.deadlines(ahead.keeps(self._s, self.line), now)
+            if (at := self.yields.at(uuid, waiting, now, afresh=afresh)) is not None:
+                times.append(at)
+        if self.line.paced:  # (`ahead`: lenders at a steady pace are few)
+            times += self.reclaims.deadlines(self.reclaims.keeps(), now)
         return min(times) if times else None
-
-    def _next_yield(self, uuid: str, waiting: Waiting, now: float) -> yielding.Yield | None:
-        return yielding.next_yield(
-            self._s, uuid, waiting, now, priorities=self.priorities, shares=self.shares
-        )
-
-    def _deadlines(self, g: Gang, now: float) -> list[float]:
-        if g.phase is GangPhase.DRAINING:
-            return [g.dropped_at + self._s.policy.scheduler.drop_deadline_s]
-        return [] if (due := self.quotas.drop_at(g)) is None else [due]

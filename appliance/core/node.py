@@ -25,8 +25,9 @@ lock's indexes are `line.Line`). No event a hook can send walks every client:
 - GpuFreeMemory: O(n), once per NVML sample (what NVML shows every process holding).
 - PolicyChanged, PodSeen, PodRemoved, PodsListed, AdminLimitSet: O(n): every client's limits
   may change, and every index that depends on them is rebuilt.
-- After each event, `next_deadline` (a query that writes nothing): O(owning + accounted +
-  G x P + paced lenders).
+- After each event, `next_deadline` (a query that writes nothing): O(G + owning + paced
+  lenders); each GPU's turn is kept as the event's schedule worked it out, and worked out
+  again (O(P)) only for a GPU that moved since or whose holder has a share.
 """
 
 from __future__ import annotations
@@ -111,9 +112,15 @@ class NodeCore:
     # ------------------------------------------------------------ public surface
 
     def check(self) -> None:
-        """Every redundant index against the facts it is kept from (`invariants`); O(n),
-        for tests."""
+        """Every redundant index against the facts it is kept from (`invariants`), and the
+        lock's kept deadline against one worked out afresh; O(n), for tests."""
         invariants.check(self.state, self.lock.line)
+        now = self.lock.line.now
+        kept, afresh = self.lock.next_deadline(now), self.lock.next_deadline(now, afresh=True)
+        if kept != afresh:
+            raise invariants.StateOutOfStep(
+                f"the lock's kept deadline {kept} != {afresh} worked out afresh at {now}"
+            )
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)
@@ -125,7 +132,7 @@ class NodeCore:
 
     def next_deadline(self) -> float | None:
         """When to call back with `Tick`, as of the last event: a query (it writes nothing),
-        O(owning + accounted + G x P + paced lenders)."""
+        O(G + owning + paced lenders) (`Lock.next_deadline`)."""
         if self._deadline_at is not None:
             self._deadline = self.lock.next_deadline(self._deadline_at)
             self._deadline_at = None

@@ -100,7 +100,7 @@ class Client:
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
     idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
-    lent_told: bool = False  # its hook was told its idle GPU is lent (`terms.lending`)
+    lent_told: bool = False  # its hook was told its idle GPU is lent (`terms.LendingRule`)
     gang: str = ""  # the key of the gang it takes the lock with (`core.gang`)
     gang_hint: str = ""  # the job it names (NVSHARE_GANG, torch.distributed's rendezvous)
     job: str = ""  # its gang's key (`gang.gang_key`), fixed when it first asks
@@ -271,8 +271,8 @@ class NodeState:
         return self.inventory.get(uuid, GpuFacts(uuid=uuid))
 
     def gpu_mode(self, uuid: str) -> Mode:
-        modes = self.overrides.modes
-        override = modes.get(uuid) or modes.get("")
+        modes = self.overrides.modes  # (usually none: nvsharectl set no mode)
+        override = (modes.get(uuid) or modes.get("")) if modes else None
         return override or self._settings(uuid).mode
 
     def time_quantum(self, uuid: str) -> float:
@@ -284,7 +284,8 @@ class NodeState:
 
     def _settings(self, uuid: str) -> GpuSettings:
         """`gpu_settings`, worked out again only when the policy or the GPU's facts change."""
-        facts = self.facts(uuid)
+        gpu = self.gpus.get(uuid)  # (asked several times an event: `facts` inlined)
+        facts = gpu.facts if gpu is not None else self.facts(uuid)
         seen = self.settings_seen.get(uuid)
         if seen is not None and seen[0] is self.policy and seen[1] is facts:
             return seen[2]

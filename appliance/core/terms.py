@@ -1,11 +1,11 @@
 """What a hook is told of the lock besides grants and drops.
 
 - The terms a holder is given with the lock, and told again (`LockTerms`) when they change while
-  it holds: the quantum, and the idle window, how long the holder may submit nothing (and wait
-  for nothing) before it hands the lock back. While another gang waits for its GPU the window is
-  the short `scheduler.idleHandoff` (a request loop that submits a little every few milliseconds
-  leaves the GPU idle in between), or a millisecond when the holder's priority is above every
-  waiter's (`idle_window`), else `scheduler.idleRelease`.
+  it holds (`TermsRule`): the quantum, and the idle window, how long the holder may submit
+  nothing (and wait for nothing) before it hands the lock back. While another gang waits for
+  its GPU the window is the short `scheduler.idleHandoff` (a request loop that submits a little
+  every few milliseconds leaves the GPU idle in between), or a millisecond when the holder's
+  priority is above every waiter's (`TermsRule.window`), else `scheduler.idleRelease`.
 - Lending (`Lent`, `LendingRule`): a client that let its GPU go idle and whose GPU now runs only
   clients of lower priority that borrowed it (`PriorityRule.borrowed`) would be granted at once
   if it asked (beside their drain, `lock`). Its hook is told so, and then submits at once when
@@ -26,53 +26,72 @@ from appliance.core.line import Line, Waiting
 from appliance.core.priority import PriorityRule
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.state import Client, NodeState, Phase
-from appliance.policy.model import Mode, SchedulerSettings
+from appliance.policy.model import Mode
 
 MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
 
 
-def grant(s: NodeState, c: Client, seq: int, waiting: Waiting) -> act.Grant:
-    """The grant for c (answering its request `seq`), with its terms."""
-    c.idle_told_s = _idle_window(s, c, waiting)
-    return act.Grant(
-        c.id,
-        seq,
-        time_quantum_s=s.time_quantum(c.gpu),
-        idle_release_s=c.idle_told_s,
-    )
+class TermsRule:
+    """The terms a holder is given with the lock and told again when they change (the
+    module's docstring): the quantum and the idle window. The lock asks it:
 
+    - commands: `granted` (a grant, or a request answered at once: the grant's terms) and
+      `tell` (the last phase, "tell holders their terms"); they write what a hook was told
+      (`Client.idle_told_s`) and nothing else.
+    - query: `window` (the idle window a holder is due as the line stands); it writes nothing.
+    Cost, in clients touched: `granted` 1 (and O(P) for its GPU's waiters, `Waiting`);
+    `tell` the holders of every GPU, each O(P); `window` none (O(P)).
+    """
 
-def changed(s: NodeState, waiting: Waiting) -> list[act.Action]:
-    """New terms for every holder whose idle window changed (someone started or stopped
-    waiting for its GPU)."""
-    out: list[act.Action] = []
-    for gpu in s.gpus.values():
-        for h in [s.clients[h] for h in sorted(gpu.holders)]:
-            window = _idle_window(s, h, waiting)
-            if h.phase is Phase.HOLDING and window != h.idle_told_s:
-                h.idle_told_s = window
-                out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), window))
-    return out
+    def __init__(self, state: NodeState) -> None:
+        self._s = state
 
+    # ------------------------------------------------------------ commands
 
-def idle_window(others_wait: bool, settings: SchedulerSettings, outranks: bool = False) -> float:
-    """How long a holder may sit idle with the lock, given whether others wait for its GPU
-    and whether it `outranks` every one of them. A holder above all its waiters hands over
-    after the shortest idle the hook can count: taking its GPU back costs it nothing (it is
-    granted at once, beside its borrowers' drain, `PriorityRule.borrowed`, and a lone one is
-    told it may submit before asking, `LendingRule`), while every millisecond it sits idle
-    with the lock is its waiters'. A request loop beside a trainer then hands the GPU back
-    within a millisecond or two of each request instead of after `idleHandoff`."""
-    handoff = settings.idle_handoff_s
-    if handoff >= MIN_IDLE_HANDOFF_S and others_wait:
+    def granted(self, c: Client, seq: int, waiting: Waiting) -> act.Grant:
+        """The grant for c (answering its request `seq`), with its terms."""
+        c.idle_told_s = self.window(c, waiting)
+        return act.Grant(
+            c.id,
+            seq,
+            time_quantum_s=self._s.time_quantum(c.gpu),
+            idle_release_s=c.idle_told_s,
+        )
+
+    def tell(self, waiting: Waiting) -> list[act.Action]:
+        """New terms for every holder whose idle window changed (someone started or stopped
+        waiting for its GPU)."""
+        s = self._s
+        out: list[act.Action] = []
+        for gpu in s.gpus.values():
+            holders = gpu.holders
+            for h in [s.clients[h] for h in (sorted(holders) if len(holders) > 1 else holders)]:
+                window = self.window(h, waiting)
+                if h.phase is Phase.HOLDING and window != h.idle_told_s:
+                    h.idle_told_s = window
+                    out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), window))
+        return out
+
+    # ------------------------------------------------------------ query
+
+    def window(self, c: Client, waiting: Waiting) -> float:
+        """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while
+        another gang waits for its GPU `scheduler.idleHandoff`, or the shortest idle the hook
+        can count when c's gang outranks every one of them. Taking its GPU back costs such a
+        holder nothing (it is granted at once, beside its borrowers' drain,
+        `PriorityRule.borrowed`, and a lone one is told it may submit before asking,
+        `LendingRule`), while every millisecond it sits idle with the lock is its waiters'. A
+        request loop beside a trainer then hands the GPU back within a millisecond or two of
+        each request instead of after `idleHandoff`."""
+        settings = self._s.policy.scheduler
+        handoff = settings.idle_handoff_s
+        if handoff < MIN_IDLE_HANDOFF_S:
+            return settings.idle_release_s
+        g = gang_of(self._s, c)
+        if not waiting.others(c.gpu, g):
+            return settings.idle_release_s
+        outranks = waiting.outranked(c.gpu, g)
         return min(MIN_IDLE_HANDOFF_S if outranks else handoff, settings.idle_release_s)
-    return settings.idle_release_s
-
-
-def _idle_window(s: NodeState, c: Client, waiting: Waiting) -> float:
-    g = gang_of(s, c)
-    others = waiting.others(c.gpu, g)
-    return idle_window(others, s.policy.scheduler, others and waiting.outranked(c.gpu, g))
 
 
 class LendingRule:
@@ -106,6 +125,8 @@ class LendingRule:
         candidates = set(s.lent_told)
         for uuid, gpu in s.gpus.items():
             if gpu.owners:
+                if not self._line.lent(uuid):
+                    continue  # (nobody lent it: its holders' priorities do not matter)
                 top = max(s.gangs[k].priority for k in gpu.owners)
                 lenders = self._line.lenders_above(uuid, top)
             else:
@@ -113,6 +134,8 @@ class LendingRule:
             for g in lenders:
                 candidates |= g.members
         out: list[act.Action] = []
+        if not candidates:
+            return out  # (nobody lends, nobody was told so: the usual case)
         for c in [s.clients[i] for i in sorted(candidates)]:
             if c.phase is Phase.HOLDING:
                 self._told(c, False)  # its grant took its hook out of lending

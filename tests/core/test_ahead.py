@@ -128,8 +128,7 @@ def test_a_starved_waiter_is_not_kept_off() -> None:
     low = s.gangs[s.clients[p.low].gang]
 
     def kept() -> bool:
-        keeps = ahead.keeps(s, lock.line)
-        return ahead.kept_from(s, lock.priorities, lock.shares, keeps, low, p.h.now)
+        return lock.reclaims.kept_from(lock.reclaims.keeps(), low, p.h.now)
 
     assert kept()
     # (the starvation bound comes first, as it does against any higher priority)

@@ -129,7 +129,7 @@ def test_a_gang_hint_and_a_memory_request_cost_the_same_however_many_wait() -> N
 
 
 def test_idle_lenders_cost_a_hand_off_nothing() -> None:
-    """Clients that let the GPU go idle and stay away (lenders, `terms.lending`) are not
+    """Clients that let the GPU go idle and stay away (lenders, `terms.LendingRule`) are not
     looked at on every event."""
 
     def hand_off_beside_lenders(c: Crowd) -> int:
@@ -237,3 +237,34 @@ def test_a_hand_off_works_out_no_gpu_settings_again() -> None:
     c = Crowd(SMALL)
     for event in (ev.LockReleased(1, ev.ReleaseReason.IDLE), ev.LockRequested(1, 3)):
         assert calls(c, event, "gpu_settings")[0] == 0
+
+
+def test_the_deadline_after_a_hand_off_works_out_no_turn_again() -> None:
+    """When each GPU's holder gives way is worked out by the event's preempt phase; the
+    deadline the engine asks for right after the event reads it, instead of asking every GPU's
+    holders and waiters again (a seventh of a hand-off's work in the core). Through a whole
+    hand-off: the holder lets the GPU go idle, the next is granted, the first asks again and
+    takes it back (the second drops), the second releases."""
+    c = Crowd(SMALL)
+    events = [
+        ev.LockReleased(1, ev.ReleaseReason.IDLE),
+        ev.LockRequested(1, 3),
+        ev.LockReleased(2, ev.ReleaseReason.DROPPED),
+        ev.Tick(),
+    ]
+    for event in events:
+        c.now += 0.001
+        c.core.handle(event, c.now)
+        asked = 0
+
+        def tracer(frame: FrameType, why: str, arg: Any) -> Any:
+            nonlocal asked
+            asked += frame.f_code.co_name == "next_yield"
+
+        sys.settrace(tracer)
+        try:
+            deadline = c.core.next_deadline()
+        finally:
+            sys.settrace(None)
+        assert asked == 0, type(event).__name__
+        assert deadline == c.core.lock.next_deadline(c.now, afresh=True)

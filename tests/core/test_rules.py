@@ -1,5 +1,5 @@
 """The rules the lock asks (`share.ShareRule`, `priority.PriorityRule`, `terms.LendingRule`,
-`gang.GangRule`): their queries write nothing.
+`gang.GangRule`, `ahead.ReclaimRule`, `terms.TermsRule`): their queries write nothing.
 
 Each rule answers the lock's phases with commands (named for the phase that asks) and queries
 (asked by any phase and by `next_deadline`). A query asked later than the last event, when
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from appliance.core import ahead
+import pytest
+
 from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.core.state import GangPhase
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import Harness
+from .test_ahead import LEAD, Pair
 from .test_gang import GPU0, GPU1, TQ, ask, job, shown
 from .test_gang import harness as gang_harness
 from .test_priority import HIGH, LOW, SETTINGS, by_uid
@@ -101,7 +103,7 @@ def test_whether_a_lender_is_taken_back_at_once_is_a_query_that_writes_nothing()
     h.feed(ev.LockRequested(low, 1))
     lock = h.core.lock
     h.now += 7.5  # the lender's quota window has turned three times
-    waiting, keeps = lock.line.waiting(h.now), ahead.keeps(h.state, lock.line)
+    waiting, keeps = lock.line.waiting(h.now), lock.reclaims.keeps()
     before = repr(h.state)
     lent = [
         lock.lending.taken_back_at_once(h.state.clients[c], waiting, keeps, h.now)
@@ -133,3 +135,48 @@ def test_the_gang_rules_queries_write_nothing() -> None:
     victims = s.gangs[s.clients[victim].gang]
     assert in_the_way == ([], victims.quantum_from + TQ)  # at the end of its quantum
     assert behind == [False, False, False]
+
+
+def test_the_reclaim_rules_queries_write_nothing() -> None:
+    """A request loop lends its GPU to a trainer at a steady pace; a moment before its next
+    request is due the GPU is kept for it: what is kept, for whom, who must drop and when the
+    keeping ends are answered without a write (the phases then drop the trainer)."""
+    p = Pair()
+    due = p.steady(6)
+    p.h.now = due - LEAD + 0.0001  # (no Tick yet: the trainer still holds)
+    rule, s = p.h.core.lock.reclaims, p.h.state
+    low, high = (s.gangs[s.clients[c].gang] for c in (p.low, p.high))
+    before = repr(s)
+    keeps = rule.keeps()
+    answers = (
+        rule.borrowers_due(keeps, p.h.now),
+        rule.kept_from(keeps, low, p.h.now),
+        rule.deadlines(keeps, p.h.now),
+    )
+    assert repr(s) == before
+    (kept,) = keeps[s.clients[p.high].gpu]
+    assert kept.lender is high and kept.on(p.h.now)
+    assert answers == ([low], True, [pytest.approx(due + LEAD)])
+
+
+def test_the_terms_rules_query_writes_nothing_and_its_commands_what_was_told() -> None:
+    """A high priority holds; a low one and an equal one wait in turn: the idle window each
+    holder is due is a query; a grant and the terms phase write only what the hook is told."""
+    h = by_uid({1: HIGH, 2: LOW, 3: HIGH}, replace(SETTINGS, idle_handoff_s=0.005))
+    holder, low, equal = h.register(uid=1), h.register(uid=2), h.register(uid=3)
+    h.feed(ev.LockRequested(holder, 1))
+    h.feed(ev.LockRequested(low, 1))
+    rule, lock, s = h.core.lock.terms, h.core.lock, h.state
+    c = s.clients[holder]
+    before = repr(s)
+    alone = rule.window(c, lock.line.waiting(h.now))
+    assert repr(s) == before
+    assert alone == 0.001  # above every waiter: hands over after the shortest idle
+    h.feed(ev.LockRequested(equal, 1))
+    assert c.idle_told_s == 0.005  # told by the terms phase: an equal waits
+    c.idle_told_s = 0.0
+    before = repr(s)
+    grant = rule.granted(c, 7, lock.line.waiting(h.now))
+    assert (grant.seq, grant.idle_release_s) == (7, 0.005) and c.idle_told_s == 0.005
+    c.idle_told_s = 0.0
+    assert repr(s) == before  # nothing else was written
