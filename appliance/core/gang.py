@@ -303,14 +303,24 @@ class GangRule:
 
     # ------------------------------------------------------------ queries (grant, preempt)
 
+    def held_back(self, g: Gang, blocked: set[str]) -> bool:
+        """Whether one of g's GPUs is `blocked` (kept for a gang ahead in line) or cannot be
+        granted to g now (`grantable`). (A loop: a generator costs more than a lone GPU's
+        check, and this is asked of every gang the grant phase reads.)"""
+        for uuid in g.gpus:
+            if uuid in blocked or not self.grantable(uuid, g):
+                return True
+        return False
+
     def grantable(self, uuid: str, g: Gang) -> bool:
         """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when no
         other gang holds it but one that borrowed g's idle time and is draining it (its queued work
         finishes beside g's), in `auto` while g's members there fit beside its holders."""
         s = self._s
-        others = [s.gangs[k] for k in s.gpus[uuid].owners if k != g.key]
-        if not others:
-            return True
+        owners = s.gpus[uuid].owners
+        if not owners or (len(owners) == 1 and g.key in owners):
+            return True  # (the usual case, asked for every gang the grant phase reads)
+        others = [s.gangs[k] for k in owners if k != g.key]
         mode = s.gpu_mode(uuid)
         if mode is Mode.OFF:
             return True

@@ -289,7 +289,7 @@ class Line:
 
     def all_taken(self, blocked: set[str]) -> bool:
         """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
-        return all(uuid in blocked for uuid in self._waited)
+        return self._waited.keys() <= blocked
 
     def paced_lenders(self) -> Iterator[tuple[str, Gang]]:
         """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""

@@ -398,8 +398,7 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = self.reclaims.kept_from(keeps, g, now)
-            if kept or g.gpus & blocked or not all(self.gangs.grantable(u, g) for u in g.gpus):
+            if self.gangs.held_back(g, blocked) or self.reclaims.kept_from(keeps, g, now):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
                     break  # everyone further back waits for a GPU taken here
