@@ -119,14 +119,15 @@ def next_yield(
         if o.phase is GangPhase.DRAINING:
             return None
         holding.append(o)  # (an owner holds or drains)
-    turns = []
-    for o in holding:
+    best: tuple[float, float, int, DropReason, Gang] | None = None
+    for o in holding:  # (the earliest; of two at once, the one granted first)
         rivals = waiting.rivals(uuid, o)
         owed = waiting.owed(rivals)
         at, why = turn(s, priorities, shares, o, rivals, owed, now, shares.owed(o, now))
-        turns.append((at, why, o))
-    at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
-    return at, holder, why
+        if best is None or (at, o.granted_at, o.ticket) < best[:3]:
+            best = (at, o.granted_at, o.ticket, why, o)
+    assert best is not None  # (an owner holds)
+    return best[0], best[4], best[3]
 
 
 def turn(
