@@ -65,9 +65,13 @@ class TermsRule:
         out: list[act.Action] = []
         for gpu in s.gpus.values():
             holders = gpu.holders
+            if not holders:
+                continue
             for h in [s.clients[h] for h in (sorted(holders) if len(holders) > 1 else holders)]:
+                if h.phase is not Phase.HOLDING:
+                    continue  # (a draining holder is told nothing: its window is not asked)
                 window = self.window(h, waiting)
-                if h.phase is Phase.HOLDING and window != h.idle_told_s:
+                if window != h.idle_told_s:
                     h.idle_told_s = window
                     out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), window))
         return out
