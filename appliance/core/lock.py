@@ -111,6 +111,7 @@ class Lock:
         self.yields = yielding.Yields(
             state, line=self.line, priorities=self.priorities, shares=self.shares
         )
+        self.told = False  # the last event's schedule told every holder its terms
 
     # ------------------------------------------------------------ requests
 
@@ -329,7 +330,7 @@ class Lock:
         dropped, gangs = self._preempt_for_waiters(waiting, now)
         if any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-        lending = self.lending.tell(waiting, keeps, now)
+        lending, self.told = self.lending.tell(waiting, keeps, now), True  # (`NodeCore.check`)
         return [*out, *dropped, *self.terms.tell(waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
