@@ -319,16 +319,13 @@ class Lock:
     def schedule(self, now: float) -> list[act.Action]:
         """The phases of a decision, in order (the module's docstring): pass over late
         holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
-        keeps = self.reclaims.keeps()
-        out = [
-            *self._pass_over_late_holders(now),
-            *self._drop_spent_quotas(now),
-            *self._reclaim_ahead(keeps, now),
-            *self._grant_waiting(keeps, now),
-        ]
+        keeps = self.reclaims.keeps() if self.line.paced else {}  # (nobody to keep a GPU for)
+        out = self._pass_over_late_holders(now) + self._drop_spent_quotas(now)
+        out += self._reclaim_ahead(keeps, now) if keeps else []
+        out += self._grant_waiting(keeps, now)
         waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
         dropped, gangs = self._preempt_for_waiters(waiting, now)
-        if any(yielding.frees(g, waiting) for g in gangs):
+        if gangs and any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
         lending, self.told = self.lending.tell(waiting, keeps, now), True  # (`NodeCore.check`)
         return [*out, *dropped, *self.terms.tell(waiting), *lending]
