@@ -417,8 +417,10 @@ class Waiting:
         longest waiting and its earliest lender."""
         out: list[Gang] = []
         for b in self._line._by_gpu.get(uuid, {}).values():
-            out.append(b.first())
-            if (lender := b.first_lender(holder.granted_at)) is not None:
+            first = b.first()
+            out.append(first)
+            lender = b.first_lender(holder.granted_at)
+            if lender is not None and lender is not first:  # (often one gang: asked once)
                 out.append(lender)
         return out
 
