@@ -111,7 +111,7 @@ def next_yield(
     O(holders of the GPU x (P + accounted waiters of the GPU)), and each holder's members
     (`ShareRule.owed`)."""
     owners = s.gpus[uuid].owners
-    if not owners or not waiting.any(uuid) or s.gpu_mode(uuid) is Mode.OFF:
+    if not owners or not waiting.any(uuid):
         return None
     holding = []
     for key in owners:
@@ -119,6 +119,8 @@ def next_yield(
         if o.phase is GangPhase.DRAINING:
             return None
         holding.append(o)  # (an owner holds or drains)
+    if s.gpu_mode(uuid) is Mode.OFF:  # (asked last: the most costly of the three)
+        return None
     best: tuple[float, float, int, DropReason, Gang] | None = None
     for o in holding:  # (the earliest; of two at once, the one granted first)
         rivals = waiting.rivals(uuid, o)
