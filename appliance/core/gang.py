@@ -320,13 +320,16 @@ class GangRule:
         owners = s.gpus[uuid].owners
         if not owners or (len(owners) == 1 and g.key in owners):
             return True  # (the usual case, asked for every gang the grant phase reads)
-        others = [s.gangs[k] for k in owners if k != g.key]
         mode = s.gpu_mode(uuid)
         if mode is Mode.OFF:
             return True
-        if mode is Mode.ON and all(
-            o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g) for o in others
-        ):
+        if mode is Mode.ON:
+            for k in owners:  # (a loop: asked on every request while another gang holds)
+                o = s.gangs[k]
+                if k != g.key and not (
+                    o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g)
+                ):
+                    return False  # (in mode on nothing else can make it grantable)
             return True
         if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):
             return False  # nothing is known to fit on a GPU of unknown size: serialise
