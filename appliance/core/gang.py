@@ -257,10 +257,11 @@ class GangRule:
     def turn_over(self, g: Gang) -> None:
         """A turn ended: the gang keeps the GPUs its members asked for during it, and those
         its waiting members want."""
-        waiting = {
-            self._s.clients[m].gpu for m in g.members if self._s.clients[m].phase is Phase.WAITING
-        }
-        kept = g.asked | waiting
+        kept = set(g.asked)
+        for m in g.members:  # (a loop: once a turn)
+            c = self._s.clients[m]
+            if c.phase is Phase.WAITING:
+                kept.add(c.gpu)
         if kept:
             g.gpus = kept
         g.asked = set()

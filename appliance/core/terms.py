@@ -67,7 +67,8 @@ class TermsRule:
             holders = gpu.holders
             if not holders:
                 continue
-            for h in [s.clients[h] for h in (sorted(holders) if len(holders) > 1 else holders)]:
+            for i in sorted(holders) if len(holders) > 1 else holders:
+                h = s.clients[i]
                 if h.phase is not Phase.HOLDING:
                     continue  # (a draining holder is told nothing: its window is not asked)
                 window = self.window(h, waiting)
