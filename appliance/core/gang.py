@@ -348,7 +348,10 @@ class GangRule:
         all) has the holder drop at the end of its quantum instead, as any waiter would. Returns
         those due now, and when the next one is due."""
         s = self._s
-        growing = [g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)]
+        growing = []
+        for g in owning:  # (a loop, no list made: asked twice an event, and nobody grows)
+            if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held):
+                growing.append(g)
         if not growing:
             return [], None  # (the usual case: every holder holds all it takes)
         growing.sort(key=lambda g: (g.granted_at, g.ticket))
