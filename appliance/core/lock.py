@@ -384,7 +384,9 @@ class Lock:
         keeps everyone behind it off its GPUs, and so does a GPU kept for a lender (`ahead`)."""
         blocked: set[str] = set()
         out: list[act.Action] = []
-        for g in [g for g in self.line.owning.values() if g.phase is GangPhase.HOLDING]:
+        for g in list(self.line.owning.values()):
+            if g.phase is not GangPhase.HOLDING:
+                continue
             growing = g.gpus - g.held
             if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
@@ -407,8 +409,9 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = self.gangs.in_the_way(self.line.owning.values(), now)[0]
-        out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
+        dropped, out = self.gangs.in_the_way(self.line.owning.values(), now)[0], []
+        for g in dropped:  # (loops, no comprehensions: every event asks every phase)
+            out += self._drop(g, now, DropReason.GANG)
         for uuid in self.yields.begin():
             due = self.yields.due(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:
