@@ -156,6 +156,10 @@ def frees(g: Gang, waiting: Waiting) -> bool:
     line again (otherwise a second grant pass finds what the first did): g waited for more
     GPUs (those behind it no longer wait for them), or g borrowed the idle time of a waiter of
     higher priority (`GangRule.grantable`: granted beside g's drain). O(G x P)."""
-    return bool(g.gpus - g.held) or any(
-        PriorityRule.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
-    )
+    if g.gpus - g.held:
+        return True
+    for uuid in g.held:  # (loops: asked of every gang dropped)
+        for w in waiting.rivals(uuid, g):
+            if PriorityRule.borrowed(g, w):
+                return True
+    return False
