@@ -257,10 +257,11 @@ class GangRule:
     def turn_over(self, g: Gang) -> None:
         """A turn ended: the gang keeps the GPUs its members asked for during it, and those
         its waiting members want."""
-        waiting = {
-            self._s.clients[m].gpu for m in g.members if self._s.clients[m].phase is Phase.WAITING
-        }
-        kept = g.asked | waiting
+        kept = set(g.asked)
+        for m in g.members:  # (a loop: once a turn)
+            c = self._s.clients[m]
+            if c.phase is Phase.WAITING:
+                kept.add(c.gpu)
         if kept:
             g.gpus = kept
         g.asked = set()
@@ -303,20 +304,33 @@ class GangRule:
 
     # ------------------------------------------------------------ queries (grant, preempt)
 
+    def held_back(self, g: Gang, blocked: set[str]) -> bool:
+        """Whether one of g's GPUs is `blocked` (kept for a gang ahead in line) or cannot be
+        granted to g now (`grantable`). (A loop: a generator costs more than a lone GPU's
+        check, and this is asked of every gang the grant phase reads.)"""
+        for uuid in g.gpus:
+            if uuid in blocked or not self.grantable(uuid, g):
+                return True
+        return False
+
     def grantable(self, uuid: str, g: Gang) -> bool:
         """Whether GPU `uuid` can be granted to g now, by its mode: in `off` always, in `on` when no
         other gang holds it but one that borrowed g's idle time and is draining it (its queued work
         finishes beside g's), in `auto` while g's members there fit beside its holders."""
         s = self._s
-        others = [s.gangs[k] for k in s.gpus[uuid].owners if k != g.key]
-        if not others:
-            return True
+        owners = s.gpus[uuid].owners
+        if not owners or (len(owners) == 1 and g.key in owners):
+            return True  # (the usual case, asked for every gang the grant phase reads)
         mode = s.gpu_mode(uuid)
         if mode is Mode.OFF:
             return True
-        if mode is Mode.ON and all(
-            o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g) for o in others
-        ):
+        if mode is Mode.ON:
+            for k in owners:  # (a loop: asked on every request while another gang holds)
+                o = s.gangs[k]
+                if k != g.key and not (
+                    o.phase is GangPhase.DRAINING and self._priorities.borrowed(o, g)
+                ):
+                    return False  # (in mode on nothing else can make it grantable)
             return True
         if mode is not Mode.AUTO or not (size := s.gpu_memory(uuid)):
             return False  # nothing is known to fit on a GPU of unknown size: serialise
@@ -334,7 +348,10 @@ class GangRule:
         all) has the holder drop at the end of its quantum instead, as any waiter would. Returns
         those due now, and when the next one is due."""
         s = self._s
-        growing = [g for g in owning if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held)]
+        growing = []
+        for g in owning:  # (a loop, no list made: asked twice an event, and nobody grows)
+            if g.phase is GangPhase.HOLDING and len(g.gpus) > len(g.held):
+                growing.append(g)
         if not growing:
             return [], None  # (the usual case: every holder holds all it takes)
         growing.sort(key=lambda g: (g.granted_at, g.ticket))

@@ -198,10 +198,11 @@ class Line:
         if not eligible:
             self._resting[g.key] = g
             return  # rests until its quota's window turns
+        cls = f.cls
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
-            self._by_gpu.setdefault(uuid, {}).setdefault(f.cls, Bucket()).add(g, f)
-        self._line.setdefault(f.cls, Bucket()).add(g, f)
+            _bucket(self._by_gpu.setdefault(uuid, {}), cls).add(g, f)
+        _bucket(self._line, cls).add(g, f)
 
     def _unfile(self, key: str) -> None:
         self.owning.pop(key, None)
@@ -217,12 +218,13 @@ class Line:
         if f is None or not f.eligible:
             return
         self.moved.update(f.gpus)
+        cls = f.cls
         for uuid in f.gpus:
             self._waited[uuid] -= 1
             if not self._waited[uuid]:
                 del self._waited[uuid]
-            _remove(self._by_gpu[uuid], key, f)
-        _remove(self._line, key, f)
+            _remove(self._by_gpu[uuid], cls, key, f)
+        _remove(self._line, cls, key, f)
 
     def catch_up(self, now: float) -> None:
         """File again the waiters one of whose windows has turned by `now` (the index follows
@@ -289,7 +291,7 @@ class Line:
 
     def all_taken(self, blocked: set[str]) -> bool:
         """Whether every GPU someone eligible waits for is in `blocked`: O(G)."""
-        return all(uuid in blocked for uuid in self._waited)
+        return self._waited.keys() <= blocked
 
     def paced_lenders(self) -> Iterator[tuple[str, Gang]]:
         """(GPU, gang) for every idle lone gang that lent its GPU and asks at a steady pace."""
@@ -352,14 +354,28 @@ class Line:
 
 def accounted(s: NodeState, g: Gang) -> bool:
     """A gang whose place in line moves with its windows: a quota, or a member's share."""
-    return account(s, g) is not None or any(s.clients[m].guarantee is not None for m in g.members)
+    if account(s, g) is not None:
+        return True
+    for m in g.members:  # (a loop: asked for every gang that starts waiting)
+        if s.clients[m].guarantee is not None:
+            return True
+    return False
 
 
-def _remove(buckets: dict[Class, Bucket], key: str, f: _Filing) -> None:
-    bucket = buckets[f.cls]
+def _bucket(buckets: dict[Class, Bucket], cls: Class) -> Bucket:
+    """The bucket of class `cls`, made when it is the first (a `setdefault` would make one
+    for every gang filed)."""
+    bucket = buckets.get(cls)
+    if bucket is None:
+        bucket = buckets[cls] = Bucket()
+    return bucket
+
+
+def _remove(buckets: dict[Class, Bucket], cls: Class, key: str, f: _Filing) -> None:
+    bucket = buckets[cls]
     bucket.remove(key, f)
     if not bucket:
-        del buckets[f.cls]
+        del buckets[cls]
 
 
 class Waiting:
@@ -401,8 +417,10 @@ class Waiting:
         longest waiting and its earliest lender."""
         out: list[Gang] = []
         for b in self._line._by_gpu.get(uuid, {}).values():
-            out.append(b.first())
-            if (lender := b.first_lender(holder.granted_at)) is not None:
+            first = b.first()
+            out.append(first)
+            lender = b.first_lender(holder.granted_at)
+            if lender is not None and lender is not first:  # (often one gang: asked once)
                 out.append(lender)
         return out
 

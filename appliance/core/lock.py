@@ -111,6 +111,7 @@ class Lock:
         self.yields = yielding.Yields(
             state, line=self.line, priorities=self.priorities, shares=self.shares
         )
+        self.told = False  # the last event's schedule told every holder its terms
 
     # ------------------------------------------------------------ requests
 
@@ -318,18 +319,15 @@ class Lock:
     def schedule(self, now: float) -> list[act.Action]:
         """The phases of a decision, in order (the module's docstring): pass over late
         holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
-        keeps = self.reclaims.keeps()
-        out = [
-            *self._pass_over_late_holders(now),
-            *self._drop_spent_quotas(now),
-            *self._reclaim_ahead(keeps, now),
-            *self._grant_waiting(keeps, now),
-        ]
+        keeps = self.reclaims.keeps() if self.line.paced else {}  # (nobody to keep a GPU for)
+        out = self._pass_over_late_holders(now) + self._drop_spent_quotas(now)
+        out += self._reclaim_ahead(keeps, now) if keeps else []
+        out += self._grant_waiting(keeps, now)
         waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
         dropped, gangs = self._preempt_for_waiters(waiting, now)
-        if any(yielding.frees(g, waiting) for g in gangs):
+        if gangs and any(yielding.frees(g, waiting) for g in gangs):
             dropped += self._grant_waiting(keeps, now)  # a lender is granted beside the drain
-        lending = self.lending.tell(waiting, keeps, now)
+        lending, self.told = self.lending.tell(waiting, keeps, now), True  # (`NodeCore.check`)
         return [*out, *dropped, *self.terms.tell(waiting), *lending]
 
     def _pass_over_late_holders(self, now: float) -> list[act.Action]:
@@ -386,7 +384,9 @@ class Lock:
         keeps everyone behind it off its GPUs, and so does a GPU kept for a lender (`ahead`)."""
         blocked: set[str] = set()
         out: list[act.Action] = []
-        for g in [g for g in self.line.owning.values() if g.phase is GangPhase.HOLDING]:
+        for g in list(self.line.owning.values()):
+            if g.phase is not GangPhase.HOLDING:
+                continue
             growing = g.gpus - g.held
             if growing and all(self.gangs.grantable(uuid, g) for uuid in growing):
                 g.held |= growing
@@ -398,8 +398,7 @@ class Lock:
         if self.line.all_taken(blocked):
             return out
         for g in self.line.turns(now):
-            kept = self.reclaims.kept_from(keeps, g, now)
-            if kept or g.gpus & blocked or not all(self.gangs.grantable(u, g) for u in g.gpus):
+            if self.gangs.held_back(g, blocked) or self.reclaims.kept_from(keeps, g, now):
                 blocked |= g.gpus
                 if self.line.all_taken(blocked):
                     break  # everyone further back waits for a GPU taken here
@@ -410,8 +409,9 @@ class Lock:
     def _preempt_for_waiters(self, waiting: Waiting, now: float) -> tuple[Actions, list[Gang]]:
         """On each GPU, the holder whose turn for an eligible waiter has come drops (one at a
         time); a gang in the way of one that holds part of its GPUs drops now: (drops, gangs)."""
-        dropped = self.gangs.in_the_way(self.line.owning.values(), now)[0]
-        out = [a for g in dropped for a in self._drop(g, now, DropReason.GANG)]
+        dropped, out = self.gangs.in_the_way(self.line.owning.values(), now)[0], []
+        for g in dropped:  # (loops, no comprehensions: every event asks every phase)
+            out += self._drop(g, now, DropReason.GANG)
         for uuid in self.yields.begin():
             due = self.yields.due(uuid, waiting, now)
             if due is not None and now >= due[0] - EPSILON_S:

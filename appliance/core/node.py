@@ -112,10 +112,14 @@ class NodeCore:
     # ------------------------------------------------------------ public surface
 
     def check(self) -> None:
-        """Every redundant index against the facts it is kept from (`invariants`), and the
-        lock's kept deadline against one worked out afresh; O(n), for tests."""
+        """Every redundant index against the facts it is kept from (`invariants`), the
+        lock's kept deadline against one worked out afresh, and every holder's idle window
+        against the one its hook was told; O(n), for tests."""
         invariants.check(self.state, self.lock.line)
         now = self.lock.line.now
+        untold = self.lock.terms.untold(self.lock.line.waiting(now)) if self.lock.told else []
+        if untold:  # (an event that schedules nothing tells nothing: the next one does)
+            raise invariants.StateOutOfStep(f"holders {untold} were not told their idle window")
         kept, afresh = self.lock.next_deadline(now), self.lock.next_deadline(now, afresh=True)
         if kept != afresh:
             raise invariants.StateOutOfStep(
@@ -124,6 +128,7 @@ class NodeCore:
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)
+        self.lock.told = False
         actions = self._handlers[type(event)](event, now)
         self._deadline_at = now  # worked out when asked: the actions go out first
         if self._publish_due:

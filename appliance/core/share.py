@@ -77,10 +77,12 @@ class ShareRule:
     def granted(self, g: Gang) -> None:
         """The grant phase: g granted after a drop for a waiter's share (`Gpu.last_drop`) was
         granted for its own share, and gives way once it has had it (`share_grant`)."""
-        last = {self._s.gpus[u].last_drop for u in g.gpus}
-        g.share_cut, g.share_grant = False, REQUEST in last
-        for uuid in g.gpus:
-            self._s.gpus[uuid].last_drop = None
+        g.share_cut, g.share_grant = False, False
+        for uuid in g.gpus:  # (a loop: every grant)
+            gpu = self._s.gpus[uuid]
+            if gpu.last_drop is REQUEST:
+                g.share_grant = True
+            gpu.last_drop = None
 
     def dropped(self, g: Gang, why: DropReason) -> None:
         """A drop: why g's GPUs were given up (`Gpu.last_drop`, read by the next grant), and

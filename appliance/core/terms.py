@@ -65,14 +65,32 @@ class TermsRule:
         out: list[act.Action] = []
         for gpu in s.gpus.values():
             holders = gpu.holders
-            for h in [s.clients[h] for h in (sorted(holders) if len(holders) > 1 else holders)]:
+            if not holders:
+                continue
+            for i in sorted(holders) if len(holders) > 1 else holders:
+                h = s.clients[i]
+                if h.phase is not Phase.HOLDING:
+                    continue  # (a draining holder is told nothing: its window is not asked)
                 window = self.window(h, waiting)
-                if h.phase is Phase.HOLDING and window != h.idle_told_s:
+                if window != h.idle_told_s:
                     h.idle_told_s = window
                     out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), window))
         return out
 
-    # ------------------------------------------------------------ query
+    # ------------------------------------------------------------ queries
+
+    def untold(self, waiting: Waiting) -> list[int]:
+        """Holders whose hook was last told another idle window than the line now makes
+        theirs: none once `tell` has run (`NodeCore.check`: a phase skipped that should have
+        told one). O(holders)."""
+        s = self._s
+        return sorted(
+            h
+            for gpu in s.gpus.values()
+            for h in gpu.holders
+            if s.clients[h].phase is Phase.HOLDING
+            and self.window(s.clients[h], waiting) != s.clients[h].idle_told_s
+        )
 
     def window(self, c: Client, waiting: Waiting) -> float:
         """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while

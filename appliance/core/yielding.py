@@ -111,7 +111,7 @@ def next_yield(
     O(holders of the GPU x (P + accounted waiters of the GPU)), and each holder's members
     (`ShareRule.owed`)."""
     owners = s.gpus[uuid].owners
-    if not owners or not waiting.any(uuid) or s.gpu_mode(uuid) is Mode.OFF:
+    if not owners or not waiting.any(uuid):
         return None
     holding = []
     for key in owners:
@@ -119,14 +119,17 @@ def next_yield(
         if o.phase is GangPhase.DRAINING:
             return None
         holding.append(o)  # (an owner holds or drains)
-    turns = []
-    for o in holding:
+    if s.gpu_mode(uuid) is Mode.OFF:  # (asked last: the most costly of the three)
+        return None
+    best: tuple[float, float, int, DropReason, Gang] | None = None
+    for o in holding:  # (the earliest; of two at once, the one granted first)
         rivals = waiting.rivals(uuid, o)
         owed = waiting.owed(rivals)
         at, why = turn(s, priorities, shares, o, rivals, owed, now, shares.owed(o, now))
-        turns.append((at, why, o))
-    at, why, holder = min(turns, key=lambda t: (t[0], t[2].granted_at, t[2].ticket))
-    return at, holder, why
+        if best is None or (at, o.granted_at, o.ticket) < best[:3]:
+            best = (at, o.granted_at, o.ticket, why, o)
+    assert best is not None  # (an owner holds)
+    return best[0], best[4], best[3]
 
 
 def turn(
@@ -153,6 +156,10 @@ def frees(g: Gang, waiting: Waiting) -> bool:
     line again (otherwise a second grant pass finds what the first did): g waited for more
     GPUs (those behind it no longer wait for them), or g borrowed the idle time of a waiter of
     higher priority (`GangRule.grantable`: granted beside g's drain). O(G x P)."""
-    return bool(g.gpus - g.held) or any(
-        PriorityRule.borrowed(g, w) for uuid in g.held for w in waiting.rivals(uuid, g)
-    )
+    if g.gpus - g.held:
+        return True
+    for uuid in g.held:  # (loops: asked of every gang dropped)
+        for w in waiting.rivals(uuid, g):
+            if PriorityRule.borrowed(g, w):
+                return True
+    return False

@@ -305,9 +305,10 @@ class Daemon:
             live=lambda: len(core.state.clients),
         )
         engine.connect(narrated, *LimitChangeLog.ACTIONS)
-        engine.connect(
-            server.send,
-            *(a for a in SchedulerServer.ACTIONS if a not in LimitChangeLog.ACTIONS),
+        engine.connect(server.reply, act.Reply)
+        engine.connect(  # (every hand-off's grant and drop: straight to the hooks' socket)
+            server.hooks.send,
+            *(a for a in act.HOOK_ACTIONS if a not in LimitChangeLog.ACTIONS),
         )
         backstop_loop = BackstopLoop.following(self.backstop, engine, core)
 

@@ -132,10 +132,14 @@ class SchedulerServer:
     def send(self, action: act.HookAction | act.Reply) -> None:
         """An action of the core, to the peer it names; one that is gone is skipped."""
         if isinstance(action, act.Reply):
-            if (conn := self._connections.get(action.to.connection)) is not None:
-                self.control.reply(conn, action)
-            return
-        self.hooks.send(action)
+            self.reply(action)
+        else:
+            self.hooks.send(action)
+
+    def reply(self, action: act.Reply) -> None:
+        """The answer to a control request, to the connection that asked (if still open)."""
+        if (conn := self._connections.get(action.to.connection)) is not None:
+            self.control.reply(conn, action)
 
     # ----------------------------------------------------------------- connections
 
