@@ -69,7 +69,10 @@ class SchedulerServer:
         open_files: int = 1024,
         proc_root: Path = Path("/proc"),
         gpus: Callable[[], codec.NodeGpus] = codec.NodeGpus,
+        turns: Turns | None = None,
     ) -> None:
+        """`turns`: how connections take turns (`Turns`; a test gives one whose clock counts
+        turns, so a pass of the loop handles a known number of frames)."""
         self.socket_dir = socket_dir
         self.control_dir = control_dir
         self.proc_root = proc_root
@@ -83,7 +86,7 @@ class SchedulerServer:
         )
         self.admission = Admission(total=max(16, open_files - FILES_IN_RESERVE), caps=caps)
         self._budget = Budget()
-        self._turns = Turns()  # every connection's frames take turns here
+        self._turns = turns or Turns()  # every connection's frames take turns here
         self._connections: dict[int, PeerConnection] = {}  # every open one, by its number
         self._claim: SocketClaim | None = None
         self._numbers = itertools.count(1)

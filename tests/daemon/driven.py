@@ -1,11 +1,14 @@
 """A daemon's socket server, engine and core on an event loop the test drives itself: it writes
 frames while the loop stands still, then lets the loop run a pass at a time and looks at what was
 answered and how many events the core had handled by then (order and counts, never the clock).
+Connections take their turns by a clock that counts turns (`TURNS_A_PASS` a pass), not by the
+time they take, so a pass handles the same frames on a fast machine and on a loaded one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -18,12 +21,14 @@ from appliance.daemon.engine import Engine
 from appliance.daemon.queries import STATUS_SLICE_S, Answers
 from appliance.policy.model import Mode, Policy, SchedulerSettings
 from appliance.policy.watch import PolicyWatcher
+from appliance.serve.connection import TURN_SLICE_S, Turns
 from appliance.serve.server import SchedulerServer
 from appliance.wire import framing
 from appliance.wire import protocol as p
 
 GPU = "GPU-00000000-0000-0000-0000-0000000000f1"
 PASSES = 10_000  # bounds the loop passes a test waits for anything (never reached)
+TURNS_A_PASS = 4  # connections' turns in one pass of the loop (`Turns`, by a counting clock)
 
 
 OPEN: list[socket.socket] = []  # closed by `daemon` as it stops
@@ -88,6 +93,7 @@ async def daemon(
         view=core.memory_view,
         generation=lambda: engine.generation,
         proc_root=proc_root,
+        turns=Turns(clock=itertools.count(step=TURN_SLICE_S / TURNS_A_PASS).__next__),
     )
     server.admission.pod_known = core.state.pods.pods.__contains__  # as the daemon wires it
     engine.connect(server.send, *SchedulerServer.ACTIONS)
