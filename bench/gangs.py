@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _daemon import BenchDaemon
+from _daemon import BenchDaemon, gpus
 
 from appliance.cli.client import ControlClient
 from appliance.policy.model import SchedulerSettings
@@ -231,11 +231,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "tq_s": args.tq,
         "window_s": args.window,
-        "gpus": subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")[:2],
+        "gpus": gpus()[:2],
         "runs": [],
     }
     solo: dict[str, float] = {}

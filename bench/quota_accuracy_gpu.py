@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from _daemon import BenchDaemon
+from _daemon import BenchDaemon, gpus
 
 from appliance.policy.model import SchedulerSettings
 
@@ -209,12 +209,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16, help="measured windows per scenario")
     ap.add_argument("--scenario", action="append", help="only these (repeatable)")
     args = ap.parse_args()
-    gpu = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    gpu = "\n".join(gpus())
     print(f"GPU: {gpu}; {args.windows} measured windows of {WINDOW_S:g} s per scenario")
     rows = table(args.scenario, args.windows)
     print(markdown(rows))

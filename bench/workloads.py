@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _daemon import BenchDaemon, machine, percentile
+from _daemon import BenchDaemon, gpus, machine, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
@@ -589,11 +589,7 @@ def main() -> int:
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
-        "gpus": subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")[:-1],
+        "gpus": gpus(),
         "seconds": args.seconds,
         "quota_seconds": args.quota_seconds,
         "turns_seconds": args.turns_seconds,
