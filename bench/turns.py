@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,10 +83,12 @@ def _step(shape: str) -> Callable[[], None]:
 
 
 def worker(shape: str, seconds: float, cold: bool, ready: Path, go: Path, out: Path) -> None:
+    marks: dict[str, float] = {}
     if cold:  # nothing done before the start: CUDA, cuBLAS and the kernels load in the loop
         ready.touch()
         start = _await(go)
         step = _step(shape)
+        marks["prepared"] = time.monotonic()  # torch imported, the context and tensors made
     else:
         step = _step(shape)
         step()  # warm-up: cuBLAS, kernels loaded, the wait done once
@@ -95,27 +98,37 @@ def worker(shape: str, seconds: float, cold: bool, ready: Path, go: Path, out: P
     while time.monotonic() - start < seconds:
         step()
         ends.append(time.monotonic())
-    out.write_text(json.dumps({"start": start, "ends": ends}))
+    out.write_text(json.dumps({"start": start, "ends": ends, "marks": marks}))
 
 
 # ------------------------------------------------------------------ the driver
 
 
+def _stamp(pipe: Any, into: list[tuple[float, str]]) -> None:
+    """Each line of a worker's stderr with the time it was read (CLOCK_MONOTONIC, the
+    workers' clock)."""
+    for line in iter(pipe.readline, b""):
+        into.append((time.monotonic(), line.decode(errors="replace").rstrip()))
+
+
 def run_pair(
-    shape: str, seconds: float, order: tuple[str, str], hook: Path, cold: bool
+    shape: str, seconds: float, order: tuple[str, str], hook: Path, cold: bool, trace: bool = False
 ) -> dict[str, Any]:
     """Workers a and b prepare together; order[0] starts its loop first, order[1] 0.5 s later.
-    Their results as first and second."""
-    daemon = BenchDaemon(POLICY)
+    Their results as first and second; with `trace`, also the hooks' debug lines and the
+    daemon's log, timed (`timeline`)."""
+    daemon = BenchDaemon(POLICY, args=["--debug"] if trace else None)
     tmp = Path(tempfile.mkdtemp(prefix="nvs-turns-"))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         "LD_PRELOAD": str(hook),
         "NVSHARE_SOCKET_DIR": str(daemon.socket_dir),
+        **({"NVSHARE_DEBUG": "1"} if trace else {}),
     }
     names = ("a", "b")
     procs = {}
+    lines: dict[str, list[tuple[float, str]]] = {n: [] for n in names}
     try:
         for n in names:
             procs[n] = subprocess.Popen(
@@ -129,7 +142,12 @@ def run_pair(
                     str(tmp / n),
                 ],
                 env=env,
+                stderr=subprocess.PIPE if trace else None,
             )
+            if trace:
+                threading.Thread(
+                    target=_stamp, args=(procs[n].stderr, lines[n]), daemon=True
+                ).start()
         deadline = time.monotonic() + 180
         while not all((tmp / f"{n}.ready").exists() for n in names):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -149,6 +167,13 @@ def run_pair(
         res["lock"] = {
             k: v for k, v in counters.items() if k.startswith(("grants", "drops", "releases"))
         }
+        if trace:
+            t0 = res["first"]["start"]
+            res["timeline"] = {
+                role: [(round(t - t0, 4), text) for t, text in lines[n] if "nvshare" in text]
+                for role, n in zip(("first", "second"), order, strict=True)
+            }
+            res["timeline"]["daemon"] = daemon.log.read_text().splitlines()[-400:]
         return res
     finally:
         for p in procs.values():
@@ -165,6 +190,18 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
     span = max(0.0, both_to - both_from)
     windows = max(1, int(span // TQ_S + (1 if span % TQ_S > 0.5 else 0)))
     out: dict[str, Any] = {"both_ran_s": round(span, 2), "lock": res["lock"]}
+    if "timeline" in res:
+        out["timeline"] = res["timeline"]
+        out["marks"] = {
+            name: {k: round(v - first["start"], 3) for k, v in res[name]["marks"].items()}
+            | {"start": round(res[name]["start"] - first["start"], 3)}
+            | {
+                "first_step": round(res[name]["ends"][0] - first["start"], 3)
+                if res[name]["ends"]
+                else None
+            }
+            for name in ("first", "second")
+        }
     counts = {}
     for name in ("first", "second"):
         ends = [t for t in res[name]["ends"] if both_from <= t <= both_to]
@@ -204,6 +241,10 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--cold", action="store_true", help="no warm-up: each loop starts cold")
     ap.add_argument("--hook", type=Path, default=HOOK, help="another build, e.g. an older commit's")
+    ap.add_argument(
+        "--trace", action="store_true", help="keep the hooks' and the daemon's debug lines, timed"
+    )
+    ap.add_argument("--orders", default="ab,ba", help="which loop starts first, e.g. ab")
     args = ap.parse_args()
     report: dict[str, Any] = {
         "machine": machine(),
@@ -211,10 +252,12 @@ def main() -> int:
     }
     for shape in args.shapes.split(","):
         # The loops are identical: the one that starts first holds the GPU when the other arrives.
-        for order in (("a", "b"), ("b", "a")):
-            s = summarise(run_pair(shape, args.seconds, order, args.hook, args.cold))
+        for first, second in args.orders.split(","):
+            order = (first, second)
+            s = summarise(run_pair(shape, args.seconds, order, args.hook, args.cold, args.trace))
             report[f"{shape}/{order[0]}_first"] = s
-            print(f"{shape:7s} {order[0]} first: {json.dumps(s)}", flush=True)
+            brief = {k: v for k, v in s.items() if k != "timeline"}
+            print(f"{shape:7s} {order[0]} first: {json.dumps(brief)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

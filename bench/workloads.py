@@ -295,13 +295,16 @@ def run(
     policy: str | None, roles: list[Role], seconds: float, tree: Path | None = None
 ) -> dict[str, Any]:
     """The roles together under the hook and a daemon with `policy` (None: no hook, no daemon),
-    the daemon of checkout `tree` if given (side by side with an older commit).
+    the daemon of checkout `tree` if given (side by side with an older commit), and its hook
+    where it has one built.
     Each role's result also carries `gpu`, the GPU's samples while they ran (`GpuSampler`)."""
     daemon = BenchDaemon(policy + RULES, tree=tree) if policy is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     if daemon is not None:
-        env |= {"LD_PRELOAD": str(HOOK), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
+        built = tree / HOOK.relative_to(ROOT) if tree is not None else HOOK
+        hook = built if built.exists() else HOOK
+        env |= {"LD_PRELOAD": str(hook), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for r in roles:
@@ -367,12 +370,29 @@ def rate(result: dict[str, Any], first_s: float | None = None) -> float:
     return steps_between(result, start, end) / max(end - start, 1e-9)
 
 
+def held(result: dict[str, Any]) -> tuple[float, float]:
+    """(share of the run the loop made steps in, its step rate there): a quota's share of
+    work is the first times the second against the loop alone. A pause is a gap between two
+    steps over three median steps; it held nothing but its one step's worth of it."""
+    marks = [result["start"], *result["ends"]]
+    gaps = [b - a for a, b in itertools.pairwise(marks)]
+    step = sorted(gaps)[len(gaps) // 2]
+    active = marks[-1] - marks[0] - sum(g - step for g in gaps if g > 3 * step)
+    return active / (marks[-1] - marks[0]), len(gaps) / active
+
+
 def latency(result: dict[str, Any]) -> dict[str, float]:
     ms = [x * 1000 for x in result["latencies_s"]]
     return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "n": len(ms)}
 
 
 # ------------------------------------------------------------------ sections
+
+
+def told(case: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A case's result, printed as it comes (a call cut short by its time limit keeps it)."""
+    print(f"# {case}: {json.dumps(result)}", flush=True)
+    return result
 
 
 def on_policy(mode: str = "on", settings: str = "") -> str:
@@ -402,7 +422,9 @@ def section_turns(alone_s: float, seconds: float = TURNS_SECONDS) -> dict[str, A
         pair = run(
             on_policy(), [Role(a, f"train:{shape}"), Role(b, f"train:{shape}", 0.5)], seconds
         )
-        out[f"{shape}+{shape}"] = pair_report(pair, {a: solo[a], b: solo[a]})
+        out[f"{shape}+{shape}"] = told(
+            f"{shape}+{shape}", pair_report(pair, {a: solo[a], b: solo[a]})
+        )
     for first, second in (
         ("titem", "tloader"),
         ("tloader", "titem"),
@@ -412,7 +434,7 @@ def section_turns(alone_s: float, seconds: float = TURNS_SECONDS) -> dict[str, A
         specs = {"titem": "train:item", "tloader": "train:loader", "tcompiled": "compiled"}
         roles = [Role(first, specs[first]), Role(second, specs[second], 0.5)]
         pair = run(on_policy(), roles, seconds)
-        out[f"{first}->{second}"] = pair_report(pair, solo)
+        out[f"{first}->{second}"] = told(f"{first}->{second}", pair_report(pair, solo))
     return out
 
 
@@ -423,7 +445,7 @@ def section_modes(seconds: float) -> dict[str, Any]:
         pair = run(
             on_policy(mode), [Role("a", "train:item"), Role("b", "train:item", 0.5)], seconds
         )
-        out[mode] = pair_report(pair, {"a": solo, "b": solo})
+        out[mode] = told(mode, pair_report(pair, {"a": solo, "b": solo}))
     return out
 
 
@@ -462,6 +484,11 @@ def section_quotas(
                 out[f"util_share_{k}"] = round(100 * ran[1] / max(1.0, ran_solo[1]), 1)
             if first is None:
                 out |= {"busy_mhz": round(ran[0]), "solo_busy_mhz": round(ran_solo[0])}
+                part, pace = held(r)
+                out |= {
+                    "held_pct": round(100 * part, 1),
+                    "pace_of_solo": round(pace / rate(solo[base]), 3),
+                }
         return out
 
     out: dict[str, Any] = {}
@@ -470,10 +497,12 @@ def section_quotas(
         row: dict[str, Any] = {}
         for pct, base in limited:
             name, spec = f"q{pct}{base}", "compiled" if base == "c" else "train:item"
-            row[name] = {"limit": pct, **shares(run(policy, [Role(name, spec)], long)[name], base)}
+            got = shares(run(policy, [Role(name, spec)], long)[name], base)
+            row[name] = told(f"{settings} {name}", {"limit": pct, **got})
         if "pair" in cases:
             pair = run(policy, [Role("q25a", "train:item"), Role("q75a", "train:item")], long)
-            row["25+75"] = {n: shares(r, "t", alone=False) for n, r in pair.items()}
+            got = {n: shares(r, "t", alone=False) for n, r in pair.items()}
+            row["25+75"] = told(f"{settings} 25+75", got)
         out[settings or "defaults"] = row
     return out
 
@@ -507,11 +536,14 @@ def section_priorities(
         for case, (policy, roles, tree) in cases.items():
             pair = run(policy, roles, seconds, tree)
             inf, trn = (pair[r.name] for r in roles)
-            row[case] = {
-                "p99_ms": round(latency(inf)["p99_ms"], 3),
-                "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
-                "trainer_of_solo": round(rate(trn) / train_solo, 2),
-            }
+            row[case] = told(
+                f"{spec} {case}",
+                {
+                    "p99_ms": round(latency(inf)["p99_ms"], 3),
+                    "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
+                    "trainer_of_solo": round(rate(trn) / train_solo, 2),
+                },
+            )
         out[spec] = row
     return out
 
@@ -568,7 +600,8 @@ def main() -> int:
     ap.add_argument(
         "--base",
         type=Path,
-        help="another checkout (an older commit): priorities' mode-on cases also under its daemon",
+        help="another checkout (an older commit): priorities' mode-on cases also under its daemon"
+        " and its hook (BASE/ld_hook/build/libnvshare.so, where built)",
     )
     args = ap.parse_args()
     sections = SECTIONS | {

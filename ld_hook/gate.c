@@ -22,8 +22,11 @@
 
 #define DEFAULT_IDLE_RELEASE_MS 1000u
 #define MIN_CAPTURE_WAIT_MS 1000u
-/* The drainer looks at a holder four times per idle window, at most every this often. */
-#define MAX_IDLE_POLL_MS 50u
+/* The drainer looks at a holder four times per idle window, at most every 50 ms and at least
+ * every 250 us: a holder told the shortest window (1 ms, one that outranks every waiter) hands
+ * over about 1.3 ms after its last work ends, not 2-3 ms on a millisecond grid. */
+#define MAX_IDLE_POLL_US 50000u
+#define MIN_IDLE_POLL_US 250u
 
 
 struct gate {
@@ -243,10 +246,10 @@ static uint64_t finished_at(struct nvs_gpu *g)
 static void watch_idle(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    uint32_t poll_ms = gt->idle_release_ms / 4;
-    if (poll_ms < 1) poll_ms = 1;
-    if (poll_ms > MAX_IDLE_POLL_MS) poll_ms = MAX_IDLE_POLL_MS;
-    struct timespec ts = nvs_deadline_ms(poll_ms);
+    uint64_t poll_us = (uint64_t)gt->idle_release_ms * 1000u / 4;
+    if (poll_us < MIN_IDLE_POLL_US) poll_us = MIN_IDLE_POLL_US;
+    if (poll_us > MAX_IDLE_POLL_US) poll_us = MAX_IDLE_POLL_US;
+    struct timespec ts = nvs_deadline_us(poll_us);
     pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
     if (gt->state != NVS_LOCK_HELD || look(g, nvs_now_ns()) != LOOK_FINISHING) return;
     nvs_mutex_unlock(&gt->mu);
