@@ -29,8 +29,8 @@ first and takes the GPU from a holder that has had its own; a holder inside its 
 GPU (a gang's members' shares, each on its own GPU, count for the gang).
 
 Compute quotas (`quota_rule.QuotaRule`) bill the time a gang holds the lock (a lone client's
-account is its own); a quota holder is dropped early enough for its drain to end on its budget,
-and a gang whose budget is spent waits for its next window.
+account is its own; a grant into an unused window starts one); a quota holder is dropped early
+enough for its drain to end on its budget, and a spent one waits for its next window.
 
 Every client's lock time is accounted exactly here (`state.LockUsage`): how long it held the lock
 (from the grant to the release, the drain included), how long it waited for it, and why it was
@@ -185,8 +185,7 @@ class Lock:
         if not g.cut_short:
             self._s.tickets += 1
             g.ticket, g.waiting_since = self._s.tickets, now
-        g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False
-        # (its callers, `_want` and `_release`, file it again once it is all set)
+        g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False  # (filed by callers)
 
     def leave(self, c: Client, now: float) -> tuple[bool, list[act.Action]]:
         """A client that is gone: out of its GPU's holders and its gang; True if it held."""
@@ -248,8 +247,8 @@ class Lock:
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
         self.priorities.granted(g, now)
-        # Cut short for another's share (`ShareRule.resumes`), or back after letting the GPU go
-        # idle inside its quantum (`PriorityRule.lent_back`), it has the rest of its quantum back.
+        # Cut short for another's share (`ShareRule.resumes`), or back inside its quantum after
+        # lending the GPU (`PriorityRule.lent_back`): it has the rest of its quantum back.
         quantum = min(map(self._s.time_quantum, g.gpus))
         resumed = self.shares.resumes(g, now, quantum) or (
             g.lent_at is not None and now < g.quantum_from + quantum
@@ -257,6 +256,7 @@ class Lock:
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         self.shares.granted(g)
+        self.quotas.granted(g, now)
         g.granted_at = g.billed_until = now
         g.held, g.asked = set(g.gpus), set()
         for uuid in g.held:

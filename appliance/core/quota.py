@@ -52,6 +52,17 @@ class QuotaAccount:
                 self.window_start += skipped * window
                 self.used_s = 0.0
 
+    def begin(self, now: float, settings: SchedulerSettings) -> None:
+        """A grant: one into a window of which nothing was used (no debt either) starts a
+        window at `now`, so that a loop gets its share from its first step whatever the
+        phase it starts at. Otherwise a loop starting late in a window could spend a whole
+        budget in what is left of it and then the next window's: up to twice its share in
+        its first window's length. Nothing is gained by timing it: the window left behind
+        was unused, and windows run on back to back from the new start."""
+        self.roll(now, settings)
+        if self.used_s <= EPSILON_S:
+            self.window_start, self.used_s = now, 0.0
+
     def carried_percent(self, settings: SchedulerSettings) -> int:
         """How much of a window's overshoot becomes debt in the next one."""
         return settings.carry_over_percent

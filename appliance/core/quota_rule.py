@@ -5,8 +5,8 @@ billed them, `_drop_spent_quotas` rolled and read them, `next_deadline` worked o
 time from them), so what a quota does to a holder was spread over the lock. Here it is one
 object with the questions the lock's phases ask of it, and nothing else:
 
-- commands, asked only by the phases of `Lock.schedule` and by a release (`bill`, `spent`):
-  they bill a holder's time and roll its windows;
+- commands, asked only by the phases of `Lock.schedule` and by a release (`bill`, `spent`,
+  `granted`): they bill a holder's time and roll its windows;
 - queries, asked by anyone (`drop_at`, and the line's and `terms.LendingRule`'s
   `may_start`, the line's `opens_at`): they look at what was billed, or through a copy of
   the account, and write nothing (`next_deadline`, the line's filing and whether a lender
@@ -50,6 +50,12 @@ class QuotaRule:
             quota.bill_drain(g.billed_until, now, settings)
         elif quota is not None and g.phase is GangPhase.HOLDING:
             quota.bill(g.billed_until, now, settings)
+
+    def granted(self, g: Gang, now: float) -> None:
+        """g was granted: an unused window starts afresh (`QuotaAccount.begin`)."""
+        quota = self.of(g)
+        if quota is not None:
+            quota.begin(now, self._s.policy.scheduler)
 
     def spent(self, g: Gang, now: float) -> bool:
         """Whether holder g, billed up to now, must drop for its quota: its budget (less its

@@ -119,6 +119,57 @@ def test_a_loop_timed_from_its_first_step_gets_its_share_from_the_first_second(
     assert share(sim[old], begun, begun + 1.0) >= min(1.0, 2 * percent / 100) - 0.01
 
 
+@pytest.mark.parametrize("percent", [25, 50, 75])
+@pytest.mark.parametrize("late_s", [0.1, 0.3, 0.45, 1.7])
+def test_a_loop_that_starts_inside_a_window_gets_its_share_from_its_first_step(
+    percent: int, late_s: float
+) -> None:
+    # Registered (its context made) and then busy on the CPU for `late_s` before its first
+    # step. Its window used to run from the registration: a loop at 75 starting 0.3 s into a
+    # 500 ms window spent what was left of it and then the next window's, 87 % of its first
+    # second; one at 25 starting 0.45 s in had 35 %.
+    h = quota_core()
+    cid = limited(h, percent)
+    h.advance(late_s)
+    sim = {cid: Simulated(0.005)}
+    first = h.now
+    simulate(h, sim, 8.0)
+    assert share(sim[cid], first, first + 1.0) == pytest.approx(percent / 100, abs=0.01)
+    assert share(sim[cid], first, first + 8.0) == pytest.approx(percent / 100, abs=0.01)
+
+
+@pytest.mark.parametrize("percent", [25, 50, 75])
+@pytest.mark.parametrize("pause_s", [0.01, 0.13, 0.26, 0.49, 0.7])
+def test_coming_back_after_a_pause_never_buys_more_than_the_share(
+    percent: int, pause_s: float
+) -> None:
+    # A hostile loop times its returns: after each release it pauses, then asks again, so
+    # that its grants fall into windows it has not used and start fresh ones. Over the run it
+    # still holds at most its share (and never more than two budgets back to back, the most
+    # any windowed quota lets a holder run across a window's end).
+    h = quota_core()
+    cid = limited(h, percent)
+    sim = Simulated(0.002)
+    handle(h, {cid: sim}, h.feed(ev.LockRequested(cid, 1)))
+    start, end = h.now, h.now + 20.0
+    while h.now < end:
+        deadline = h.core.next_deadline()
+        if sim.release_at is not None and (deadline is None or sim.release_at <= deadline):
+            h.now = sim.release_at
+            sim.busy.append((sim.since or h.now, h.now))
+            sim.since = sim.release_at = None
+            h.feed(ev.LockReleased(cid, ev.ReleaseReason.DROPPED))
+            h.advance(pause_s)
+            handle(h, {cid: sim}, h.feed(ev.LockRequested(cid, 1)))
+        elif deadline is not None:
+            h.now = deadline
+            handle(h, {cid: sim}, h.feed(ev.Tick()))
+    assert len(sim.busy) >= 10
+    budget = SEED.compute_window_s * percent / 100
+    assert max(b - a for a, b in sim.busy) <= 2 * budget + 0.005
+    assert share(sim, start, end) <= percent / 100 + 0.005
+
+
 @pytest.mark.parametrize("split", [(25, 75), (30, 70)])
 def test_two_clients_split_the_gpu_as_their_quotas_say(split: tuple[int, int]) -> None:
     h = quota_core()
