@@ -13,7 +13,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   order, so a bucket in ticket order is in request order: its starved gangs
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
-  once every GPU anyone waits for is taken.
+  once every GPU anyone waits for is taken; in a bucket, an equal taking back the GPU it lent
+  (`PriorityRule.takes_back`) goes first.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -104,14 +105,16 @@ class Bucket:
             return self.gangs[self.lent[0][2]]
         return None
 
-    def walk(self, starved: Callable[[Gang], bool], want: bool) -> Iterator[Gang]:
-        """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest).
-        The reader may take the gang it was just given out of the bucket (a grant)."""
+    def walk(
+        self, starved: Callable[[Gang], bool], want: bool, skip: Gang | None
+    ) -> Iterator[Gang]:
+        """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest), but
+        `skip` (given out already). The reader may take the one just given out (a grant)."""
         i = 0
         while i < len(self.order):
             entry = self.order[i]
             g = self.gangs[entry[1]]
-            if starved(g) != want:
+            if starved(g) != want or g is skip:
                 if want:
                     return  # past the starved prefix
                 i += 1
@@ -256,7 +259,18 @@ class Line:
             parts.append(((offender, not owed, True, -prio), bucket, False))
         parts.sort()  # (the keys differ, so no two buckets are ever compared)
         for _, bucket, want in parts:
-            yield from bucket.walk(starved, want)
+            first = None if want else self._taking_back(bucket, starved)
+            if first is not None:
+                yield first
+            yield from bucket.walk(starved, want, first)
+
+    def _taking_back(self, bucket: Bucket, starved: Callable[[Gang], bool]) -> Gang | None:
+        """The bucket's earliest lender (O(1): as `Waiting.rivals` asks), if it takes its GPU
+        back (`PriorityRule.takes_back`): first among its equals (the starved come first)."""
+        g = bucket.gangs[bucket.lent[0][2]] if bucket.lent else None
+        if g is None or starved(g):
+            return None
+        return g if self._priorities.takes_back(g, min(map(self._s.time_quantum, g.gpus))) else None
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
         patience = self._priorities.patience(now)

@@ -168,8 +168,8 @@ class Lock:
             )
         c.phase = Phase.IDLE  # a waiting client that releases gives up waiting (e.g. exiting)
         g = gang_of(self._s, c)
-        lent, phase = e.reason is ev.ReleaseReason.IDLE, g.phase
-        if lent:
+        phase = g.phase  # (told to drop, its turn is over: an idle release lends nothing)
+        if lent := e.reason is ev.ReleaseReason.IDLE and phase is GangPhase.HOLDING:
             g.lent_at = now  # it takes the GPU back at once from a lower priority
         out = self._settle(g, now)
         if lent and g.phase is phase:  # (a gang whose phase changed was filed again)

@@ -35,8 +35,8 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
   `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
   They write those two facts of the gang asked about and nothing else.
-- queries: `starved`, `patience`, `line`, `borrowed`, `lent_back`, `yield_at`, `turn`. They read the
-  gangs they are given and the scheduler's settings, and write nothing.
+- queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_back`, `yield_at`,
+  `turn`. They read the gangs they are given and the scheduler's settings, and write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -95,11 +95,18 @@ class PriorityRule:
     def line(self, waiters: Iterable[Gang], now: float, owed: Collection[str] = ()) -> list[Gang]:
         """Waiters in the order they are granted: offenders last; first those still `owed`
         part of their guaranteed share (`share`; gang keys), then the starved, then by
-        priority; equal ones in the order they came (the sort is stable)."""
-        patience = self.patience(now)
+        priority; among equals one taking back the GPU it lent (`takes_back`) first, the
+        others in the order they came (the sort is stable)."""
+        patience, tq = self.patience(now), self._s.time_quantum
         return sorted(
             waiters,
-            key=lambda g: (g.offender, g.key not in owed, g.waiting_since > patience, -g.priority),
+            key=lambda g: (
+                g.offender,
+                g.key not in owed,
+                g.waiting_since > patience,
+                -g.priority,
+                not self.takes_back(g, min(map(tq, g.gpus))),
+            ),
         )
 
     @staticmethod
@@ -113,6 +120,13 @@ class PriorityRule:
         )
 
     @staticmethod
+    def takes_back(lender: Gang, quantum_s: float) -> bool:
+        """Whether `lender` let its GPU go idle and asked again before its own quantum was
+        over: an equal granted since gives way to it at once (`lent_back`), so among its
+        equals it is also granted first (`line.Line.turns`), not granted and dropped."""
+        return lender.lent_at is not None and lender.requested_at < lender.quantum_from + quantum_s
+
+    @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
         """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and
         the lender asked again before its own quantum was over."""
@@ -121,7 +135,7 @@ class PriorityRule:
             and not holder.full_quantum
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
-            and lender.requested_at < lender.quantum_from + quantum_s
+            and PriorityRule.takes_back(lender, quantum_s)
         )
 
     def yield_at(self, holder: Gang, waiter: Gang, quantum_s: float) -> tuple[float, DropReason]:

@@ -62,3 +62,42 @@ def test_a_lender_back_after_its_quantum_waits_like_anyone() -> None:
     assert drops(h.feed(ev.LockRequested(b, 2))) == []
     assert drops(h.advance(TQ - 2 - 0.01)) == []
     assert drops(h.advance(0.02)) == [a]  # a's own quantum
+
+
+def test_with_a_third_loop_waiting_the_lender_has_its_gpu_back_and_nobody_is_granted_in_vain() -> (
+    None
+):
+    # a holds, b and c wait; a pauses (b borrows) and asks again inside its quantum. b drops
+    # at once; at b's release a is granted, not c: c was granted and told to drop in the same
+    # breath before (its hook starting work it must drain at once), and a waited for it.
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.feed(ev.LockRequested(b, 1))
+    h.feed(ev.LockRequested(c, 1))
+    h.advance(1.0)
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+    h.advance(0.02)
+    assert drops(h.feed(ev.LockRequested(a, 2))) == [b]
+    out = h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))
+    assert grants(out) == [a] and drops(out) == []
+    # a's quantum runs on from its first grant: c's turn comes at 5 s, then b's.
+    assert drops(h.advance(TQ - 1.02 - 0.01)) == []
+    assert drops(h.advance(0.02)) == [a]
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [c]
+
+
+def test_an_idle_release_after_a_drop_lends_nothing() -> None:
+    # A hook that went idle as its drop arrived releases "idle"; its turn was over all the
+    # same. Counted as a lend, the borrower that a lender took the GPU back from would take it
+    # back in turn, and the two would hand it to and fro.
+    h, a, b = two_loops()
+    h.advance(0.05)
+    assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))) == [a]  # b lends to a
+    h.advance(0.02)
+    assert drops(h.feed(ev.LockRequested(b, 2))) == [a]  # and takes it back
+    out = h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))  # a, told to drop, was idle
+    assert grants(out) == [b]
+    h.advance(0.01)
+    out = h.feed(ev.LockRequested(a, 4))
+    assert drops(out) == [] and grants(out) == []

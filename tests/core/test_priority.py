@@ -212,15 +212,21 @@ def test_a_lender_is_told_it_may_take_its_gpu_back_without_waiting() -> None:
     # ... and the request it sends then is granted at once, nothing more to tell it.
     out = h.feed(ev.LockRequested(high, 2))
     assert grants(out) == [high] and drops(out) == [low] and lent(out) == []
-    # Lent again; then a client of its own priority waits, and would go first: told so.
+    # Lent again; then a client of its own priority waits. The lender's quantum is not over,
+    # so it still goes first (`PriorityRule.takes_back`): nothing changes for its hook.
     h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
     h.feed(ev.LockRequested(low, 2))
     assert lent(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [(high, True)]
     peer = h.register(uid=2)
-    assert lent(h.feed(ev.LockRequested(peer, 1))) == [(high, False)]
-    # Asking now, it waits its turn like anyone else.
+    assert lent(h.feed(ev.LockRequested(peer, 1))) == []
     out = h.feed(ev.LockRequested(high, 3))
-    assert grants(out) == [] and lent(out) == []
+    assert grants(out) == [high] and drops(out) == [low] and lent(out) == []
+    # The peer was never granted a GPU only to be told to drop it; it waits for the quantum.
+    assert grants(h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))) == []
+    assert drops(h.advance(SETTINGS.time_quantum_s)) == [high]
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.DROPPED))) == [peer]
+    # Its quantum over, the lender waits its turn like anyone else.
+    assert grants(h.feed(ev.LockRequested(high, 4))) == []
 
 
 def test_only_a_lender_is_granted_beside_a_drain() -> None:

@@ -98,11 +98,11 @@ def test_whether_a_lender_is_taken_back_at_once_is_a_query_that_writes_nothing()
     h.state.policy = replace(h.state.policy, defaults=Limits(core_percent=50))
     low, high = h.register(uid=1), h.register(uid=2)
     h.feed(ev.LockRequested(high, 1))
-    h.advance(0.5)
+    h.advance(0.1)  # (inside its budget: a release after a quota's drop lends nothing)
     h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
     h.feed(ev.LockRequested(low, 1))
     lock = h.core.lock
-    h.now += 7.5  # the lender's quota window has turned three times
+    h.now += 7.5  # the lender's quota window has turned fifteen times
     waiting, keeps = lock.line.waiting(h.now), lock.reclaims.keeps()
     before = repr(h.state)
     lent = [
