@@ -33,6 +33,7 @@ class QuotaAccount:
     used_s: float = 0.0  # billed in this window, debt carried in included
     drain_s: float = 0.0  # expected time from a drop to the release
     drains: int = 0  # drops it learnt from
+    billed: bool = False  # time of this window was billed (beyond the debt carried into it)
 
     def window_s(self, settings: SchedulerSettings) -> float:
         return settings.compute_window_s
@@ -46,22 +47,22 @@ class QuotaAccount:
         while now >= self.window_start + window:
             over = max(0.0, self.used_s - self.budget_s(settings))
             self.used_s = over * self.carried_percent(settings) / 100.0
-            self.window_start += window
+            self.window_start, self.billed = self.window_start + window, False
             if now >= self.window_start + IDLE_WINDOWS * window:  # long idle: skip ahead
                 skipped = int((now - self.window_start) // window)
                 self.window_start += skipped * window
                 self.used_s = 0.0
 
     def begin(self, now: float, settings: SchedulerSettings) -> None:
-        """A grant: one into a window of which nothing was used (no debt either) starts a
-        window at `now`, so that a loop gets its share from its first step whatever the
-        phase it starts at. Otherwise a loop starting late in a window could spend a whole
-        budget in what is left of it and then the next window's: up to twice its share in
-        its first window's length. Nothing is gained by timing it: the window left behind
-        was unused, and windows run on back to back from the new start."""
+        """A grant: one into a window of which nothing was used starts a window at `now`
+        (the debt carried in still owed), so that a loop gets its share from its first step
+        whatever the phase it starts at. Otherwise a loop starting late in a window could
+        spend a whole budget in what is left of it and then the next window's: up to twice
+        its share in its first window's length. Nothing is gained by timing it: the window
+        left behind was unused, and windows run on back to back from the new start."""
         self.roll(now, settings)
-        if self.used_s <= EPSILON_S:
-            self.window_start, self.used_s = now, 0.0
+        if not self.billed:
+            self.window_start = now
 
     def carried_percent(self, settings: SchedulerSettings) -> int:
         """How much of a window's overshoot becomes debt in the next one."""
@@ -90,6 +91,7 @@ class QuotaAccount:
             start = boundary
             self.roll(start, settings)
         self.used_s += max(0.0, end - start) * factor
+        self.billed = self.billed or end > start
 
     def remaining_s(self, settings: SchedulerSettings) -> float:
         return self.budget_s(settings) - self.used_s

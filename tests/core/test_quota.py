@@ -16,6 +16,7 @@ import pytest
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.node import NodeCore
+from appliance.core.quota import QuotaAccount
 from appliance.core.state import Phase
 from appliance.policy.model import Limits, Policy, SchedulerSettings
 
@@ -136,6 +137,21 @@ def test_a_loop_that_starts_inside_a_window_gets_its_share_from_its_first_step(
     simulate(h, sim, 8.0)
     assert share(sim[cid], first, first + 1.0) == pytest.approx(percent / 100, abs=0.01)
     assert share(sim[cid], first, first + 8.0) == pytest.approx(percent / 100, abs=0.01)
+
+
+def test_a_window_with_only_a_debt_in_it_starts_again_at_a_grant_and_the_debt_stays() -> None:
+    # A 50 % account ran 300 ms of its 250 ms budget in [0, 0.5): 50 ms of debt, carried into
+    # [0.5, 1.0), of which it used nothing. Granted at 0.7, its window starts there (else it
+    # could run what is left of [0.5, 1.0) and then all of the next), owing the 50 ms still.
+    # Granted inside a window it used, the window stays: started again, what it used there
+    # would count a second time, and a loop granted often would never see its window turn.
+    acct = QuotaAccount(percent=50, window_start=0.0)
+    acct.bill(0.0, 0.3, SEED)
+    acct.begin(0.7, SEED)
+    assert (acct.window_start, acct.used_s) == (0.7, pytest.approx(0.05))
+    acct.bill(0.7, 0.8, SEED)
+    acct.begin(0.9, SEED)
+    assert (acct.window_start, acct.used_s) == (0.7, pytest.approx(0.15))
 
 
 @pytest.mark.parametrize("percent", [25, 50, 75])
