@@ -22,3 +22,4 @@ class DropReason(enum.StrEnum):
     REQUEST = "request"  # a waiter is owed its guaranteed share
     GANG = "gang"  # in the way of a gang that holds part of its GPUs
     RECLAIM = "reclaim"  # a borrower dropped ahead of its lender's next request (`ahead`)
+    LENT = "lent"  # an equal took back the GPU it lent inside its quantum (`lent_back`)

@@ -15,7 +15,7 @@ A holder gives way to a waiter (`yield_at`):
   when the waiter let the GPU go idle inside its own quantum and the holder was granted since
   (`lent_back`): the waiter has the rest of its quantum back (`quantum_from` kept), so a loop
   whose first steps pause on the CPU (loading kernels, allocating) loses only those pauses, not
-  a whole quantum of the other's for each;
+  a whole quantum of the other's for each; the holder keeps its place in line (`LENT`);
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
@@ -51,7 +51,7 @@ from appliance.core.state import Gang, NodeState
 
 PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
 QUANTUM = DropReason.QUANTUM
-CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # higher claims
+CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG, DropReason.LENT)
 
 
 class PriorityRule:
@@ -71,10 +71,12 @@ class PriorityRule:
         """A drop: whether the turn that ends now for `why` was too short to count as the
         gang's own (`cut_short`): taken by a higher claim (a higher priority, its lender's
         pace, a gang that holds part of its GPUs) before it held as long as it had waited for
-        the turn, and before the slice any holder has (`scheduler.preemptAfter`). Its
-        starvation clock then runs on (`starved`). Not its own quota, an equal's quantum (an
-        equal that lent its GPU takes back at most the rest of its own quantum, `lent_back`)
-        nor a share (shares are bounded by 100 % of a window): those turns go round."""
+        the turn, and before the slice any holder has (`scheduler.preemptAfter`); or an equal
+        taking back the GPU it lent (`lent_back`): the turn was the lender's, and a lender
+        that lends and asks again at once would send every waiter it lends to to the back.
+        Its starvation clock then runs on and it keeps its place (`starved`). Not its own
+        quota, an equal's quantum over, nor a share (shares are bounded by 100 % of a
+        window): those turns go round."""
         held, waited = now - g.granted_at, g.granted_at - g.requested_at
         g.cut_short = why in CUT_SHORT and held < min(
             waited, self._s.policy.scheduler.preempt_after_s
@@ -147,7 +149,7 @@ class PriorityRule:
             return min(holder.granted_at + slice_s, holder.quantum_from + quantum_s), PREEMPTED
         quantum_over = holder.quantum_from + quantum_s
         if self.lent_back(holder, waiter, quantum_s):
-            return min(holder.granted_at, quantum_over), QUANTUM  # the lender's quantum
+            return min(holder.granted_at, quantum_over), DropReason.LENT  # the lender's quantum
         if waiter.priority < holder.priority:
             starving_at = waiter.waiting_since + settings.starvation_limit_s
             return max(quantum_over, starving_at), QUANTUM

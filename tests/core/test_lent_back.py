@@ -101,3 +101,26 @@ def test_an_idle_release_after_a_drop_lends_nothing() -> None:
     h.advance(0.01)
     out = h.feed(ev.LockRequested(a, 4))
     assert drops(out) == [] and grants(out) == []
+
+
+def test_a_borrower_the_lender_takes_back_from_keeps_its_place_in_line() -> None:
+    # a lends to b (first in line) and asks again a moment later: b's turn was a's time. b
+    # goes next when a's quantum is over, not behind c: else a lender that lends and asks
+    # again at once would send every waiter it lends to to the back, one by one.
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.advance(0.1)
+    h.feed(ev.LockRequested(b, 1))
+    h.advance(0.1)
+    h.feed(ev.LockRequested(c, 1))
+    for n in range(3):
+        h.advance(0.5)
+        assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+        h.advance(0.01)
+        assert drops(h.feed(ev.LockRequested(a, 2 + n))) == [b]
+        h.feed(ev.LockRequested(b, 2 + n))  # its hook asks again as it drains
+        assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))) == [a]
+    assert h.state.clients[b].usage.drops == {"lent": 3}
+    assert drops(h.advance(TQ)) == [a]
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
