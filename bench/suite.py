@@ -11,7 +11,7 @@ with every section (turns of every step shape, modes on/auto/off, quotas, priori
 guaranteed shares) and, when the machine has two GPUs, `bench/gangs.py` (2-GPU NCCL jobs,
 `.item()` and DDP steps, both orders, staggered), into OUTDIR/workloads.json and
 OUTDIR/gangs.json, then writes OUTDIR/suite.md: the machine, the date, and one table per
-feature with each figure judged against issue 22's targets. All of it takes about 45 minutes
+feature with each figure judged against issue 22's targets. All of it takes about 50 minutes
 on an H100; `--sections` runs part of it, and what earlier runs into the same OUTDIR measured
 is kept (a machine lent for ten minutes at a time runs it in parts).
 """

@@ -68,7 +68,8 @@ TQ = "5s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
 TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
 QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled loop], a 25/75 pair
-INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph")  # ARRIVAL:MS[:graph]
+# ARRIVAL:MS[:graph]: the issue's 1-10 ms of work a request, steady and Poisson, eager and graphs
+INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph", "poisson:10")
 RULES = """
 rules:
   - {name: high, match: {executable: '*-nvs-hi*'}, priority: high}
