@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "capture.h"
@@ -23,10 +24,14 @@
 #define DEFAULT_IDLE_RELEASE_MS 1000u
 #define MIN_CAPTURE_WAIT_MS 1000u
 /* The drainer looks at a holder four times per idle window, at most every 50 ms and at least
- * every 250 us: a holder told the shortest window (1 ms, one that outranks every waiter) hands
- * over about 1.3 ms after its last work ends, not 2-3 ms on a millisecond grid. */
+ * every 250 us, and once more when the window ends: a holder told the shortest window (1 ms, one
+ * that outranks every waiter) hands over a millisecond after its last wait returned. */
 #define MAX_IDLE_POLL_US 50000u
 #define MIN_IDLE_POLL_US 250u
+/* The drainer's own wait for the GPU that returns sooner found nothing left to run. */
+#define ALREADY_DONE_NS 20000u
+/* The drainer's timed waits end this close to their deadline (Linux's default slack: 50 us). */
+#define DRAINER_TIMER_SLACK_NS 1000ul
 
 
 struct gate {
@@ -38,6 +43,7 @@ struct gate {
     uint32_t reason, tq_ms, idle_release_ms;
     uint64_t release_ns, last_active_ns;
     int unfinished; /* submitted since the GPU was last seen to have finished this process's work */
+    int after_wait; /* the last sign of work was a wait returning (at last_active_ns) */
     int drainer;  /* the drainer thread runs */
 };
 
@@ -216,11 +222,19 @@ static enum idle_look look(struct nvs_gpu *g, uint64_t now)
     if (atomic_exchange_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed)) {
         gt->last_active_ns = now;
         gt->unfinished = 1;
+        gt->after_wait = 0;
         return LOOK_BUSY;
     }
     if (nvs_marks_on_gpu(g)) {
         gt->last_active_ns = now;
+        gt->after_wait = 0;
         return LOOK_BUSY;
+    }
+    uint64_t waited = atomic_load_explicit(&nvs_wait_ended_ns[g->index], memory_order_relaxed);
+    if (waited > gt->last_active_ns) { /* a wait returned since the last look */
+        gt->last_active_ns = waited;
+        gt->unfinished = 1;
+        gt->after_wait = 1;
     }
     if (gt->unfinished) return LOOK_FINISHING;
     if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
@@ -242,22 +256,37 @@ static uint64_t finished_at(struct nvs_gpu *g)
     return nvs_now_ns();
 }
 
+/* With gt->mu held: when the drainer looks next, a poll away or when a quiet holder's window
+ * ends, whichever is sooner. */
+static struct timespec next_look(const struct gate *gt)
+{
+    uint64_t window_ns = (uint64_t)gt->idle_release_ms * 1000000ull;
+    uint64_t poll_ns = window_ns / 4;
+    if (poll_ns < MIN_IDLE_POLL_US * 1000ull) poll_ns = MIN_IDLE_POLL_US * 1000ull;
+    if (poll_ns > MAX_IDLE_POLL_US * 1000ull) poll_ns = MAX_IDLE_POLL_US * 1000ull;
+    uint64_t now = nvs_now_ns(), at = now + poll_ns;
+    uint64_t ends = gt->last_active_ns + window_ns;
+    if (!gt->unfinished && ends > now && ends < at) at = ends;
+    return (struct timespec){.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+}
+
 /* With gt->mu held, the drainer's watch over a holder: returns once a look is done. */
 static void watch_idle(struct nvs_gpu *g)
 {
     struct gate *gt = gate_of(g);
-    uint64_t poll_us = (uint64_t)gt->idle_release_ms * 1000u / 4;
-    if (poll_us < MIN_IDLE_POLL_US) poll_us = MIN_IDLE_POLL_US;
-    if (poll_us > MAX_IDLE_POLL_US) poll_us = MAX_IDLE_POLL_US;
-    struct timespec ts = nvs_deadline_us(poll_us);
+    struct timespec ts = next_look(gt);
     pthread_cond_timedwait(&gt->cv, &gt->mu, &ts);
     if (gt->state != NVS_LOCK_HELD || look(g, nvs_now_ns()) != LOOK_FINISHING) return;
     nvs_mutex_unlock(&gt->mu);
+    uint64_t asked = nvs_now_ns();
     uint64_t done = finished_at(g);
     nvs_mutex_lock(&gt->mu);
     if (done != 0 && gt->state == NVS_LOCK_HELD) {
         gt->unfinished = 0;
-        if (done > gt->last_active_ns) gt->last_active_ns = done;
+        /* The window starts when the work finished: when the last wait returned, if nothing was
+         * submitted since and nothing was left to run when the drainer asked; else now. */
+        int found_done = gt->after_wait && nvs_elapsed(done, asked) < ALREADY_DONE_NS;
+        if (!found_done && done > gt->last_active_ns) gt->last_active_ns = done;
     }
 }
 
@@ -266,6 +295,7 @@ static void *drainer_main(void *arg)
     struct nvs_gpu *g = arg;
     struct gate *gt = gate_of(g);
     nvs_capture_relax_thread();
+    prctl(PR_SET_TIMERSLACK, DRAINER_TIMER_SLACK_NS); /* a 1 ms window is four 250 us looks */
     for (;;) {
         nvs_mutex_lock(&gt->mu);
         while (gt->state != NVS_LOCK_RELEASING) {
@@ -372,6 +402,7 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
         set_terms(gt, grant);
         gt->last_active_ns = nvs_now_ns();
         gt->unfinished = 1; /* what it queued while it waited or borrowed may still run */
+        gt->after_wait = 0;
         atomic_store_explicit(&nvs_gate_hot[g->index].touched, 0, memory_order_relaxed);
         set_state(g, NVS_LOCK_HELD);
         NVS_DEBUG("GPU %d: lock granted", g->index);

@@ -38,7 +38,9 @@
  *   - a stream or event query answered "not ready" (a thread polling for its work is waiting);
  *   - work the process submitted was still running: after submissions stop, the drainer waits
  *     for every context of the GPU to finish (off the hot path, fenced against captures), and
- *     the window starts when that wait returns, not at the last submission.
+ *     the window starts when that wait returns, not at the last submission; or, where the last
+ *     sign of work was a thread's wait returning and the drainer's wait finds nothing left to
+ *     run, when that thread's wait returned. The drainer looks again when the window ends.
  * So what decides is what the process submitted and what the driver says has completed, not
  * which call a thread happens to be in.
  */

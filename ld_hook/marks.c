@@ -20,6 +20,7 @@
 
 NVS_TLS struct nvs_thread *nvs_tls_thread;
 struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
+_Atomic uint64_t nvs_wait_ended_ns[NVS_MAX_GPUS];
 
 static _Atomic(struct nvs_thread *) threads;
 static pthread_key_t thread_key;
@@ -138,7 +139,9 @@ uint64_t nvs_wait_begin(uint64_t mask)
 
 void nvs_wait_end(uint64_t before, uint64_t mask)
 {
-    nvs_gpus_active(mask); /* the idle window starts when the wait is over */
+    uint64_t now = nvs_now_ns(); /* stored before the mark clears: a look that sees it clear sees this */
+    for (int i = 0, n = nvs_gpu_count(); i < n && i < NVS_MAX_GPUS; i++)
+        if (mask >> i & 1) atomic_store_explicit(&nvs_wait_ended_ns[i], now, memory_order_relaxed);
     struct nvs_thread *t = nvs_tls_thread;
     if (t != NULL) atomic_store_explicit(&t->waiting, before, memory_order_release);
 }

@@ -25,6 +25,8 @@ struct nvs_gate_hot {
 
 extern NVS_TLS struct nvs_thread *nvs_tls_thread;
 extern struct nvs_gate_hot nvs_gate_hot[NVS_MAX_GPUS];
+/* Per GPU, when a wait on it last returned (nvs_now_ns): the work it waited for was done then. */
+extern _Atomic uint64_t nvs_wait_ended_ns[NVS_MAX_GPUS];
 
 struct nvs_thread *nvs_thread_register(void);
 
@@ -43,7 +45,8 @@ void nvs_marks_after_fork(void);
 /*
  * A thread waits for the GPUs in `mask` (a synchronising call): the holder is not idle while it
  * does. nvs_wait_begin returns what to hand nvs_wait_end (waits do not nest in practice, but a
- * signal handler may wait inside a wait). The idle window starts again when the wait ends.
+ * signal handler may wait inside a wait). nvs_wait_end notes when the wait ended
+ * (nvs_wait_ended_ns): the idle window may start then.
  */
 uint64_t nvs_wait_begin(uint64_t mask);
 void nvs_wait_end(uint64_t before, uint64_t mask);
