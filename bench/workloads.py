@@ -31,13 +31,14 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
   priorities an inference loop at priority high beside `train:item` at low (steady and Poisson,
              eager and graph), and beside a trainer that lowers itself (NVSHARE_GPU_PRIORITY);
              p99 against alone and against mode off, the trainer's rate against alone
-  requests   two trainers with coreRequest 30 and 70
+  requests   two trainers with coreRequest 30 and 70 (--quota-seconds): work and time held
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
                                [--quota-seconds 20] [--quota-cases 25,75,30c,pair]
                                [--quota-variants ';computeWindow: 250ms']
                                [--priority-variants ';idleHandoff: 2ms'] [--base OLD_CHECKOUT]
+                               [--trace DIR]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -67,6 +68,7 @@ HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ = "5s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
 TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
+TRACE: Path | None = None  # --trace DIR: every run's hook debug lines, timed, kept there
 QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled loop], a 25/75 pair
 # ARRIVAL:MS[:graph]: the issue's 1-10 ms of work a request, steady and Poisson, eager and graphs
 INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph", "poisson:10")
@@ -302,16 +304,17 @@ def run(
     daemon = BenchDaemon(policy + RULES, tree=tree) if policy is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="nvs-suite-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    if daemon is not None:
-        built = tree / HOOK.relative_to(ROOT) if tree is not None else HOOK
-        hook = built if built.exists() else HOOK
-        env |= {"LD_PRELOAD": str(hook), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
+    env |= _hook_env(daemon, tree)
+    trace = TRACE is not None and daemon is not None
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    lines: dict[str, list[tuple[float, str]]] = {r.name: [] for r in roles}
     try:
         for r in roles:
             argv = [interpreter(r.name), __file__, "--worker", r.spec, str(seconds)]
             argv += [str(tmp / r.name), str(tmp / f"ready-{r.name}"), str(r.delay)]
-            procs[r.name] = subprocess.Popen(argv, env={**env, **r.env})
+            stderr = subprocess.PIPE if trace else None
+            procs[r.name] = subprocess.Popen(argv, env={**env, **r.env}, stderr=stderr)
+            _stamp(procs[r.name], lines[r.name])
         deadline = time.monotonic() + 300  # torch.compile's first compile is slow
         while not all((tmp / f"ready-{r.name}").exists() for r in roles):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -322,13 +325,75 @@ def run(
         for p in procs.values():
             p.wait(seconds + 120)
         samples = sampler.stop()
-        return {r.name: json.loads((tmp / r.name).read_text()) | {"gpu": samples} for r in roles}
+        out = {r.name: json.loads((tmp / r.name).read_text()) | {"gpu": samples} for r in roles}
+        if trace:
+            for r in roles:
+                out[r.name]["trace"] = [(t, x) for t, x in lines[r.name] if "lock" in x]
+            keep = {n: {k: r[k] for k in ("start", "ends", "trace")} for n, r in out.items()}
+            (TRACE / f"{tmp.name}.json").write_text(json.dumps(keep | {"policy": policy}))
+        return out
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
         if daemon is not None:
             daemon.stop()
+
+
+def _hook_env(daemon: BenchDaemon | None, tree: Path | None) -> dict[str, str]:
+    """What puts a worker under the hook (the one of `tree`, where built) and `daemon`."""
+    if daemon is None:
+        return {}
+    built = tree / HOOK.relative_to(ROOT) if tree is not None else HOOK
+    hook = built if built.exists() else HOOK
+    env = {"LD_PRELOAD": str(hook), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
+    return env | ({"NVSHARE_DEBUG": "1"} if TRACE is not None else {})
+
+
+def _stamp(proc: subprocess.Popen[bytes], into: list[tuple[float, str]]) -> None:
+    """A worker's hook's debug lines (NVSHARE_DEBUG), with the wall time each was read at."""
+
+    def read() -> None:
+        for line in iter(proc.stderr.readline, b""):  # type: ignore[union-attr]
+            into.append((time.time(), line.decode(errors="replace").rstrip()))
+
+    if proc.stderr is not None:
+        threading.Thread(target=read, daemon=True).start()
+
+
+def hand_offs(inf: dict[str, Any], trn: dict[str, Any]) -> dict[str, Any]:
+    """From the hooks' traces (--trace): what the GPU loses around the requests of an inference
+    loop that outranks a trainer. Per request, median ms: `wait` from the inference asking to
+    its grant (it is granted beside the trainer's drain, so the GPU works meanwhile),
+    `idle_detect` from a request's result to the inference's idle release, `back` from that
+    release to the trainer's grant; `lost_pct`: the last two summed over the run, as a share of
+    it (the GPU idle, neither of them holding work)."""
+
+    def at(r: dict[str, Any], what: str) -> list[float]:
+        return [t for t, x in r["trace"] if what in x]
+
+    def gaps(froms: list[float], tos: list[float], within: float) -> list[float]:
+        """For each of `tos`, the time since the latest of `froms` before it (within)."""
+        out = []
+        for t in tos:
+            last = next((f for f in reversed(froms) if f <= t), None)
+            if last is not None and t - last < within:
+                out.append(t - last)
+        return out
+
+    idles = at(inf, "released (idle)")
+    found = {
+        "wait": gaps(at(inf, "requesting the lock"), at(inf, "lock granted"), 1.0),
+        "idle_detect": gaps(inf["ends"], idles, 1.0),
+        "back": gaps(idles, at(trn, "lock granted"), 0.05),
+    }
+    span = max(inf["ends"][-1] - inf["start"], 1e-9)
+    out: dict[str, Any] = {
+        k: {"n": len(v), "p50_ms": round(1e3 * percentile(v, 50), 3) if v else None}
+        for k, v in found.items()
+    }
+    out["lost_pct"] = round(100 * (sum(found["idle_detect"]) + sum(found["back"])) / span, 2)
+    return out
 
 
 # ------------------------------------------------------------------ what a user would measure
@@ -371,15 +436,19 @@ def rate(result: dict[str, Any], first_s: float | None = None) -> float:
     return steps_between(result, start, end) / max(end - start, 1e-9)
 
 
-def held(result: dict[str, Any]) -> tuple[float, float]:
-    """(share of the run the loop made steps in, its step rate there): a quota's share of
-    work is the first times the second against the loop alone. A pause is a gap between two
-    steps over three median steps; it held nothing but its one step's worth of it."""
-    marks = [result["start"], *result["ends"]]
-    gaps = [b - a for a, b in itertools.pairwise(marks)]
+def held(result: dict[str, Any], first_s: float | None = None) -> tuple[float, float]:
+    """(share of the run, or of its first `first_s`, the loop made steps in; its step rate
+    there): a quota's share of work is the first times the second against the loop alone. A
+    pause is a gap between two steps over three median steps (of the whole run); it held
+    nothing but its one step's worth of it. A span that ends inside a pause counts it."""
+    start, ends = result["start"], result["ends"]
+    gaps = [b - a for a, b in itertools.pairwise([start, *ends])]
     step = sorted(gaps)[len(gaps) // 2]
-    active = marks[-1] - marks[0] - sum(g - step for g in gaps if g > 3 * step)
-    return active / (marks[-1] - marks[0]), len(gaps) / active
+    end = start + first_s if first_s is not None else ends[-1]
+    marks = [start, *(t for t in ends if t < end), end]
+    spans = [b - a for a, b in itertools.pairwise(marks)]
+    active = end - start - sum(g - step for g in spans if g > 3 * step)
+    return active / (end - start), (len(marks) - 2 + (first_s is None)) / active
 
 
 def latency(result: dict[str, Any]) -> dict[str, float]:
@@ -481,6 +550,7 @@ def section_quotas(
             )
             out[f"share_{k}"] = round(work, 1)
             out[f"time_share_{k}"] = round(work * ran_solo[0] / max(1.0, ran[0]), 1)
+            out[f"held_{k}"] = round(100 * held(r, first)[0], 1)
             if alone and first != 1.0:
                 out[f"util_share_{k}"] = round(100 * ran[1] / max(1.0, ran_solo[1]), 1)
             if first is None:
@@ -537,14 +607,14 @@ def section_priorities(
         for case, (policy, roles, tree) in cases.items():
             pair = run(policy, roles, seconds, tree)
             inf, trn = (pair[r.name] for r in roles)
-            row[case] = told(
-                f"{spec} {case}",
-                {
-                    "p99_ms": round(latency(inf)["p99_ms"], 3),
-                    "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
-                    "trainer_of_solo": round(rate(trn) / train_solo, 2),
-                },
-            )
+            got: dict[str, Any] = {
+                "p99_ms": round(latency(inf)["p99_ms"], 3),
+                "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
+                "trainer_of_solo": round(rate(trn) / train_solo, 2),
+            }
+            if TRACE is not None:
+                got["hand_offs"] = hand_offs(inf, trn)
+            row[case] = told(f"{spec} {case}", got)
         out[spec] = row
     return out
 
@@ -564,10 +634,16 @@ def priority_cases(
     }
 
 
-def section_requests(seconds: float) -> dict[str, Any]:
-    solo = alone_rates({"t": "train:item"}, seconds)["t"]
-    pair = run(on_policy(), [Role("r30", "train:item"), Role("r70", "train:item")], seconds)
-    return {n: round(100 * rate(r) / solo, 1) for n, r in pair.items()}
+def section_requests(_seconds: float, long: float = QUOTA_SECONDS) -> dict[str, Any]:
+    """Two trainers guaranteed 30 and 70, for `long` seconds (as quotas): they hold in blocks
+    of a few seconds (the shorter share at the end of one request window and the start of the
+    next), so a short run's split depends on where it starts and ends."""
+    solo = alone_rates({"t": "train:item"}, long)["t"]
+    pair = run(on_policy(), [Role("r30", "train:item"), Role("r70", "train:item")], long)
+    return {
+        n: told(n, {"work": round(100 * rate(r) / solo, 1), "held": round(100 * held(r)[0], 1)})
+        for n, r in pair.items()
+    }
 
 
 SECTIONS = {
@@ -604,7 +680,17 @@ def main() -> int:
         help="another checkout (an older commit): priorities' mode-on cases also under its daemon"
         " and its hook (BASE/ld_hook/build/libnvshare.so, where built)",
     )
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        help="run the hooks with NVSHARE_DEBUG, keep every run's timed lock lines and step times"
+        " in this folder (one JSON file a run), and break the priorities' hand-offs down",
+    )
     args = ap.parse_args()
+    global TRACE
+    TRACE = args.trace
+    if TRACE is not None:
+        TRACE.mkdir(parents=True, exist_ok=True)
     sections = SECTIONS | {
         "turns": functools.partial(section_turns, seconds=args.turns_seconds),
         "quotas": functools.partial(
@@ -613,6 +699,7 @@ def main() -> int:
             variants=tuple(args.quota_variants.split(";")),
             cases=tuple(args.quota_cases.split(",")),
         ),
+        "requests": functools.partial(section_requests, long=args.quota_seconds),
         "priorities": functools.partial(
             section_priorities,
             infer=tuple(args.infer.split(",")),
