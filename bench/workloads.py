@@ -351,11 +351,16 @@ def _hook_env(daemon: BenchDaemon | None, tree: Path | None) -> dict[str, str]:
 
 
 def _stamp(proc: subprocess.Popen[bytes], into: list[tuple[float, str]]) -> None:
-    """A worker's hook's debug lines (NVSHARE_DEBUG), with the wall time each was read at."""
+    """A worker's hook's debug lines (NVSHARE_DEBUG), with the wall time each was read at;
+    what else it writes to stderr (a traceback) goes on to ours."""
 
     def read() -> None:
         for line in iter(proc.stderr.readline, b""):  # type: ignore[union-attr]
-            into.append((time.time(), line.decode(errors="replace").rstrip()))
+            text = line.decode(errors="replace")
+            if text.startswith("nvshare["):
+                into.append((time.time(), text.rstrip()))
+            else:
+                sys.stderr.write(text)
 
     if proc.stderr is not None:
         threading.Thread(target=read, daemon=True).start()
@@ -448,7 +453,7 @@ def held(result: dict[str, Any], first_s: float | None = None) -> tuple[float, f
     marks = [start, *(t for t in ends if t < end), end]
     spans = [b - a for a, b in itertools.pairwise(marks)]
     active = end - start - sum(g - step for g in spans if g > 3 * step)
-    return active / (end - start), (len(marks) - 2 + (first_s is None)) / active
+    return active / (end - start), sum(1 for t in ends if t <= end) / active
 
 
 def latency(result: dict[str, Any]) -> dict[str, float]:
