@@ -43,11 +43,11 @@ HOLDING -> IDLE through `_settle`. Only these change a gang's phase, and `gang.G
 gangs merge into one (it keeps their turn). After each event, `schedule` runs its phases in
 this order, each asking its rules: pass over late holders (the drop deadline) -> drop spent
 quotas (`quotas`) -> reclaim ahead of a steady lender (`reclaims`) -> grant in line order
-(`line`, ordered by `priorities` and `shares`; `reclaims.kept_from`, `gangs.grantable`) ->
-preempt for waiters (`gangs.in_the_way`, then `yields`: `priorities`, `shares`, quantum) ->
-tell holders their terms (`terms`) and lenders they lend (`lending`). `next_deadline` and
-`grant_message` are queries: they bill and roll nothing (`core/invariants.py` checks the
-indexes the phases keep after every event of the core tests).
+(`line`, ordered by `priorities` and `shares`; `reclaims.kept_from`, `gangs.grantable`; not
+for a request that can grant nobody, `calm`) -> preempt for waiters (`gangs.in_the_way`, then
+`yields`: `priorities`, `shares`, quantum) -> tell holders their terms (`terms`) and lenders
+they lend (`lending`). `next_deadline` and `grant_message` are queries: they bill and roll
+nothing (`NodeCore.check` checks what the phases keep after every event of the core tests).
 
 The rules it asks, each an object on the node's state whose commands are named for the phase
 that asks them and whose queries write nothing (`tests/core/test_rules.py`): `quotas`
@@ -71,8 +71,8 @@ from __future__ import annotations
 import logging
 
 from appliance.core import actions as act
+from appliance.core import calm, yielding
 from appliance.core import events as ev
-from appliance.core import yielding
 from appliance.core.ahead import Keeps, ReclaimRule
 from appliance.core.drops import DropReason
 from appliance.core.gang import GangRule, gang_of
@@ -135,7 +135,7 @@ class Lock:
             return out
         if c.phase is not Phase.WAITING:
             out += self._want(c, now)
-        return out + self.schedule(now)
+        return out + self.schedule(now, quiet=calm.quiet(self._s, self.line, c.gpu))
 
     def _want(self, c: Client, now: float) -> list[act.Action]:
         g = gang_of(self._s, c)
@@ -316,13 +316,14 @@ class Lock:
 
     # ------------------------------------------------------------ scheduling
 
-    def schedule(self, now: float) -> list[act.Action]:
+    def schedule(self, now: float, *, quiet: str | None = None) -> list[act.Action]:
         """The phases of a decision, in order (the module's docstring): pass over late
-        holders, drop spent quotas, reclaim ahead of a lender, grant, preempt, tell terms."""
+        holders, drop spent quotas, reclaim ahead, grant (not if `quiet`), preempt, terms."""
         keeps = self.reclaims.keeps() if self.line.paced else {}  # (nobody to keep a GPU for)
         out = self._pass_over_late_holders(now) + self._drop_spent_quotas(now)
         out += self._reclaim_ahead(keeps, now) if keeps else []
-        out += self._grant_waiting(keeps, now)
+        self.yields.only = None if out else quiet  # (`calm`: nobody can be granted then)
+        out += self._grant_waiting(keeps, now) if self.yields.only is None else []
         waiting = self.line.waiting(now)  # who is left waiting, for the holders' turns
         dropped, gangs = self._preempt_for_waiters(waiting, now)
         if gangs and any(yielding.frees(g, waiting) for g in gangs):
@@ -358,9 +359,7 @@ class Lock:
         )
         log.warning("%s", message)
         pod, _ = self._s.pod_of(c.ident)
-        if pod is None:
-            return []
-        return [act.PodWarning(pod.ref, LOCK_NOT_RELEASED, message)]
+        return [] if pod is None else [act.PodWarning(pod.ref, LOCK_NOT_RELEASED, message)]
 
     def _drop_spent_quotas(self, now: float) -> list[act.Action]:
         """A holder whose quota is spent drops, even if nobody waits."""

@@ -32,6 +32,7 @@ lock's indexes are `line.Line`). No event a hook can send walks every client:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -113,8 +114,9 @@ class NodeCore:
 
     def check(self) -> None:
         """Every redundant index against the facts it is kept from (`invariants`), the
-        lock's kept deadline against one worked out afresh, and every holder's idle window
-        against the one its hook was told; O(n), for tests."""
+        lock's kept deadline against one worked out afresh, every holder's idle window
+        against the one its hook was told, and after a quiet request (`calm`) the whole
+        schedule, on a copy, deciding nothing more; O(n), for tests."""
         invariants.check(self.state, self.lock.line)
         now = self.lock.line.now
         untold = self.lock.terms.untold(self.lock.line.waiting(now)) if self.lock.told else []
@@ -125,10 +127,13 @@ class NodeCore:
             raise invariants.StateOutOfStep(
                 f"the lock's kept deadline {kept} != {afresh} worked out afresh at {now}"
             )
+        skipped = copy.deepcopy(self.lock).schedule(now) if self.lock.yields.only else []
+        if skipped:  # (on a copy: what the phases a quiet request skipped would decide)
+            raise invariants.StateOutOfStep(f"a quiet request (`calm`) skipped {skipped}")
 
     def handle(self, event: ev.Event, now: float) -> list[act.Action]:
         self.lock.line.catch_up(now)  # (what the lock files waiters by follows the clock)
-        self.lock.told = False
+        self.lock.told, self.lock.yields.only = False, None
         actions = self._handlers[type(event)](event, now)
         self._deadline_at = now  # worked out when asked: the actions go out first
         if self._publish_due:

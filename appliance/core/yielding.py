@@ -46,11 +46,15 @@ class Yields:
         self._priorities = priorities
         self._shares = shares
         self._kept: dict[str, tuple[float, bool] | None] = {}  # GPU -> (at, moves with time)
+        self.only: str | None = None  # the one GPU whose turn moved (a quiet request, `calm`)
 
     # ------------------------------------------------------------ commands
 
     def begin(self) -> list[str]:
-        """The preempt phase starts: every GPU's turn is worked out again."""
+        """The preempt phase starts: every GPU's turn is worked out again; after a quiet
+        request (`calm`: no other GPU has a waiter) its GPU's alone, the others kept."""
+        if self.only is not None:
+            return [self.only]
         self._kept = {}
         return list(self._s.gpus)
 

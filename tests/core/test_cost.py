@@ -223,12 +223,25 @@ def calls(c: Crowd, event: ev.Event, name: str) -> tuple[int, list[act.Action]]:
 def test_a_drop_that_frees_no_gpu_reads_the_line_once() -> None:
     """The holder lets the GPU go idle; the next is granted; the first asks again inside its
     quantum and takes the GPU back (`priority.lent_back`). That drop frees the GPU for nobody
-    before the release, so the line is read once, not again after the drop."""
+    before the release, so the line is read once, not again after the drop; and while the GPU
+    is held and nobody waits for another, not at all (`calm`)."""
     c = Crowd(SMALL)
     c.feed(ev.LockReleased(1, ev.ReleaseReason.IDLE))
     passes, out = calls(c, ev.LockRequested(1, 3), "_grant_waiting")
     assert [a.client_id for a in out if isinstance(a, act.Drop)] == [2]
-    assert passes == 1
+    assert passes == 0
+
+
+def test_a_request_while_the_gpu_is_held_reads_no_line() -> None:
+    """The client that just dropped asks again (as every other hand-off's old holder does):
+    the GPU is held and every waiter waits for it, so nobody can be granted (`calm`) and the
+    grant phase does not read the line, at 20 waiting as at 400."""
+    for n in (SMALL, LARGE):
+        c = Crowd(n)
+        c.feed(ev.LockReleased(1, ev.ReleaseReason.IDLE))
+        c.feed(ev.LockRequested(1, 3))  # takes the GPU back: 2 drops
+        c.feed(ev.LockReleased(2, ev.ReleaseReason.DROPPED))
+        assert calls(c, ev.LockRequested(2, 3), "_grant_waiting") == (0, [])
 
 
 def test_a_hand_off_works_out_no_gpu_settings_again() -> None:

@@ -251,6 +251,20 @@ def test_only_a_lender_is_granted_beside_a_drain() -> None:
     assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [normal]
 
 
+def test_a_lender_asking_while_its_borrower_drains_is_granted_beside_the_drain() -> None:
+    """The borrower was told to drop for its quantum and still drains when the lender asks:
+    the lender is granted at once, by the grant phase (a request for a GPU that only a drain
+    holds is not one that can grant nobody, `calm`)."""
+    h = by_uid({1: LOW, 2: HIGH, 3: LOW})
+    low, high, other = h.register(uid=1), h.register(uid=2), h.register(uid=3)
+    h.feed(ev.LockRequested(high, 1))
+    h.feed(ev.LockRequested(low, 1))
+    assert grants(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))) == [low]
+    h.feed(ev.LockRequested(other, 1))
+    assert drops(h.advance(SETTINGS.time_quantum_s)) == [low]  # its quantum, for the other
+    assert grants(h.feed(ev.LockRequested(high, 2))) == [high]
+
+
 def test_a_gpu_let_go_idle_while_nobody_waited_is_taken_back_at_once_too() -> None:
     h = by_uid({1: LOW, 2: HIGH})
     low, high = h.register(uid=1), h.register(uid=2)
