@@ -118,8 +118,7 @@ int nvs_capture_active(const struct nvs_gpu *g)
 int nvs_capture_wait_idle(const struct nvs_gpu *g, uint64_t deadline_ns)
 {
     pthread_once(&cv_once, init_cv);
-    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-                          .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+    struct timespec ts = nvs_deadline_at(deadline_ns);
     nvs_mutex_lock(&cap.mu);
     while (cap.active[g->index] > 0)
         if (pthread_cond_timedwait(&cap.cv, &cap.mu, &ts) != 0) break;

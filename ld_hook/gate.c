@@ -267,7 +267,7 @@ static struct timespec next_look(const struct gate *gt)
     uint64_t now = nvs_now_ns(), at = now + poll_ns;
     uint64_t ends = gt->last_active_ns + window_ns;
     if (!gt->unfinished && ends > now && ends < at) at = ends;
-    return (struct timespec){.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+    return nvs_deadline_at(at);
 }
 
 /* With gt->mu held, the drainer's watch over a holder: returns once a look is done. */

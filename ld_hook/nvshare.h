@@ -32,15 +32,14 @@ static inline uint64_t nvs_now_ns(void)
 /* Time from `then` to `now`; 0 when `then` was taken after `now` (another thread's clock read). */
 static inline uint64_t nvs_elapsed(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
 
-/* An absolute CLOCK_MONOTONIC deadline `us` microseconds from now, for pthread_cond_timedwait. */
-static inline struct timespec nvs_deadline_us(uint64_t us)
+/* An absolute CLOCK_MONOTONIC time (nvs_now_ns) as a deadline for pthread_cond_timedwait. */
+static inline struct timespec nvs_deadline_at(uint64_t ns)
 {
-    uint64_t t = nvs_now_ns() + us * 1000ull;
-    return (struct timespec){.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
 }
 
-/* The same, `ms` milliseconds from now. */
-static inline struct timespec nvs_deadline_ms(uint64_t ms) { return nvs_deadline_us(ms * 1000ull); }
+/* The deadline `ms` milliseconds from now. */
+static inline struct timespec nvs_deadline_ms(uint64_t ms) { return nvs_deadline_at(nvs_now_ns() + ms * 1000000ull); }
 
 /* A condition variable whose timed waits take nvs_deadline_ms deadlines (CLOCK_MONOTONIC). */
 static inline void nvs_cond_init(pthread_cond_t *cv)
