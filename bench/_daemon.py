@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from appliance.cli.client import ControlClient
@@ -148,3 +150,24 @@ def machine() -> str:
             model = line.split(":", 1)[1].strip()
             break
     return f"{os.cpu_count()} CPUs, {model}"
+
+
+def stamp_hook_lines(
+    proc: subprocess.Popen[bytes], into: list[tuple[float, str]], clock: Callable[[], float]
+) -> None:
+    """Read a worker's stderr, where piped, on a thread of its own: the hook's lines
+    (NVSHARE_DEBUG) go into `into` with `clock()` at the time each was read; anything else (a
+    traceback) goes on to ours."""
+    pipe = proc.stderr
+    if pipe is None:
+        return
+
+    def read() -> None:
+        for line in iter(pipe.readline, b""):
+            text = line.decode(errors="replace")
+            if text.startswith("nvshare["):
+                into.append((clock(), text.rstrip()))
+            else:
+                sys.stderr.write(text)
+
+    threading.Thread(target=read, daemon=True).start()

@@ -29,13 +29,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _daemon import BenchDaemon, machine
+from _daemon import BenchDaemon, machine, stamp_hook_lines
 
 from appliance.wire.protocol import StatusRequest
 
@@ -104,13 +103,6 @@ def worker(shape: str, seconds: float, cold: bool, ready: Path, go: Path, out: P
 # ------------------------------------------------------------------ the driver
 
 
-def _stamp(pipe: Any, into: list[tuple[float, str]]) -> None:
-    """Each line of a worker's stderr with the time it was read (CLOCK_MONOTONIC, the
-    workers' clock)."""
-    for line in iter(pipe.readline, b""):
-        into.append((time.monotonic(), line.decode(errors="replace").rstrip()))
-
-
 def run_pair(
     shape: str, seconds: float, order: tuple[str, str], hook: Path, cold: bool, trace: bool = False
 ) -> dict[str, Any]:
@@ -144,10 +136,7 @@ def run_pair(
                 env=env,
                 stderr=subprocess.PIPE if trace else None,
             )
-            if trace:
-                threading.Thread(
-                    target=_stamp, args=(procs[n].stderr, lines[n]), daemon=True
-                ).start()
+            stamp_hook_lines(procs[n], lines[n], time.monotonic)  # (traced: the workers' clock)
         deadline = time.monotonic() + 180
         while not all((tmp / f"{n}.ready").exists() for n in names):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):

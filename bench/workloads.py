@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _daemon import BenchDaemon, gpus, machine, percentile
+from _daemon import BenchDaemon, gpus, machine, percentile, stamp_hook_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
@@ -314,7 +314,7 @@ def run(
             argv += [str(tmp / r.name), str(tmp / f"ready-{r.name}"), str(r.delay)]
             stderr = subprocess.PIPE if trace else None
             procs[r.name] = subprocess.Popen(argv, env={**env, **r.env}, stderr=stderr)
-            _stamp(procs[r.name], lines[r.name])
+            stamp_hook_lines(procs[r.name], lines[r.name], time.time)  # (when traced)
         deadline = time.monotonic() + 300  # torch.compile's first compile is slow
         while not all((tmp / f"ready-{r.name}").exists() for r in roles):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -348,22 +348,6 @@ def _hook_env(daemon: BenchDaemon | None, tree: Path | None) -> dict[str, str]:
     hook = built if built.exists() else HOOK
     env = {"LD_PRELOAD": str(hook), "NVSHARE_SOCKET_DIR": str(daemon.socket_dir)}
     return env | ({"NVSHARE_DEBUG": "1"} if TRACE is not None else {})
-
-
-def _stamp(proc: subprocess.Popen[bytes], into: list[tuple[float, str]]) -> None:
-    """A worker's hook's debug lines (NVSHARE_DEBUG), with the wall time each was read at;
-    what else it writes to stderr (a traceback) goes on to ours."""
-
-    def read() -> None:
-        for line in iter(proc.stderr.readline, b""):  # type: ignore[union-attr]
-            text = line.decode(errors="replace")
-            if text.startswith("nvshare["):
-                into.append((time.time(), text.rstrip()))
-            else:
-                sys.stderr.write(text)
-
-    if proc.stderr is not None:
-        threading.Thread(target=read, daemon=True).start()
 
 
 def hand_offs(inf: dict[str, Any], trn: dict[str, Any]) -> dict[str, Any]:
