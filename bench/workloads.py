@@ -10,10 +10,12 @@ interpreter (`*-nvs-ROLE`) so policy rules can tell them apart by executable:
                  .item()), `sync` (torch.cuda.synchronize(), the shape older benchmarks used)
   compiled       the same model, forward only, under torch.compile(mode="reduce-overhead") (CUDA
                  graphs), .item() each step
-  infer:ARRIVAL:MS[:graph]
+  infer:ARRIVAL:MS[:graph|:decode[:GAP_MS]]
                  requests of about MS ms of GPU work (4096-wide fp16 layers), `steady` (one every
                  50 ms) or `poisson` (exponential gaps, mean 50 ms, fixed seed); `graph` replays
-                 the request as a captured CUDA graph; latency from submission to its result
+                 the request as a captured CUDA graph; `decode` runs it as a token generator
+                 does, in 8 steps, each read back with .item() and followed by GAP_MS (0.2) ms
+                 of host work; latency from submission to its result
 
 Every worker writes the wall time at which each step (or request) finished, so the report can
 say what a user would see: each one's rate over the time both ran, the split, the longest time a
@@ -70,8 +72,12 @@ QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle afte
 TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
 TRACE: Path | None = None  # --trace DIR: every run's hook debug lines, timed, kept there
 QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled loop], a 25/75 pair
-# ARRIVAL:MS[:graph]: the issue's 1-10 ms of work a request, steady and Poisson, eager and graphs
+# ARRIVAL:MS[:graph|:decode[:GAP_MS]]: the issue's 1-10 ms of work a request, steady and
+# Poisson, eager and graphs; `decode`: as a token generator, each request DECODE_STEPS steps,
+# each read back (`.item()`) and followed by GAP_MS (DECODE_GAP_S) of host work (sampling, the
+# next step's batch)
 INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph", "poisson:10")
+DECODE_STEPS, DECODE_GAP_S = 8, 0.0002
 RULES = """
 rules:
   - {name: high, match: {executable: '*-nvs-hi*'}, priority: high}
@@ -186,19 +192,26 @@ def train(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> No
 def infer(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> None:
     import torch
 
-    _, arrival, work_ms, *graph = spec.split(":")
+    _, arrival, work_ms, *how = spec.split(":")
     depth = max(1, round(float(work_ms) / 0.25))  # about 0.25 ms a 4096^3 fp16 layer on an H100
     layers = [torch.randn(4096, 4096, device="cuda", dtype=torch.float16) / 64] * depth
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    decode = how[:1] == ["decode"]  # as a token generator: DECODE_STEPS steps, each read back
+    gap_s = float(how[1]) / 1e3 if decode and len(how) > 1 else DECODE_GAP_S
 
     def forward() -> Any:
         y = x
-        for w in layers:
+        for i, w in enumerate(layers):
             y = torch.relu(y @ w)
+            if decode and (i + 1) % max(1, depth // DECODE_STEPS) == 0:
+                y[0, 0].item()  # the sampled token, then the host picks the next step's input
+                spin_until = time.perf_counter() + gap_s
+                while time.perf_counter() < spin_until:
+                    pass
         return y
 
     replay = None
-    if graph:
+    if how == ["graph"]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -239,7 +252,7 @@ def infer(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> No
 @dataclass(frozen=True)
 class Role:
     name: str  # also the executable's suffix: policy rules match on it
-    spec: str  # train:SHAPE, compiled, infer:ARRIVAL:MS[:graph]
+    spec: str  # train:SHAPE, compiled, infer:ARRIVAL:MS[:graph|:decode[:GAP_MS]]
     delay: float = 0.0  # seconds after the common start
     env: dict[str, str] = field(default_factory=dict)
 
@@ -652,7 +665,9 @@ def main() -> int:
     ap.add_argument("--quota-seconds", type=float, default=QUOTA_SECONDS)
     ap.add_argument("--turns-seconds", type=float, default=TURNS_SECONDS)
     ap.add_argument("--quota-cases", default=",".join(QUOTA_CASES))
-    ap.add_argument("--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph] requests")
+    ap.add_argument(
+        "--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph|:decode[:GAP_MS]] requests"
+    )
     ap.add_argument(
         "--quota-variants",
         default="",
