@@ -24,8 +24,8 @@
 #define DEFAULT_IDLE_RELEASE_MS 1000u
 #define MIN_CAPTURE_WAIT_MS 1000u
 /* The drainer looks at a holder four times per idle window, at most every 50 ms and at least
- * every 250 us, and once more when the window ends: a holder told the shortest window (1 ms, one
- * that outranks every waiter) hands over a millisecond after its last wait returned. */
+ * every 250 us, and once more when the window ends: a holder told a window under a millisecond
+ * (one that outranks every waiter) hands over that long after its last wait returned. */
 #define MAX_IDLE_POLL_US 50000u
 #define MIN_IDLE_POLL_US 250u
 /* The drainer's own wait for the GPU that returns sooner found nothing left to run. */
@@ -40,7 +40,8 @@ struct gate {
     enum nvs_lock_state state;
     int mode_on;  /* the daemon's limits ask for gating */
     int refused;  /* the daemon refused to gate us: run ungated until the next registration */
-    uint32_t reason, tq_ms, idle_release_ms;
+    uint32_t reason;
+    uint64_t tq_ms, idle_ns; /* the grant's quantum; how long the holder may sit idle */
     uint64_t release_ns, last_active_ns;
     int unfinished; /* submitted since the GPU was last seen to have finished this process's work */
     int after_wait; /* the last sign of work was a wait returning (at last_active_ns) */
@@ -136,16 +137,16 @@ struct nvs_thread *nvs_gate_enter_many(uint64_t mask)
 
 /* ------------------------------------------------------------------ releases */
 
-static void report_undrained(const struct nvs_gpu *g, uint32_t waited_ms)
+static void report_undrained(const struct nvs_gpu *g, uint64_t waited_ms)
 {
-    NVS_DEBUG("GPU %d: a stream capture still runs %u ms after the drop; handing the lock over "
+    NVS_DEBUG("GPU %d: a stream capture still runs %llu ms after the drop; handing the lock over "
               "without synchronising",
-              g->index, waited_ms);
+              g->index, (unsigned long long)waited_ms);
     if (!atomic_exchange(&undrained_reported, 1))
-        nvs_log("GPU %d: a stream capture outlived the time quantum (%u ms); the lock was handed "
+        nvs_log("GPU %d: a stream capture outlived the time quantum (%llu ms); the lock was handed "
                 "over without waiting for this process's queued GPU work, so that the capture is "
                 "not broken (reported to the scheduler as an undrained release; said once)",
-                g->index, waited_ms);
+                g->index, (unsigned long long)waited_ms);
 }
 
 /* Returns 0 once g is DRAINING (gate closed), or -1 when the release was called off. */
@@ -173,7 +174,7 @@ static void release(struct nvs_gpu *g)
     struct gate *gt = gate_of(g);
     nvs_mutex_lock(&gt->mu);
     uint32_t reason = gt->reason;
-    uint32_t bound_ms = gt->tq_ms > MIN_CAPTURE_WAIT_MS ? gt->tq_ms : MIN_CAPTURE_WAIT_MS;
+    uint64_t bound_ms = gt->tq_ms > MIN_CAPTURE_WAIT_MS ? gt->tq_ms : MIN_CAPTURE_WAIT_MS;
     uint64_t deadline = gt->release_ns + bound_ms * 1000000ull;
     nvs_mutex_unlock(&gt->mu);
     if (close_for_release(g, deadline) != 0) return;
@@ -237,7 +238,7 @@ static enum idle_look look(struct nvs_gpu *g, uint64_t now)
         gt->after_wait = 1;
     }
     if (gt->unfinished) return LOOK_FINISHING;
-    if (nvs_elapsed(now, gt->last_active_ns) >= (uint64_t)gt->idle_release_ms * 1000000ull &&
+    if (nvs_elapsed(now, gt->last_active_ns) >= gt->idle_ns &&
         nvs_capture_active(g) == 0)
         begin_release(g, NVS_RELEASE_IDLE);
     return LOOK_QUIET;
@@ -260,7 +261,7 @@ static uint64_t finished_at(struct nvs_gpu *g)
  * ends, whichever is sooner. */
 static struct timespec next_look(const struct gate *gt)
 {
-    uint64_t window_ns = (uint64_t)gt->idle_release_ms * 1000000ull;
+    uint64_t window_ns = gt->idle_ns;
     uint64_t poll_ns = window_ns / 4;
     if (poll_ns < MIN_IDLE_POLL_US * 1000ull) poll_ns = MIN_IDLE_POLL_US * 1000ull;
     if (poll_ns > MAX_IDLE_POLL_US * 1000ull) poll_ns = MAX_IDLE_POLL_US * 1000ull;
@@ -295,7 +296,7 @@ static void *drainer_main(void *arg)
     struct nvs_gpu *g = arg;
     struct gate *gt = gate_of(g);
     nvs_capture_relax_thread();
-    prctl(PR_SET_TIMERSLACK, DRAINER_TIMER_SLACK_NS); /* a 1 ms window is four 250 us looks */
+    prctl(PR_SET_TIMERSLACK, DRAINER_TIMER_SLACK_NS); /* a window ends on time, to the us */
     for (;;) {
         nvs_mutex_lock(&gt->mu);
         while (gt->state != NVS_LOCK_RELEASING) {
@@ -378,9 +379,9 @@ void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
 static void set_terms(struct gate *gt, const struct nvs_lock_grant *grant)
 {
     gt->tq_ms = grant->tq_ms;
-    gt->idle_release_ms = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms
-                          : grant->idle_release_ms ? grant->idle_release_ms
-                                                   : DEFAULT_IDLE_RELEASE_MS;
+    gt->idle_ns = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms * 1000000ull
+                  : grant->idle_release_us ? grant->idle_release_us * 1000ull
+                                           : DEFAULT_IDLE_RELEASE_MS * 1000000ull;
 }
 
 void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms)

@@ -147,6 +147,7 @@ class Lock:
         if g.phase is GangPhase.IDLE:
             if g.lent_at is not None:  # back after letting the GPU go idle: its pace (`ahead`)
                 self.reclaims.asked(g, now)
+                self.terms.back(g, g.lent_at, now)
             self._enqueue(g, now)
         self.line.refile(g)  # (it may wait for one more GPU)
         return []

@@ -165,9 +165,8 @@ class Gang:
     phase: GangPhase = GangPhase.IDLE
     ticket: int = 0  # its place in line
     requested_at: float = 0.0
-    # The starvation clock (`PriorityRule.starved`): when it asked, kept with its place in line
-    # across turns a higher priority cut short (`cut_short`), so that a grant of a near-zero
-    # slice does not set it back.
+    # The starvation clock (`PriorityRule.starved`): when it asked, kept across turns a higher
+    # priority cut short (`cut_short`), so that a grant of a near-zero slice does not set it back.
     waiting_since: float = 0.0
     cut_short: bool = False
     granted_at: float = 0.0
@@ -177,6 +176,7 @@ class Gang:
     late: bool = False  # a member was passed over in the drop under way
     priority: int = 0  # its members' highest (`core.priority`)
     lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
+    idle_s: float = 0.0  # its idle window while it outranks every waiter, learned (`terms`)
     # when it last asked after letting the lock go idle (`ahead`)
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
     pace: tuple[float, float] | None = None  # their period and jitter, when steady

@@ -4,8 +4,15 @@
   it holds (`TermsRule`): the quantum, and the idle window, how long the holder may submit
   nothing (and wait for nothing) before it hands the lock back. While another gang waits for
   its GPU the window is the short `scheduler.idleHandoff` (a request loop that submits a little
-  every few milliseconds leaves the GPU idle in between), or a millisecond when the holder's
-  priority is above every waiter's (`TermsRule.window`), else `scheduler.idleRelease`.
+  every few milliseconds leaves the GPU idle in between), or a shorter one when the holder's
+  priority is above every waiter's (`TermsRule.window`), else `scheduler.idleRelease`. That
+  shorter window is learned per gang from its own pauses (`TermsRule.back`): it starts at
+  `OUTRANKING_IDLE_S`. A gang that asks again within `REASK_S` of an idle release gave its
+  waiters less than the hand-off costs (a pause inside its work: a token generator reading each
+  step back, host-side work between two launches, requests back to back), and its window
+  doubles, up to `idleHandoff`; one that asks again later shrinks it by a fifth, down to
+  `OUTRANKING_IDLE_S`. A gang that pauses inside its work less than one time in four ends at the
+  floor.
 - Lending (`Lent`, `LendingRule`): a client that let its GPU go idle and whose GPU now runs only
   clients of lower priority that borrowed it (`PriorityRule.borrowed`) would be granted at once
   if it asked (beside their drain, `lock`). Its hook is told so, and then submits at once when
@@ -25,10 +32,17 @@ from appliance.core.gang import gang_of
 from appliance.core.line import Line, Waiting
 from appliance.core.priority import PriorityRule
 from appliance.core.quota_rule import QuotaRule
-from appliance.core.state import Client, NodeState, Phase
+from appliance.core.state import Client, Gang, NodeState, Phase
 from appliance.policy.model import Mode
 
-MIN_IDLE_HANDOFF_S = 0.001  # the hook counts idle time in milliseconds; below, no hand-off
+# A holder that outranks every waiter hands its GPU over after this long idle at least: longer
+# than the gap between a request's kernels as a framework launches them (tens of microseconds),
+# while each moment it sits idle with the lock is its waiters' (`TermsRule.window`, `back`).
+OUTRANKING_IDLE_S = 0.00025
+# A release followed by a request this soon gave the waiters less than a hand-off costs (the
+# waiter's grant, about 0.5 ms, and its queued work beside the next request).
+REASK_S = 0.001
+SHRINK = 0.8  # what a gang's learned window keeps after a release that paid off
 
 
 class TermsRule:
@@ -37,16 +51,28 @@ class TermsRule:
 
     - commands: `granted` (a grant, or a request answered at once: the grant's terms) and
       `tell` (the last phase, "tell holders their terms"); they write what a hook was told
-      (`Client.idle_told_s`) and nothing else.
+      (`Client.idle_told_s`) and nothing else. `back` (a gang asks again after an idle
+      release) writes its learned window (`Gang.idle_s`) and nothing else.
     - query: `window` (the idle window a holder is due as the line stands); it writes nothing.
     Cost, in clients touched: `granted` 1 (and O(P) for its GPU's waiters, `Waiting`);
-    `tell` the holders of every GPU, each O(P); `window` none (O(P)).
+    `tell` the holders of every GPU, each O(P); `window` none (O(P)); `back` none.
     """
 
     def __init__(self, state: NodeState) -> None:
         self._s = state
 
     # ------------------------------------------------------------ commands
+
+    def back(self, g: Gang, released_at: float, now: float) -> None:
+        """g asks again, `now`, after an idle release at `released_at`: within `REASK_S` it
+        paused inside its work and the window it is told above every waiter doubles (up to
+        `idleHandoff`), else it shrinks by a fifth (down to `OUTRANKING_IDLE_S`)."""
+        learned = max(g.idle_s, OUTRANKING_IDLE_S)
+        if now - released_at < REASK_S:
+            learned = min(2 * learned, self._s.policy.scheduler.idle_handoff_s)
+        else:
+            learned = max(SHRINK * learned, OUTRANKING_IDLE_S)
+        g.idle_s = round(learned, 6)  # (the hook is told microseconds)
 
     def granted(self, c: Client, seq: int, waiting: Waiting) -> act.Grant:
         """The grant for c (answering its request `seq`), with its terms."""
@@ -94,22 +120,24 @@ class TermsRule:
 
     def window(self, c: Client, waiting: Waiting) -> float:
         """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while
-        another gang waits for its GPU `scheduler.idleHandoff`, or the shortest idle the hook
-        can count when c's gang outranks every one of them. Taking its GPU back costs such a
-        holder nothing (it is granted at once, beside its borrowers' drain,
+        another gang waits for its GPU `scheduler.idleHandoff`, or the window its gang learned
+        (`back`; at most idleHandoff) when it outranks every one of them. Taking its GPU back
+        costs such a holder little (it is granted at once, beside its borrowers' drain,
         `PriorityRule.borrowed`, and a lone one is told it may submit before asking,
-        `LendingRule`), while every millisecond it sits idle with the lock is its waiters'. A
-        request loop beside a trainer then hands the GPU back within a millisecond or two of
-        each request instead of after `idleHandoff`."""
+        `LendingRule`), while each moment it sits idle with the lock is its waiters'. A request
+        loop beside a trainer then hands the GPU back a fraction of a millisecond after each
+        request instead of after `idleHandoff`."""
         settings = self._s.policy.scheduler
         handoff = settings.idle_handoff_s
-        if handoff < MIN_IDLE_HANDOFF_S:
+        if handoff <= 0:
             return settings.idle_release_s
         g = gang_of(self._s, c)
         if not waiting.others(c.gpu, g):
             return settings.idle_release_s
         outranks = waiting.outranked(c.gpu, g)
-        return min(MIN_IDLE_HANDOFF_S if outranks else handoff, settings.idle_release_s)
+        if outranks:
+            handoff = min(handoff, max(g.idle_s, OUTRANKING_IDLE_S))
+        return min(handoff, settings.idle_release_s)
 
 
 class LendingRule:

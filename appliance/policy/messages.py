@@ -157,6 +157,6 @@ def kind_problem(kind: str, value: Any) -> str | None:
     if seconds > MAX_DURATION_S:
         return (
             f"{short(value)} is too long: durations are at most {MAX_DURATION_S / 3600:g}h "
-            "(the hook is sent milliseconds in 32 bits)"
+            "(a day is past any sensible quantum or idle time)"
         )
     return None

@@ -18,8 +18,8 @@ from typing import Any
 # The time quantum's floor: nvshare's thesis measured throughput collapse below about 10 s, and
 # under 1 s the lock hand-off itself dominates. Policy, nvsharectl and the daemon share it.
 MIN_TIME_QUANTUM_S = 1.0
-# Every duration's ceiling. The hook is sent the quantum and idle release in milliseconds as
-# 32-bit numbers (49.7 days); a day is far past any sensible quantum and well inside that.
+# Every duration's ceiling: a day is far past any sensible quantum or idle time. (The hook is
+# sent the quantum in milliseconds and the idle window in microseconds, in 64 bits.)
 MAX_DURATION_S = 86_400.0
 # Priorities by name; policy, annotations and status speak both the names and the integers.
 PRIORITY_NAMES = {"low": -100, "normal": 0, "high": 100}

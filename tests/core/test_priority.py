@@ -11,7 +11,7 @@ from appliance.core import events as ev
 from appliance.core.annotations import PRIORITY, PodInfo
 from appliance.core.node import ANNOTATION_WARNING, NodeCore
 from appliance.core.state import Phase
-from appliance.core.terms import MIN_IDLE_HANDOFF_S
+from appliance.core.terms import OUTRANKING_IDLE_S
 from appliance.core.views import ExplainQuery
 from appliance.policy.model import (
     AnnotationPolicy,
@@ -304,6 +304,14 @@ def test_while_someone_waits_the_holder_is_told_to_hand_over_after_a_short_idle(
     a, b = off.register(uid=1), off.register(uid=1)
     off.feed(ev.LockRequested(a, 1))
     assert of(off.feed(ev.LockRequested(b, 1)), act.LockTerms) == []
+    # Any more than 0 is a window (the hook is told microseconds), the shorter one kept for a
+    # holder that outranks its waiters.
+    short = by_uid({1: LOW, 2: HIGH}, replace(settings, idle_handoff_s=0.0001))
+    high, low = short.register(uid=2), short.register(uid=1)
+    short.feed(ev.LockRequested(high, 1))
+    assert of(short.feed(ev.LockRequested(low, 1)), act.LockTerms) == [
+        act.LockTerms(high, 10.0, 0.0001)
+    ]
 
 
 def test_a_holder_above_every_waiter_hands_over_after_the_shortest_idle() -> None:
@@ -314,22 +322,50 @@ def test_a_holder_above_every_waiter_hands_over_after_the_shortest_idle() -> Non
     high, low = h.register(uid=2), h.register(uid=1)
     h.feed(ev.LockRequested(high, 1))
     out = h.feed(ev.LockRequested(low, 1))
-    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)]
+    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, OUTRANKING_IDLE_S)]
     # An equal waiting too: it would wait a quantum for a turn given back, so idleHandoff.
     peer = h.register(uid=3)
     out = h.feed(ev.LockRequested(peer, 1))
     assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, 0.005)]
     h.feed(ev.LockReleased(peer, ev.ReleaseReason.EXIT))
-    assert of(h.sent, act.LockTerms)[-1] == act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)
+    assert of(h.sent, act.LockTerms)[-1] == act.LockTerms(high, 10.0, OUTRANKING_IDLE_S)
     h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
     h.advance(settings.preempt_after_s)
     assert grants(h.feed(ev.LockRequested(high, 2))) == [high]  # taken back at once
     h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
     out = h.feed(ev.LockRequested(low, 2))  # the trainer's hook asks again
-    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, MIN_IDLE_HANDOFF_S)]
+    assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, OUTRANKING_IDLE_S)]
     h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
     assert of(h.sent, act.Grant)[-1] == act.Grant(low, 2, 10.0, 1.0)  # nobody waits
     assert drops(h.feed(ev.LockRequested(high, 3))) == [low]  # and back at once again
+
+
+def test_a_holder_above_every_waiter_learns_the_pauses_inside_its_work() -> None:
+    # A token generator at high reads every step back and works on the host before the next:
+    # handed over in those pauses, it asks again at once (within REASK_S), having given the
+    # trainer nothing but a hand-off. Its window doubles until the pauses fit, never past
+    # idleHandoff (a client that asks again at once after every release gets no more than an
+    # equal would), and shrinks back to the floor once its releases pay off (its next request
+    # comes later).
+    settings = replace(SETTINGS, idle_release_s=1.0, idle_handoff_s=0.004)
+    h = by_uid({1: LOW, 2: HIGH, 3: HIGH}, settings)
+    high, low = h.register(uid=2), h.register(uid=1)
+    h.feed(ev.LockRequested(high, 1))
+    told = [of(h.feed(ev.LockRequested(low, 1)), act.LockTerms, high)[-1].idle_release_s]
+    for seq, pause in enumerate([0.0003] * 6 + [0.05] * 14 + [0.0009], start=2):
+        h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))  # the trainer borrows the GPU
+        h.advance(pause)
+        assert grants(h.feed(ev.LockRequested(high, seq))) == [high]  # back at once
+        h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+        told.append(of(h.feed(ev.LockRequested(low, seq)), act.LockTerms, high)[-1].idle_release_s)
+    assert told[:7] == [OUTRANKING_IDLE_S, 0.0005, 0.001, 0.002, 0.004, 0.004, 0.004]
+    assert told[7:9] == [0.0032, 0.00256] and told[-2] == OUTRANKING_IDLE_S
+    assert told[-1] == 2 * OUTRANKING_IDLE_S  # a pause inside its work again
+    # An equal waiting too: idleHandoff, whatever it learned.
+    peer = h.register(uid=3)
+    assert of(h.feed(ev.LockRequested(peer, 1)), act.LockTerms, high) == [
+        act.LockTerms(high, 10.0, 0.004)
+    ]
 
 
 def pod(priority: str) -> ev.PodSeen:

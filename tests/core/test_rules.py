@@ -17,6 +17,7 @@ import pytest
 from appliance.core import events as ev
 from appliance.core.node import NodeCore
 from appliance.core.state import GangPhase
+from appliance.core.terms import OUTRANKING_IDLE_S
 from appliance.policy.model import Limits, Mode, Policy, SchedulerSettings
 
 from .conftest import Harness
@@ -171,7 +172,7 @@ def test_the_terms_rules_query_writes_nothing_and_its_commands_what_was_told() -
     before = repr(s)
     alone = rule.window(c, lock.line.waiting(h.now))
     assert repr(s) == before
-    assert alone == 0.001  # above every waiter: hands over after the shortest idle
+    assert alone == OUTRANKING_IDLE_S  # above every waiter: its window, learned from nothing
     h.feed(ev.LockRequested(equal, 1))
     assert c.idle_told_s == 0.005  # told by the terms phase: an equal waits
     c.idle_told_s = 0.0

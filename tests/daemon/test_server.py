@@ -59,7 +59,7 @@ def test_quantum_preempts_the_holder_when_someone_waits(daemon: RunningDaemon) -
     a.request(p.LockRequest())
     b.send(p.LockRequest())
     _, terms = a.receive()  # someone waits: hand over when idle for scheduler.idleHandoff
-    assert terms == p.LockTerms(tq_ms=2000, idle_release_ms=5)
+    assert terms == p.LockTerms(tq_ms=2000, idle_release_us=5000)
     _, drop = a.receive()
     assert isinstance(drop, p.LockDrop)
     a.send(p.LockReleased(p.ReleaseReason.DROPPED))

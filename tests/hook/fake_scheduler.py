@@ -280,7 +280,7 @@ class FakeScheduler:
         c.lock_since = time.monotonic()
         c.dropped = False
         self._record(c, p.MsgType.LOCK_GRANT)
-        c.send(p.LockGrant(int(self.tq_s * 1000), self.idle_release_ms), seq)
+        c.send(p.LockGrant(int(self.tq_s * 1000), self.idle_release_ms * 1000), seq)
 
     def _next_holder(self, *, force: bool = False) -> None:
         self.holder = None

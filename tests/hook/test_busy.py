@@ -67,7 +67,7 @@ def hold_through(variant: Variant, start_probe, sock_dir: str, loop: str) -> Non
         p.ok("init")
         p.ok("launch 1")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
-        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, IDLE_MS).pack())
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, IDLE_MS * 1000).pack())
         rounds = int(p.ok(loop).split()[1])  # it answers with a kernel of its still running
         assert rounds >= 2
         assert not _released_idle(sched), f"{loop!r}: taken for idle while its GPU was busy"
@@ -115,7 +115,7 @@ def test_a_holder_with_nothing_in_flight_lets_go_without_a_drop(
         p.ok("init")
         p.ok("launch 3")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
-        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, IDLE_MS).pack())
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, IDLE_MS * 1000).pack())
         assert sched.wait_for(lambda: _released_idle(sched))
         p.ok("launch 1")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)

@@ -155,12 +155,29 @@ def test_new_terms_shorten_the_idle_window_of_a_held_lock(
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
         p.ok("sleep 200")
         assert sched.count(MsgType.LOCK_RELEASED) == 0
-        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10).pack())
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10_000).pack())
         assert sched.wait_for(
             lambda: any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
         )
         p.ok("launch 1")  # asks again, and holds again
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 2)
+        assert_clean(*p.finish())
+
+
+def test_an_idle_window_under_a_millisecond_is_kept(
+    plain: Variant, start_probe, sock_dir: str
+) -> None:
+    # The window travels in microseconds: 400 us (a holder that outranks every waiter is told
+    # less than a millisecond) lets go while the program sleeps 300 ms. Read as milliseconds
+    # (400 ms) it would still hold when the sleep ends.
+    with fs.FakeScheduler(sock_dir, idle_release_ms=3_600_000) as sched:
+        p = start_probe(plain, plain.env(NVSHARE_SOCKET_DIR=sock_dir))
+        p.ok("init")
+        p.ok("launch 3")
+        assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 400).pack())
+        p.ok("sleep 300")
+        assert any(t == MsgType.LOCK_RELEASED and f == (1,) for _, t, f in sched.events)
         assert_clean(*p.finish())
 
 
@@ -178,7 +195,7 @@ def test_a_holder_waiting_for_its_work_is_not_idle(
         p.ok("init")
         p.ok("launch 1")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_GRANT) == 1)
-        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10).pack())
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 10_000).pack())
         p.ok(loop)
         assert sched.count(MsgType.LOCK_GRANT) == 1
         assert sched.count(MsgType.LOCK_REQUEST) == 1
@@ -199,7 +216,7 @@ def test_terms_never_open_the_gate_of_a_client_that_waits(
         p.ok("init")
         p.send("launch 1")
         assert sched.wait_for(lambda: sched.count(MsgType.LOCK_REQUEST) == 1)
-        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 5).pack())
+        sched.send_raw(MsgType.LOCK_TERMS, LockTerms(0, 5_000).pack())
         assert not p.answered(0.3), "the launch ran on terms, without a grant"
         sched.grant_waiting()
         assert p.answer() == "ok"

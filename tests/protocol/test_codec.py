@@ -56,8 +56,8 @@ def test_every_action_for_a_hook_becomes_the_frame_it_reads() -> None:
     wire = p.WireLimits(0, 50, p.WireMode.OFF, p.WireBacking.MANAGED, p.LIMIT_SINGLE_OVERSUB)
     assert frames == [
         p.Registered(7, wire),
-        p.LockGrant(30_000, 250),
-        p.LockTerms(30_000, 5),
+        p.LockGrant(30_000, 250_000),
+        p.LockTerms(30_000, 5_000),
         p.LockDrop(),
         p.LockLent(),
         p.LockUnlent(),
