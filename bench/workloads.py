@@ -31,7 +31,8 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              (--quota-seconds), against the same loop alone; and shares of time: work
              with the SM clock divided out, and NVML's utilization against the loop alone
   priorities an inference loop at priority high beside `train:item` at low (steady and Poisson,
-             eager and graph), and beside a trainer that lowers itself (NVSHARE_GPU_PRIORITY);
+             eager, graph and decode), and beside a trainer that lowers itself
+             (NVSHARE_GPU_PRIORITY);
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70 (--quota-seconds): work and time held
 
@@ -76,7 +77,14 @@ QUOTA_CASES = ("25", "50", "75", "30c", "pair")  # coreLimit [c: the compiled lo
 # Poisson, eager and graphs; `decode`: as a token generator, each request DECODE_STEPS steps,
 # each read back (`.item()`) and followed by GAP_MS (DECODE_GAP_S) of host work (sampling, the
 # next step's batch)
-INFER = ("steady:1", "poisson:1", "steady:8:graph", "poisson:8:graph", "poisson:10")
+INFER = (
+    "steady:1",
+    "poisson:1",
+    "steady:8:graph",
+    "poisson:8:graph",
+    "poisson:10",
+    "poisson:10:decode",
+)
 DECODE_STEPS, DECODE_GAP_S = 8, 0.0002
 RULES = """
 rules:
