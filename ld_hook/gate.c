@@ -261,12 +261,11 @@ static uint64_t finished_at(struct nvs_gpu *g)
  * ends, whichever is sooner. */
 static struct timespec next_look(const struct gate *gt)
 {
-    uint64_t window_ns = gt->idle_ns;
-    uint64_t poll_ns = window_ns / 4;
+    uint64_t poll_ns = gt->idle_ns / 4;
     if (poll_ns < MIN_IDLE_POLL_US * 1000ull) poll_ns = MIN_IDLE_POLL_US * 1000ull;
     if (poll_ns > MAX_IDLE_POLL_US * 1000ull) poll_ns = MAX_IDLE_POLL_US * 1000ull;
     uint64_t now = nvs_now_ns(), at = now + poll_ns;
-    uint64_t ends = gt->last_active_ns + window_ns;
+    uint64_t ends = gt->last_active_ns + gt->idle_ns;
     if (!gt->unfinished && ends > now && ends < at) at = ends;
     return nvs_deadline_at(at);
 }

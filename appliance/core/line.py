@@ -270,7 +270,7 @@ class Line:
         g = bucket.gangs[bucket.lent[0][2]] if bucket.lent else None
         if g is None or starved(g):
             return None
-        return g if self._priorities.takes_back(g, min(map(self._s.time_quantum, g.gpus))) else None
+        return g if self._priorities.taking_back(g) else None
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
         patience = self._priorities.patience(now)

@@ -35,8 +35,9 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
   `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
   They write those two facts of the gang asked about and nothing else.
-- queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_back`, `yield_at`,
-  `turn`. They read the gangs they are given and the scheduler's settings, and write nothing.
+- queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `taking_back`, `lent_back`,
+  `yield_at`, `turn`. They read the gangs they are given and the scheduler's settings, and
+  write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -99,7 +100,7 @@ class PriorityRule:
         part of their guaranteed share (`share`; gang keys), then the starved, then by
         priority; among equals one taking back the GPU it lent (`takes_back`) first, the
         others in the order they came (the sort is stable)."""
-        patience, tq = self.patience(now), self._s.time_quantum
+        patience = self.patience(now)
         return sorted(
             waiters,
             key=lambda g: (
@@ -107,7 +108,7 @@ class PriorityRule:
                 g.key not in owed,
                 g.waiting_since > patience,
                 -g.priority,
-                not self.takes_back(g, min(map(tq, g.gpus))),
+                not self.taking_back(g),
             ),
         )
 
@@ -127,6 +128,10 @@ class PriorityRule:
         over: an equal granted since gives way to it at once (`lent_back`), so among its
         equals it is also granted first (`line.Line.turns`), not granted and dropped."""
         return lender.lent_at is not None and lender.requested_at < lender.quantum_from + quantum_s
+
+    def taking_back(self, lender: Gang) -> bool:
+        """`takes_back` with the lender's own quantum (the shortest of the GPUs it asks for)."""
+        return self.takes_back(lender, min(map(self._s.time_quantum, lender.gpus)))
 
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
