@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _daemon import BenchDaemon, machine, percentile
@@ -105,8 +106,18 @@ class StatusLoop:
         return 1 + out.count("answered")
 
 
-def handoff(n: int, handoffs: int, tree: Path | None, status: bool) -> tuple[list[float], int]:
-    d = BenchDaemon(POLICY, tree=tree)
+def handoff(
+    n: int,
+    handoffs: int,
+    tree: Path | None,
+    status: bool,
+    *,
+    daemon_args: list[str] | None = None,
+    started: Callable[[BenchDaemon], None] = lambda d: None,
+) -> tuple[list[float], int]:
+    """(every hand-off's latency, statuses answered); `started` is called with the daemon."""
+    d = BenchDaemon(POLICY, tree=tree, args=daemon_args)
+    started(d)
     try:
         clients = _clients(d, n)
         holder = clients[0]

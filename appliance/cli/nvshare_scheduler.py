@@ -63,6 +63,16 @@ from appliance.wire import socket_dirs
     "connection takes one [env NVSHARE_OPEN_FILES].",
 )
 @click.option(
+    "--nice",
+    type=click.IntRange(-20, 19),
+    envvar="NVSHARE_NICE",
+    default=-10,
+    show_default=True,
+    help="Run at this nice value, set before any thread starts (below the one it has takes "
+    "root or CAP_SYS_NICE): on a node whose CPUs are all busy every grant waits for the "
+    "daemon to get one [env NVSHARE_NICE].",
+)
+@click.option(
     "--proc-root",
     type=click.Path(path_type=Path, file_okay=False),
     envvar="NVSHARE_PROC_ROOT",
@@ -94,6 +104,7 @@ def scheduler_main(
     device_plugin: bool,
     hook_host_path: str,
     open_files: int,
+    nice: int,
     proc_root: Path,
     probe_address: str | None,
     debug: bool,
@@ -102,6 +113,9 @@ def scheduler_main(
     configure_logging(debug=debug or os.environ.get("NVSHARE_DEBUG", "") not in ("", "0"))
     if ctx.invoked_subcommand is not None:
         return
+    from appliance.daemon.cpu import set_nice
+
+    set_nice(nice)  # before any thread starts: they all inherit it
     from appliance.daemon.daemon import DaemonConfig, run_daemon
 
     config = DaemonConfig(
