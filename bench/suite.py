@@ -13,7 +13,9 @@ guaranteed shares) and, when the machine has two GPUs, `bench/gangs.py` (2-GPU N
 OUTDIR/gangs.json, then writes OUTDIR/suite.md: the machine, the date, and one table per
 feature with each figure judged against issue 22's targets. All of it takes about 50 minutes
 on an H100; `--sections` runs part of it, and what earlier runs into the same OUTDIR measured
-is kept (a machine lent for ten minutes at a time runs it in parts).
+is kept (a machine lent for ten minutes at a time runs it in parts). A section that fails says
+why (its traceback) and the others still run; the table then keeps that section's last good
+run, and `run` exits with 1.
 """
 
 from __future__ import annotations
@@ -173,15 +175,18 @@ def main() -> int:
     ap.add_argument("--quota-seconds", default="60")
     ap.add_argument("--turns-seconds", default="40.5")
     args = ap.parse_args()
+    failed = ""
     if args.what == "run":
-        run(args)
+        failed = run(args)
     elif args.what == "merge":
         args.out.mkdir(parents=True, exist_ok=True)
         merge(args.out, args.part)
     table = report(args.out)
     (args.out / "suite.md").write_text(table + "\n")
     print(table)
-    return 0
+    if failed:
+        print(f"\n{failed}; the table keeps those sections' last good runs", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def merge(out: Path, part: Path) -> None:
@@ -195,11 +200,13 @@ def merge(out: Path, part: Path) -> None:
     whole.write_text(json.dumps(kept | new, indent=2) + "\n")
 
 
-def run(args: argparse.Namespace) -> None:
-    """The sections asked for, merged into what OUTDIR already holds."""
+def run(args: argparse.Namespace) -> str:
+    """The sections asked for, merged into what OUTDIR already holds; what failed, if any
+    (a section that fails leaves the others to run: bench/workloads.py prints why)."""
     args.out.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-u"]
     wanted = args.sections.split(",")
+    failed: list[str] = []
     if sections := [s for s in wanted if s in SECTIONS]:
         part = args.out / "workloads.part.json"
         done = subprocess.run(
@@ -211,9 +218,12 @@ def run(args: argparse.Namespace) -> None:
             merge(args.out, part)
             part.unlink()
         if done.returncode != 0:
-            raise SystemExit(f"bench/workloads.py exited with {done.returncode}")
+            failed.append(f"bench/workloads.py exited with {done.returncode}")
     if "gangs" in wanted and gpu_count() >= 2:
-        subprocess.run([*py, BENCH / "gangs.py", "--json", args.out / "gangs.json"], check=True)
+        done = subprocess.run([*py, BENCH / "gangs.py", "--json", args.out / "gangs.json"])
+        if done.returncode != 0:
+            failed.append(f"bench/gangs.py exited with {done.returncode}")
+    return "; ".join(failed)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -727,14 +728,22 @@ def main() -> int:
         "quota_seconds": args.quota_seconds,
         "turns_seconds": args.turns_seconds,
     }
+    failed = []
     for name in args.sections.split(","):
         started = time.monotonic()
-        res[name] = sections[name](args.seconds)
+        try:
+            res[name] = sections[name](args.seconds)
+        except Exception:  # the other sections still run; this one keeps its last good run
+            failed.append(name)
+            print(f"section {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            continue
         res[name]["section_s"] = round(time.monotonic() - started, 1)
         print(json.dumps({name: res[name]}, indent=1), flush=True)
         if args.json is not None:  # what a run cut short by a time limit has done so far
             args.json.write_text(json.dumps(res, indent=2))
-    return 0
+    if failed:
+        print(f"sections that failed (tracebacks above): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
