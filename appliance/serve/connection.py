@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.host.peer import peer_credentials
+from appliance.serve.admission import EveryMinute
 from appliance.serve.session import Session
 from appliance.wire import framing
 from appliance.wire import protocol as p
@@ -49,6 +50,7 @@ TOTAL_BUFFERED = 32 << 20
 # still ends soon.
 _SCRATCH = bytearray(4096)
 _SCRATCH_VIEW = memoryview(_SCRATCH)  # made once: a read that fits takes it whole
+_OTHER_RELEASES = EveryMinute()  # peers speaking another protocol version: a line a minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +277,14 @@ class PeerConnection(asyncio.BufferedProtocol):
             self._queued -= _size(item)
             if isinstance(item, framing.ProtocolError):  # a version we do not speak
                 self.send(p.Result(item.status, item.ref_type, str(item)))
+                _OTHER_RELEASES.warn(
+                    "version",
+                    "%s: %s; a hook or nvsharectl of another release (a running program keeps "
+                    "the hook it loaded, and runs unshared until it is restarted with this "
+                    "node's)",
+                    self.peer,
+                    item,
+                )
             else:
                 self._on_frame(self, item)
         self._account()

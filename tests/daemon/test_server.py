@@ -96,6 +96,31 @@ def test_unknown_type_and_bad_version_get_error_frames(daemon: RunningDaemon) ->
     ]
 
 
+def test_a_hook_of_another_release_is_told_and_logged_once_a_minute(
+    daemon: RunningDaemon,
+) -> None:
+    """A program that loaded the hook of an older release before the node was upgraded speaks
+    another protocol version: it gets an error frame for each frame, and the daemon's log says
+    once (not per frame) what it is and that it runs unshared until it is restarted."""
+    old = track(socket.socket(socket.AF_UNIX))
+    old.connect(str(daemon.socket_dir / "scheduler.sock"))
+    for seq in range(1, 4):
+        old.sendall(p.HEADER.pack(p.MAGIC, p.VERSION - 1, p.MsgType.REGISTER, 0, 0, seq))
+    dec = framing.FrameDecoder()
+    replies: list[p.Result] = []
+    while len(replies) < 3:
+        replies += [framing.decode_body(f) for f in dec.feed(old.recv(4096))]  # type: ignore[arg-type]
+    assert {r.status for r in replies} == {p.Status.BAD_VERSION}
+    said = f"protocol version {p.VERSION - 1} is not supported (we speak {p.VERSION})"
+    deadline = time.monotonic() + 5
+    while said not in daemon.output():
+        assert time.monotonic() < deadline, daemon.output()
+        time.sleep(0.02)
+    line = next(x for x in daemon.output().splitlines() if said in x)
+    assert f"pid {os.getpid()}" in line and "another release" in line and "restarted" in line
+    assert daemon.output().count(said) == 1
+
+
 def test_a_client_that_never_reads_does_not_stall_others(daemon: RunningDaemon) -> None:
     hog = track(socket.socket(socket.AF_UNIX))
     hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
