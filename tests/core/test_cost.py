@@ -220,7 +220,7 @@ def calls(c: Crowd, event: ev.Event, name: str) -> tuple[int, list[act.Action]]:
     return count, out
 
 
-def test_a_drop_that_frees_no_gpu_reads_the_line_once() -> None:
+def test_a_lender_taking_its_gpu_back_while_it_is_held_reads_no_line() -> None:
     """The holder lets the GPU go idle; the next is granted; the first asks again inside its
     quantum and takes the GPU back (`priority.lent_back`). That drop frees the GPU for nobody
     before the release, so the line is read once, not again after the drop; and while the GPU
