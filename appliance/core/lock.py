@@ -248,12 +248,11 @@ class Lock:
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
         self.priorities.granted(g, now)
-        # Cut short for another's share (`ShareRule.resumes`), or back inside its quantum after
-        # lending the GPU (`PriorityRule.lent_back`): it has the rest of its quantum back.
+        # Cut short for another's share (`ShareRule.resumes`), or asked back inside its quantum
+        # after lending the GPU (`takes_back`; granted after the borrower's drain, maybe past
+        # it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = min(map(self._s.time_quantum, g.gpus))
-        resumed = self.shares.resumes(g, now, quantum) or (
-            g.lent_at is not None and now < g.quantum_from + quantum
-        )
+        resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         self.shares.granted(g)

@@ -52,7 +52,7 @@ from appliance.core.state import Gang, NodeState
 
 PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
 QUANTUM = DropReason.QUANTUM
-CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG, DropReason.LENT)
+CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # when short (LENT: always)
 
 
 class PriorityRule:
@@ -72,15 +72,16 @@ class PriorityRule:
         """A drop: whether the turn that ends now for `why` was too short to count as the
         gang's own (`cut_short`): taken by a higher claim (a higher priority, its lender's
         pace, a gang that holds part of its GPUs) before it held as long as it had waited for
-        the turn, and before the slice any holder has (`scheduler.preemptAfter`); or an equal
-        taking back the GPU it lent (`lent_back`): the turn was the lender's, and a lender
-        that lends and asks again at once would send every waiter it lends to to the back.
+        the turn, and before the slice any holder has (`scheduler.preemptAfter`); or, however
+        long it held, an equal taking back the GPU it lent (`lent_back`): the turn was the
+        lender's, and a lender that lends and asks again would send every waiter it lends to
+        to the back, one by one (a loop fed by a data loader, pausing often and long, did).
         Its starvation clock then runs on and it keeps its place (`starved`). Not its own
         quota, an equal's quantum over, nor a share (shares are bounded by 100 % of a
         window): those turns go round."""
         held, waited = now - g.granted_at, g.granted_at - g.requested_at
-        g.cut_short = why in CUT_SHORT and held < min(
-            waited, self._s.policy.scheduler.preempt_after_s
+        g.cut_short = why is DropReason.LENT or (
+            why in CUT_SHORT and held < min(waited, self._s.policy.scheduler.preempt_after_s)
         )
 
     # ------------------------------------------------------------ queries

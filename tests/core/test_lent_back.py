@@ -124,3 +124,49 @@ def test_a_borrower_the_lender_takes_back_from_keeps_its_place_in_line() -> None
     assert h.state.clients[b].usage.drops == {"lent": 3}
     assert drops(h.advance(TQ)) == [a]
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
+
+
+def test_a_borrower_keeps_its_place_however_long_it_borrowed() -> None:
+    # A loop fed by a data loader pauses long and works briefly: b, first in line, borrows
+    # each pause (0.2 s) for longer than it waited for it (0.02 s since it asked again). Each
+    # borrowed turn was still a's time: b stays first and goes next when a's quantum is over.
+    # (On an H200 with four loops, a borrower sent back for such a turn put the loop that had
+    # just had its quantum first: it held two quanta in a row, 32 % of the GPU for 25 % due.)
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.advance(0.1)
+    h.feed(ev.LockRequested(b, 1))
+    h.advance(0.1)
+    h.feed(ev.LockRequested(c, 1))
+    for n in range(5):
+        h.advance(0.02)
+        assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+        h.advance(0.2)
+        assert drops(h.feed(ev.LockRequested(a, 2 + n))) == [b]
+        h.feed(ev.LockRequested(b, 2 + n))
+        assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))) == [a]
+    assert h.state.clients[b].usage.drops == {"lent": 5}
+    assert drops(h.advance(TQ)) == [a]
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
+
+
+def test_a_lender_that_asked_back_as_its_quantum_ended_gets_no_fresh_one() -> None:
+    # a lends just before its quantum is over and asks again at once; b's drain ends after it.
+    # a has what was left of its quantum (nothing), not a new one ahead of b and c: else a loop
+    # that pauses often would chain quanta while the others wait (four loops on the core's
+    # clock: one waited four turns instead of three).
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.feed(ev.LockRequested(b, 1))
+    h.feed(ev.LockRequested(c, 1))
+    h.advance(TQ - 0.01)
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+    h.advance(0.005)
+    assert drops(h.feed(ev.LockRequested(a, 2))) == [b]
+    h.feed(ev.LockRequested(b, 2))
+    h.advance(0.01)  # b's drain ends past a's quantum
+    out = h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED)) + h.advance(0.001)
+    assert grants(out) == [a] and drops(out) == [a]
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
