@@ -1,6 +1,6 @@
 """The whole workload suite on a GPU machine, one command, with its table.
 
-    bash bench/suite.sh OUTDIR [--sections turns,modes,quotas,priorities,requests,gangs]
+    bash bench/suite.sh OUTDIR [--sections turns,modes,quotas,priorities,requests,crowd,gangs]
                                [--seconds 12] [--quota-seconds 60] [--turns-seconds 40.5]
     python3 bench/suite.py report OUTDIR          (anywhere: the table again, from the JSON)
     python3 bench/suite.py merge OUTDIR --part F  (a `bench/workloads.py --json F` run made
@@ -8,14 +8,14 @@
 
 `run` (what suite.sh calls on the GPU machine after building the hook) runs `bench/workloads.py`
 with every section (turns of every step shape, modes on/auto/off, quotas, priorities,
-guaranteed shares) and, when the machine has two GPUs, `bench/gangs.py` (2-GPU NCCL jobs,
-`.item()` and DDP steps, both orders, staggered), into OUTDIR/workloads.json and
-OUTDIR/gangs.json, then writes OUTDIR/suite.md: the machine, the date, and one table per
-feature with each figure judged against issue 22's targets. All of it takes about 50 minutes
-on an H100; `--sections` runs part of it, and what earlier runs into the same OUTDIR measured
-is kept (a machine lent for ten minutes at a time runs it in parts). A section that fails says
-why (its traceback) and the others still run; the table then keeps that section's last good
-run, and `run` exits with 1.
+guaranteed shares, crowds of three and four loops) and, when the machine has two GPUs,
+`bench/gangs.py` (2-GPU NCCL jobs, `.item()` and DDP steps, both orders, staggered), into
+OUTDIR/workloads.json and OUTDIR/gangs.json, then writes OUTDIR/suite.md: the machine, the
+date, and one table per feature with each figure judged against issue 22's targets. All of
+it takes about an hour on an H100; `--sections` runs part of it, and what earlier runs into the
+same OUTDIR measured is kept (a machine lent for ten minutes at a time runs it in parts). A
+section that fails says why (its traceback) and the others still run; the table then keeps
+that section's last good run, and `run` exits with 1.
 """
 
 from __future__ import annotations
@@ -115,6 +115,18 @@ def requests(res: dict[str, Any]) -> Iterator[str]:
             yield line(name, name[1:], work, held if held is not None else "-", ok(good))
 
 
+def crowd(res: dict[str, Any]) -> Iterator[str]:
+    """N loops: each within 5 points of 100/N; no stall beyond the others' quanta (5 s each)
+    and a drop deadline (5 s)."""
+    yield line("loops", "split %", "combined (x alone)", "longest stall s", "verdict")
+    yield "|---|---|---:|---|---|"
+    for case, r in sections_of(res):
+        split, stall = list(r["split_pct"].values()), list(r["longest_stall_s"].values())
+        n = r["loops"]
+        good = all(abs(x - 100 / n) <= 5 for x in split) and max(stall) <= 5.0 * n
+        yield line(case, split, r["combined_of_alone"], stall, ok(good))
+
+
 def gangs(res: dict[str, Any]) -> Iterator[str]:
     yield line("run", "split %", "combined", "longest gap s", "verdict")
     yield "|---|---|---:|---|---|"
@@ -131,6 +143,7 @@ SECTIONS = {
     "quotas": ("Quotas: shares from the first step, against the loop alone", quotas),
     "priorities": ("Priorities: inference at high beside a trainer", priorities),
     "requests": ("Guaranteed shares (coreRequest 30 and 70)", requests),
+    "crowd": ("Crowds: three and four loops at TQ 5 s, staggered", crowd),
 }
 
 

@@ -35,6 +35,9 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              (NVSHARE_GPU_PRIORITY);
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70 (--quota-seconds): work and time held
+  crowd      three `train:item`, then `item`, `cpu`, `loader` and `compiled` loops in both
+             orders, at TQ 5 s, staggered starts, three rounds of turns: each loop's share (1/N
+             is fair) and longest stall (the others' quanta and a drop deadline bound it)
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
@@ -519,6 +522,41 @@ def section_turns(alone_s: float, seconds: float = TURNS_SECONDS) -> dict[str, A
     return out
 
 
+CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two orders
+    "item x3": (("titem", 0.0), ("titem2", 0.5), ("titem3", 1.0)),
+    "item,cpu,loader,compiled": (
+        ("titem", 0.0),
+        ("tcpu", 0.7),
+        ("tloader", 1.3),
+        ("tcompiled", 2.1),
+    ),
+    "compiled,loader,cpu,item": (
+        ("tcompiled", 0.0),
+        ("tloader", 0.4),
+        ("tcpu", 1.1),
+        ("titem", 1.9),
+    ),
+}
+CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
+
+
+def section_crowd(alone_s: float) -> dict[str, Any]:
+    """Three and four loops at once (no benchmark pair is a crowd): each loop's share of its own
+    rate alone over the time all ran, which turns give as 1/N each, and the longest time a loop
+    made no step, which turns bound by the others' quanta and a drop deadline."""
+    specs = {"titem": "train:item", "tcpu": "train:cpu", "tloader": "train:loader"}
+    specs["tcompiled"] = "compiled"
+    solo = alone_rates(specs, alone_s)
+    out: dict[str, Any] = {}
+    for case, members in CROWDS.items():
+        roles = [Role(name, specs[name.rstrip("23")], delay) for name, delay in members]
+        seconds = CROWD_ROUNDS * len(roles) * float(TQ.rstrip("s")) + members[-1][1]
+        got = run(on_policy(), roles, seconds)
+        report = pair_report(got, {r.name: solo[r.name.rstrip("23")] for r in roles})
+        out[case] = told(case, report | {"loops": len(roles)})
+    return out
+
+
 def section_modes(seconds: float) -> dict[str, Any]:
     solo = alone_rates({"a": "train:item"}, seconds)["a"]
     out = {}
@@ -663,6 +701,7 @@ SECTIONS = {
     "quotas": section_quotas,
     "priorities": section_priorities,
     "requests": section_requests,
+    "crowd": section_crowd,
 }
 
 
