@@ -127,7 +127,9 @@ class PriorityRule:
     def takes_back(lender: Gang, quantum_s: float) -> bool:
         """Whether `lender` let its GPU go idle and asked again before its own quantum was
         over: an equal granted since gives way to it at once (`lent_back`), so among its
-        equals it is also granted first (`line.Line.turns`), not granted and dropped."""
+        equals it is also granted first (`line.Line.turns`), not granted and dropped; and
+        granted, it has what was left of that quantum (`lock.Lock._grant`), even when the
+        borrower's drain ran past it."""
         return lender.lent_at is not None and lender.requested_at < lender.quantum_from + quantum_s
 
     def taking_back(self, lender: Gang) -> bool:
