@@ -549,10 +549,11 @@ def section_crowd(alone_s: float) -> dict[str, Any]:
     solo = alone_rates(specs, alone_s)
     out: dict[str, Any] = {}
     for case, members in CROWDS.items():
-        roles = [Role(name, specs[name.rstrip("23")], delay) for name, delay in members]
+        kind = {name: name.rstrip("0123456789") for name, _ in members}  # titem2: a titem
+        roles = [Role(name, specs[kind[name]], delay) for name, delay in members]
         seconds = CROWD_ROUNDS * len(roles) * float(TQ.rstrip("s")) + members[-1][1]
         got = run(on_policy(), roles, seconds)
-        report = pair_report(got, {r.name: solo[r.name.rstrip("23")] for r in roles})
+        report = pair_report(got, {name: solo[k] for name, k in kind.items()})
         out[case] = told(case, report | {"loops": len(roles)})
     return out
 
