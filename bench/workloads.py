@@ -72,7 +72,8 @@ from _daemon import BenchDaemon, gpus, machine, percentile, stamp_hook_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
-TQ = "5s"
+TQ_S = 5.0  # every section's time quantum
+TQ = f"{TQ_S:g}s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
 TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
 TRACE: Path | None = None  # --trace DIR: every run's hook debug lines, timed, kept there
@@ -551,7 +552,7 @@ def section_crowd(alone_s: float) -> dict[str, Any]:
     for case, members in CROWDS.items():
         kind = {name: name.rstrip("0123456789") for name, _ in members}  # titem2: a titem
         roles = [Role(name, specs[kind[name]], delay) for name, delay in members]
-        seconds = CROWD_ROUNDS * len(roles) * float(TQ.rstrip("s")) + members[-1][1]
+        seconds = CROWD_ROUNDS * len(roles) * TQ_S + members[-1][1]
         got = run(on_policy(), roles, seconds)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
         out[case] = told(case, report | {"loops": len(roles)})
