@@ -14,7 +14,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
   once every GPU anyone waits for is taken; in a bucket, an equal taking back the GPU it lent
-  (`PriorityRule.takes_back`) goes first.
+  (`PriorityRule.takes_back`) goes first (of several, the one that asked again soonest into its
+  quantum; `bucket.Bucket`).
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -36,10 +37,9 @@ never bills or rolls anything.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
+from appliance.core.bucket import Bucket, Class, Filing, bucket_of, remove_from
 from appliance.core.gang import account
 from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
@@ -50,78 +50,6 @@ from appliance.core.state import Gang, GangPhase, NodeState
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 # `PriorityRule.line`'s order: offender, not owed, not starved, -priority
 LineKey = tuple[bool, bool, bool, int]
-Class = tuple[bool, bool, int]  # a bucket's: offender, owed, priority
-
-
-class _Filing(NamedTuple):
-    """What a waiting gang was filed by (what `_unfile` must find it by again). (A tuple: one
-    is made for every gang that starts waiting, and a frozen dataclass costs a call a field.)"""
-
-    ticket: int
-    priority: int
-    offender: bool
-    gpus: tuple[str, ...]
-    lent_at: float | None
-    eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
-    owed: bool  # part of a member's share is owed to it (`share`)
-
-    @property
-    def cls(self) -> Class:
-        return (self.offender, self.owed, self.priority)
-
-
-class Bucket:
-    """Waiting gangs of one class, in ticket order; and those of them that lent their GPU,
-    by when."""
-
-    __slots__ = ("gangs", "lent", "order")
-
-    def __init__(self) -> None:
-        self.order: list[tuple[int, str]] = []  # (ticket, key), sorted
-        self.gangs: dict[str, Gang] = {}
-        self.lent: list[tuple[float, int, str]] = []  # (lent_at, ticket, key), sorted
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def add(self, g: Gang, f: _Filing) -> None:
-        insort(self.order, (f.ticket, g.key))
-        self.gangs[g.key] = g
-        if f.lent_at is not None:
-            insort(self.lent, (f.lent_at, f.ticket, g.key))
-
-    def remove(self, key: str, f: _Filing) -> None:
-        del self.order[bisect_left(self.order, (f.ticket, key))]
-        del self.gangs[key]
-        if f.lent_at is not None:
-            del self.lent[bisect_left(self.lent, (f.lent_at, f.ticket, key))]
-
-    def first(self) -> Gang:
-        return self.gangs[self.order[0][1]]
-
-    def first_lender(self, before: float) -> Gang | None:
-        """The gang that lent its GPU earliest, if that was at or before `before`."""
-        if self.lent and self.lent[0][0] <= before:
-            return self.gangs[self.lent[0][2]]
-        return None
-
-    def walk(
-        self, starved: Callable[[Gang], bool], want: bool, skip: Gang | None
-    ) -> Iterator[Gang]:
-        """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest), but
-        `skip` (given out already). The reader may take the one just given out (a grant)."""
-        i = 0
-        while i < len(self.order):
-            entry = self.order[i]
-            g = self.gangs[entry[1]]
-            if starved(g) != want or g is skip:
-                if want:
-                    return  # past the starved prefix
-                i += 1
-                continue
-            yield g
-            if i < len(self.order) and self.order[i] == entry:
-                i += 1
 
 
 class Line:
@@ -136,7 +64,7 @@ class Line:
         self._shares = shares  # whether a waiter is owed its share, and when it may be again
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
-        self._filed: dict[str, _Filing] = {}  # every waiting gang
+        self._filed: dict[str, Filing] = {}  # every waiting gang
         self._line: dict[Class, Bucket] = {}  # the eligible ones
         self._resting: dict[str, Gang] = {}  # the others: their quota keeps them out for now
         self._by_gpu: dict[str, dict[Class, Bucket]] = {}
@@ -184,12 +112,13 @@ class Line:
             opens = None if eligible else self._quotas.opens_at(g, now)
             turns = (self._shares.turn_at(g, now), opens)
             turn = min((t for t in turns if t is not None), default=None)
-        f = _Filing(
+        f = Filing(
             ticket=g.ticket,
             priority=g.priority,
             offender=g.offender,
             gpus=tuple(g.gpus),
             lent_at=g.lent_at,
+            asked_into=g.requested_at - g.quantum_from,
             eligible=eligible,
             owed=owed,
         )
@@ -204,8 +133,8 @@ class Line:
         cls = f.cls
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
-            _bucket(self._by_gpu.setdefault(uuid, {}), cls).add(g, f)
-        _bucket(self._line, cls).add(g, f)
+            bucket_of(self._by_gpu.setdefault(uuid, {}), cls).add(g, f)
+        bucket_of(self._line, cls).add(g, f)
 
     def _unfile(self, key: str) -> None:
         self.owning.pop(key, None)
@@ -226,8 +155,8 @@ class Line:
             self._waited[uuid] -= 1
             if not self._waited[uuid]:
                 del self._waited[uuid]
-            _remove(self._by_gpu[uuid], cls, key, f)
-        _remove(self._line, cls, key, f)
+            remove_from(self._by_gpu[uuid], cls, key, f)
+        remove_from(self._line, cls, key, f)
 
     def catch_up(self, now: float) -> None:
         """File again the waiters one of whose windows has turned by `now` (the index follows
@@ -265,9 +194,10 @@ class Line:
             yield from bucket.walk(starved, want, first)
 
     def _taking_back(self, bucket: Bucket, starved: Callable[[Gang], bool]) -> Gang | None:
-        """The bucket's earliest lender (O(1): as `Waiting.rivals` asks), if it takes its GPU
-        back (`PriorityRule.takes_back`): first among its equals (the starved come first)."""
-        g = bucket.gangs[bucket.lent[0][2]] if bucket.lent else None
+        """The bucket's lender that asked again soonest into its quantum (O(1): as
+        `Waiting.rivals` asks), if it takes its GPU back (`PriorityRule.takes_back`): first
+        among its equals (the starved come first)."""
+        g = bucket.soonest_back(self.now)
         if g is None or starved(g):
             return None
         return g if self._priorities.taking_back(g) else None
@@ -348,8 +278,9 @@ class Line:
         assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
-            now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at)
-            was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at)
+            asked_into = g.requested_at - g.quantum_from
+            now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at, asked_into)
+            was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at, f.asked_into)
             assert now_filed == was, (k, now_filed, was)
             owed = self._shares.owed(g, self.now) > EPSILON_S
             assert (f.eligible, f.owed) == (self._quotas.may_start(g, self.now), owed), k
@@ -374,22 +305,6 @@ def accounted(s: NodeState, g: Gang) -> bool:
         if s.clients[m].guarantee is not None:
             return True
     return False
-
-
-def _bucket(buckets: dict[Class, Bucket], cls: Class) -> Bucket:
-    """The bucket of class `cls`, made when it is the first (a `setdefault` would make one
-    for every gang filed)."""
-    bucket = buckets.get(cls)
-    if bucket is None:
-        bucket = buckets[cls] = Bucket()
-    return bucket
-
-
-def _remove(buckets: dict[Class, Bucket], cls: Class, key: str, f: _Filing) -> None:
-    bucket = buckets[cls]
-    bucket.remove(key, f)
-    if not bucket:
-        del buckets[cls]
 
 
 class Waiting:
@@ -428,14 +343,18 @@ class Waiting:
         """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
         (`PriorityRule.yield_at` depends on a waiter's priority, whether it lent the GPU before
         the holder's grant, when it asked, and whether it is owed its share): each bucket's
-        longest waiting and its earliest lender."""
+        longest waiting, its earliest lender (a higher priority's, any lender will do) and the
+        lender that asked again soonest into its quantum (an equal's: if it does not take its
+        GPU back, none does)."""
         out: list[Gang] = []
         for b in self._line._by_gpu.get(uuid, {}).values():
             first = b.first()
             out.append(first)
-            lender = b.first_lender(holder.granted_at)
-            if lender is not None and lender is not first:  # (often one gang: asked once)
-                out.append(lender)
+            earliest = b.first_lender(holder.granted_at)
+            soonest = b.soonest_back(holder.granted_at)
+            for lender in (earliest, None if soonest is earliest else soonest):
+                if lender is not None and lender is not first:  # (often one gang: asked once)
+                    out.append(lender)
         return out
 
     def owed(self, gangs: list[Gang]) -> set[str]:
