@@ -44,7 +44,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
                                [--quota-seconds 20] [--quota-cases 25,75,30c,pair]
                                [--quota-variants ';computeWindow: 250ms']
                                [--priority-variants ';idleHandoff: 2ms'] [--base OLD_CHECKOUT]
-                               [--trace DIR]
+                               [--crowds 'item x3;item x3'] [--trace DIR]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
 """
@@ -541,21 +541,25 @@ CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two
 CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
 
 
-def section_crowd(alone_s: float) -> dict[str, Any]:
+def section_crowd(alone_s: float, cases: tuple[str, ...] = tuple(CROWDS)) -> dict[str, Any]:
     """Three and four loops at once (no benchmark pair is a crowd): each loop's share of its own
     rate alone over the time all ran, which turns give as 1/N each, and the longest time a loop
-    made no step, which turns bound by the others' quanta and a drop deadline."""
+    made no step, which turns bound by the others' quanta and a drop deadline. Each of `cases`
+    (names in `CROWDS`; a name given again runs again, its result as "NAME #2")."""
     specs = {"titem": "train:item", "tcpu": "train:cpu", "tloader": "train:loader"}
     specs["tcompiled"] = "compiled"
     solo = alone_rates(specs, alone_s)
     out: dict[str, Any] = {}
-    for case, members in CROWDS.items():
+    for i, case in enumerate(cases):
+        members = CROWDS[case]
+        again = cases[:i].count(case)
         kind = {name: name.rstrip("0123456789") for name, _ in members}  # titem2: a titem
         roles = [Role(name, specs[kind[name]], delay) for name, delay in members]
         seconds = CROWD_ROUNDS * len(roles) * TQ_S + members[-1][1]
         got = run(on_policy(), roles, seconds)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
-        out[case] = told(case, report | {"loops": len(roles)})
+        name = f"{case} #{again + 1}" if again else case
+        out[name] = told(name, report | {"loops": len(roles)})
     return out
 
 
@@ -716,6 +720,9 @@ def main() -> int:
     ap.add_argument("--turns-seconds", type=float, default=TURNS_SECONDS)
     ap.add_argument("--quota-cases", default=",".join(QUOTA_CASES))
     ap.add_argument(
+        "--crowds", default=";".join(CROWDS), help="the crowd section's cases, ';' between them"
+    )
+    ap.add_argument(
         "--infer", default=",".join(INFER), help="ARRIVAL:MS[:graph|:decode[:GAP_MS]] requests"
     )
     ap.add_argument(
@@ -741,6 +748,8 @@ def main() -> int:
         " in this folder (one JSON file a run), and break the priorities' hand-offs down",
     )
     args = ap.parse_args()
+    if unknown := set(args.crowds.split(";")) - set(CROWDS):
+        ap.error(f"--crowds: no such case {sorted(unknown)}; the cases are {list(CROWDS)}")
     global TRACE
     TRACE = args.trace
     if TRACE is not None:
@@ -754,6 +763,7 @@ def main() -> int:
             cases=tuple(args.quota_cases.split(",")),
         ),
         "requests": functools.partial(section_requests, long=args.quota_seconds),
+        "crowd": functools.partial(section_crowd, cases=tuple(args.crowds.split(";"))),
         "priorities": functools.partial(
             section_priorities,
             infer=tuple(args.infer.split(",")),
