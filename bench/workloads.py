@@ -558,9 +558,33 @@ def section_crowd(alone_s: float, cases: tuple[str, ...] = tuple(CROWDS)) -> dic
         seconds = CROWD_ROUNDS * len(roles) * TQ_S + members[-1][1]
         got = run(on_policy(), roles, seconds)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
+        if TRACE is not None:
+            report["taking_back"] = {n: taking_back(r) for n, r in got.items()}
         name = f"{case} #{again + 1}" if again else case
         out[name] = told(name, report | {"loops": len(roles)})
     return out
+
+
+def taking_back(r: dict[str, Any]) -> dict[str, Any]:
+    """From a loop's traced lock lines (--trace): its requests after lending its GPU inside its
+    quantum (an idle release, then a request within TQ_S of its last grant that was not such a
+    taking back), how many, and the longest any waited for its grant (a drain, if the borrower
+    gives way at once)."""
+    quantum_from, lent, asked, back, waits = 0.0, False, None, False, []
+    for t, line in r["trace"]:
+        if "lock granted" in line:
+            if asked is not None and back:
+                waits.append(t - asked)
+            elif asked is not None:
+                quantum_from = t
+            asked = None
+        elif "released (idle)" in line:
+            lent = True
+        elif "released" in line:
+            lent = False
+        elif "requesting the lock" in line:
+            asked, back, lent = t, lent and t < quantum_from + TQ_S, False
+    return {"n": len(waits), "longest_s": round(max(waits), 3) if waits else None}
 
 
 def section_modes(seconds: float) -> dict[str, Any]:
