@@ -1,9 +1,10 @@
 """A bucket of the lock's line (`line.Line`): the waiting gangs of one class (offender, owed
-its share, priority) in ticket order, and those of them that lent their GPU, filed twice: by when
-they lent (whether a holder borrowed from a higher priority: any lender will do, the earliest is
-read) and by how far into their quantum they asked again (whether an equal takes its GPU back:
-if the one that asked soonest does not, none does; a lender that lent long ago and asked after
-its quantum must not hide one that does). Every question O(1); filing O(log n)."""
+its share, priority) in ticket order, and those of them that lent their GPU by when they lent,
+twice: all of them (whether a holder borrowed from a higher priority: any lender will do, the
+earliest is read), and those that asked again inside their quantum (`PriorityRule.takes_back`,
+as of when they were filed: an equal taking its GPU back, the earliest lender first). A lender
+that lent long ago and asked after its quantum is only in the first: it must not hide one that
+takes back. Every question O(1); filing O(log n)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Filing(NamedTuple):
     offender: bool
     gpus: tuple[str, ...]
     lent_at: float | None
-    asked_into: float  # how far into its quantum it asked (`PriorityRule.takes_back`), if it lent
+    back: bool  # it lent and asked again inside its quantum (`PriorityRule.takes_back`)
     eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
     owed: bool  # part of a member's share is owed to it (`share`)
 
@@ -35,8 +36,8 @@ class Filing(NamedTuple):
 
 
 class Bucket:
-    """Waiting gangs of one class, in ticket order; and those of them that lent their GPU,
-    by when they lent and by how far into their quantum they asked again."""
+    """Waiting gangs of one class, in ticket order; those of them that lent their GPU, by when;
+    and, by when, those of these that take it back."""
 
     __slots__ = ("back", "gangs", "lent", "order")
 
@@ -44,7 +45,7 @@ class Bucket:
         self.order: list[tuple[int, str]] = []  # (ticket, key), sorted
         self.gangs: dict[str, Gang] = {}
         self.lent: list[tuple[float, int, str]] = []  # (lent_at, ticket, key), sorted
-        self.back: list[tuple[float, int, str]] = []  # (asked_into, ticket, key), sorted
+        self.back: list[tuple[float, int, str]] = []  # the same, of those taking back
 
     def __len__(self) -> int:
         return len(self.order)
@@ -54,29 +55,27 @@ class Bucket:
         self.gangs[g.key] = g
         if f.lent_at is not None:
             insort(self.lent, (f.lent_at, f.ticket, g.key))
-            insort(self.back, (f.asked_into, f.ticket, g.key))
+            if f.back:
+                insort(self.back, (f.lent_at, f.ticket, g.key))
 
     def remove(self, key: str, f: Filing) -> None:
         del self.order[bisect_left(self.order, (f.ticket, key))]
         del self.gangs[key]
         if f.lent_at is not None:
             del self.lent[bisect_left(self.lent, (f.lent_at, f.ticket, key))]
-            del self.back[bisect_left(self.back, (f.asked_into, f.ticket, key))]
+            if f.back:
+                del self.back[bisect_left(self.back, (f.lent_at, f.ticket, key))]
 
     def first(self) -> Gang:
         return self.gangs[self.order[0][1]]
 
-    def first_lender(self, before: float) -> Gang | None:
-        """The gang that lent its GPU earliest, if that was at or before `before`."""
-        if self.lent and self.lent[0][0] <= before:
-            return self.gangs[self.lent[0][2]]
+    def first_lender(self, before: float, back: bool = False) -> Gang | None:
+        """The gang that lent its GPU earliest, if that was at or before `before`; `back`: of
+        those taking it back."""
+        lent = self.back if back else self.lent
+        if lent and lent[0][0] <= before:
+            return self.gangs[lent[0][2]]
         return None
-
-    def soonest_back(self, before: float) -> Gang | None:
-        """The lender that asked again soonest into its own quantum, if it lent at or before
-        `before`: if it does not take its GPU back (`PriorityRule.takes_back`), none does."""
-        g = self.gangs[self.back[0][2]] if self.back else None
-        return g if g is not None and g.lent_at is not None and g.lent_at <= before else None
 
     def walk(
         self, starved: Callable[[Gang], bool], want: bool, skip: Gang | None

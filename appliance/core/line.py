@@ -14,8 +14,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
   once every GPU anyone waits for is taken; in a bucket, an equal taking back the GPU it lent
-  (`PriorityRule.takes_back`) goes first (of several, the one that asked again soonest into its
-  quantum; `bucket.Bucket`).
+  (`PriorityRule.takes_back`, as of its request) goes first (of several, the earliest lender;
+  `bucket.Bucket`).
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -118,7 +118,7 @@ class Line:
             offender=g.offender,
             gpus=tuple(g.gpus),
             lent_at=g.lent_at,
-            asked_into=g.requested_at - g.quantum_from,
+            back=g.lent_at is not None and self._priorities.taking_back(g),
             eligible=eligible,
             owed=owed,
         )
@@ -194,10 +194,11 @@ class Line:
             yield from bucket.walk(starved, want, first)
 
     def _taking_back(self, bucket: Bucket, starved: Callable[[Gang], bool]) -> Gang | None:
-        """The bucket's lender that asked again soonest into its quantum (O(1): as
-        `Waiting.rivals` asks), if it takes its GPU back (`PriorityRule.takes_back`): first
-        among its equals (the starved come first)."""
-        g = bucket.soonest_back(self.now)
+        """The bucket's earliest lender of those taking their GPU back as of their request
+        (O(1): as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`; a
+        reload may have shortened its quantum since): first among its equals (the starved
+        come first)."""
+        g = bucket.first_lender(self.now, back=True)
         if g is None or starved(g):
             return None
         return g if self._priorities.taking_back(g) else None
@@ -278,9 +279,9 @@ class Line:
         assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
-            asked_into = g.requested_at - g.quantum_from
-            now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at, asked_into)
-            was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at, f.asked_into)
+            back = g.lent_at is not None and self._priorities.taking_back(g)
+            now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at, back)
+            was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at, f.back)
             assert now_filed == was, (k, now_filed, was)
             owed = self._shares.owed(g, self.now) > EPSILON_S
             assert (f.eligible, f.owed) == (self._quotas.may_start(g, self.now), owed), k
@@ -343,16 +344,15 @@ class Waiting:
         """Enough of GPU `uuid`'s waiters to know when `holder` must give way to one of them
         (`PriorityRule.yield_at` depends on a waiter's priority, whether it lent the GPU before
         the holder's grant, when it asked, and whether it is owed its share): each bucket's
-        longest waiting, its earliest lender (a higher priority's, any lender will do) and the
-        lender that asked again soonest into its quantum (an equal's: if it does not take its
-        GPU back, none does)."""
+        longest waiting, its earliest lender (a higher priority's: any lender will do) and its
+        earliest lender taking its GPU back (an equal's)."""
         out: list[Gang] = []
         for b in self._line._by_gpu.get(uuid, {}).values():
             first = b.first()
             out.append(first)
             earliest = b.first_lender(holder.granted_at)
-            soonest = b.soonest_back(holder.granted_at)
-            for lender in (earliest, None if soonest is earliest else soonest):
+            back = b.first_lender(holder.granted_at, back=True)
+            for lender in (earliest, None if back is earliest else back):
                 if lender is not None and lender is not first:  # (often one gang: asked once)
                     out.append(lender)
         return out
