@@ -75,6 +75,7 @@ class Line:
         self._lenders: dict[str, dict[int, dict[str, Gang]]] = {}  # GPU -> priority -> key -> gang
         self._lent_by: dict[str, tuple[str, int]] = {}  # key -> (GPU, priority) it is filed by
         self._paced: dict[str, tuple[str, Gang]] = {}  # lenders at a steady pace (`ahead`)
+        self._last_lent: dict[str, str] = {}  # GPU -> the key of the gang that lent it last
         self._waiting = Waiting(self)  # (it keeps nothing of its own: one for every asker)
         # GPUs whose waiters or owners changed since the lock last worked out when their
         # holders give way (`Lock.next_deadline` works those out again, and only those)
@@ -96,6 +97,7 @@ class Line:
             gpu = self._s.clients[next(iter(g.members))].gpu
             self._lenders.setdefault(gpu, {}).setdefault(g.priority, {})[g.key] = g
             self._lent_by[g.key] = (gpu, g.priority)
+            self._last_lent[gpu] = g.key
             if g.pace is not None:
                 self._paced[g.key] = (gpu, g)
 
@@ -250,6 +252,24 @@ class Line:
     def lent(self, uuid: str) -> bool:
         """Whether an idle lone gang lent GPU `uuid`."""
         return bool(self._lenders.get(uuid))
+
+    def borrowing(self, g: Gang, now: float) -> float:
+        """Granted now, until when g borrows (`Gang.borrowed_until`): the end of the quantum
+        of the equal that last lent g's GPU, if it has not had it back and its quantum (or
+        the one it borrowed in turn) runs on; 0.0 if g borrows from nobody. O(1)."""
+        if g.joint:
+            return 0.0
+        uuid = self._s.clients[next(iter(g.members))].gpu
+        lender = self._s.gangs.get(self._last_lent.get(uuid, ""))
+        if lender is None or lender is g or lender.lent_at is None:
+            return 0.0
+        if lender.priority != g.priority:
+            return 0.0
+        if PriorityRule.lent_borrowed(lender):
+            end = lender.borrowed_until
+        else:
+            end = lender.quantum_from + min(map(self._s.time_quantum, lender.gpus))
+        return end if end > now else 0.0
 
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
         """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""

@@ -181,9 +181,9 @@ class Lock:
         return out + self.schedule(now)
 
     def _enqueue(self, g: Gang, now: float) -> None:
-        """Wait in line: behind everyone (`PriorityRule.line` orders it); or, after a turn a
-        higher priority cut short, at its place in line with its starvation clock running on."""
-        if not g.cut_short:
+        """Wait in line: behind everyone (`PriorityRule.line` orders it); or, after a turn cut
+        short or lending a GPU it borrowed, at its place with its starvation clock running on."""
+        if not (g.cut_short or PriorityRule.lent_borrowed(g)):
             self._s.tickets += 1
             g.ticket, g.waiting_since = self._s.tickets, now
         g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False  # (filed by callers)
@@ -253,6 +253,7 @@ class Lock:
         # it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = min(map(self._s.time_quantum, g.gpus))
         resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
+        g.borrowed_until = self.line.borrowing(g, now)
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         self.shares.granted(g)

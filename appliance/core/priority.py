@@ -15,7 +15,10 @@ A holder gives way to a waiter (`yield_at`):
   when the waiter let the GPU go idle inside its own quantum and the holder was granted since
   (`lent_back`): the waiter has the rest of its quantum back (`quantum_from` kept), so a loop
   whose first steps pause on the CPU (loading kernels, allocating) loses only those pauses, not
-  a whole quantum of the other's for each; the holder keeps its place in line (`LENT`);
+  a whole quantum of the other's for each; the holder keeps its place in line (`LENT`). What
+  a holder lends on while it borrows an equal's quantum (`lent_borrowed`: until
+  `Gang.borrowed_until`, set at its grant by `line.Line.borrowing`) it does not take back: it
+  waits again at its place, first in line, and the equal whose quantum it was has it back;
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
@@ -35,9 +38,9 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
   `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
   They write those two facts of the gang asked about and nothing else.
-- queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `taking_back`, `lent_back`,
-  `yield_at`, `turn`. They read the gangs they are given and the scheduler's settings, and
-  write nothing.
+- queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
+  `taking_back`, `lent_back`, `yield_at`, `turn`. They read the gangs they are given and the
+  scheduler's settings, and write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -129,8 +132,19 @@ class PriorityRule:
         over: an equal granted since gives way to it at once (`lent_back`), so among its
         equals it is also granted first (`line.Line.turns`), not granted and dropped; and
         granted, it has what was left of that quantum (`lock.Lock._grant`), even when the
-        borrower's drain ran past it."""
-        return lender.lent_at is not None and lender.requested_at < lender.quantum_from + quantum_s
+        borrower's drain ran past it. Not what it lent while it borrowed an equal's quantum
+        (`lent_borrowed`): that quantum was the equal's, and a loop that pauses, borrowing
+        from another that does, would take it from the very loop it borrowed it from."""
+        if lender.lent_at is None or PriorityRule.lent_borrowed(lender):
+            return False
+        return lender.requested_at < lender.quantum_from + quantum_s
+
+    @staticmethod
+    def lent_borrowed(g: Gang) -> bool:
+        """Whether g let go idle a GPU it was granted while an equal lent it, before that
+        one's quantum was over (`Gang.borrowed_until`): it takes nothing back, and waits
+        again at its place in line (it was first when it borrowed)."""
+        return g.lent_at is not None and g.lent_at < g.borrowed_until
 
     def taking_back(self, lender: Gang) -> bool:
         """`takes_back` with the lender's own quantum (the shortest of the GPUs it asks for)."""

@@ -186,3 +186,28 @@ def test_a_lender_taking_back_is_not_hidden_by_one_that_asked_after_its_quantum(
     assert drops(h.feed(ev.LockRequested(b, 2))) == [d]  # b takes its GPU back at once
     h.feed(ev.LockRequested(d, 2))
     assert grants(h.feed(ev.LockReleased(d, ev.ReleaseReason.DROPPED))) == [b]
+
+
+def test_what_a_borrower_lends_on_it_does_not_take_back_from_its_lender() -> None:
+    # a's quantum: it lends to b (next in line), b pauses too and lends to c. a asks again:
+    # c gives way to a, and b, asking again, waits for a's quantum to end at its place, first
+    # in line: b took back, before, as if a's quantum were its own, from a itself.
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    h.feed(ev.LockRequested(a, 1))
+    h.feed(ev.LockRequested(b, 1))
+    h.feed(ev.LockRequested(c, 1))
+    h.advance(1.0)
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+    h.advance(0.01)
+    assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))) == [c]
+    h.advance(0.01)
+    assert drops(h.feed(ev.LockRequested(a, 2))) == [c]
+    assert drops(h.feed(ev.LockRequested(b, 2))) == []
+    h.feed(ev.LockRequested(c, 2))
+    out = h.feed(ev.LockReleased(c, ev.ReleaseReason.DROPPED))
+    assert grants(out) == [a] and drops(out) == []  # (not granted only to give way to b)
+    assert drops(h.advance(TQ - 1.02 - 0.01)) == []
+    assert drops(h.advance(0.02)) == [a]  # a's own quantum, from 0
+    h.feed(ev.LockRequested(a, 3))
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]  # then b, not c
