@@ -36,8 +36,9 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70 (--quota-seconds): work and time held
   crowd      three `train:item`, then `item`, `cpu`, `loader` and `compiled` loops in both
-             orders, at TQ 5 s, staggered starts, three rounds of turns: each loop's share (1/N
-             is fair) and longest stall (the others' quanta and a drop deadline bound it)
+             orders, and two `loader` loops with an `item` and a `cpu` one, at TQ 5 s,
+             staggered starts, three rounds of turns: each loop's share (1/N is fair) and
+             longest stall (the others' quanta and a drop deadline bound it)
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
@@ -52,6 +53,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import itertools
 import json
@@ -537,6 +539,12 @@ CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two
         ("tcpu", 1.1),
         ("titem", 1.9),
     ),
+    "loader x2,item,cpu": (  # two that pause: one lends while it borrows from the other
+        ("tloader", 0.0),
+        ("tloader2", 0.6),
+        ("titem", 1.2),
+        ("tcpu", 1.9),
+    ),
 }
 CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
 
@@ -559,24 +567,31 @@ def section_crowd(alone_s: float, cases: tuple[str, ...] = tuple(CROWDS)) -> dic
         got = run(on_policy(), roles, seconds)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
         if TRACE is not None:
-            report["taking_back"] = {n: taking_back(r) for n, r in got.items()}
+            idle = {n: [t for t, x in r["trace"] if "released (idle)" in x] for n, r in got.items()}
+            report["taking_back"] = {
+                n: taking_back(r, sorted(t for o in got if o != n for t in idle[o]))
+                for n, r in got.items()
+            }
         name = f"{case} #{again + 1}" if again else case
         out[name] = told(name, report | {"loops": len(roles)})
     return out
 
 
-def taking_back(r: dict[str, Any]) -> dict[str, Any]:
+def taking_back(r: dict[str, Any], others_lent: list[float]) -> dict[str, Any]:
     """From a loop's traced lock lines (--trace): its requests after lending its GPU inside its
-    quantum (an idle release, then a request within TQ_S of its last grant that was not such a
-    taking back), how many, and the longest any waited for its grant (a drain, if the borrower
-    gives way at once)."""
+    quantum (an idle release, then a request within TQ_S of its last grant that was neither
+    such a taking back nor a borrow, a grant within 5 ms of another loop's idle release), how
+    many, and the longest any waited for its grant (a drain, if the borrower gives way at
+    once). What it lent while it borrowed it does not take back, and is not counted."""
     quantum_from, lent, asked, back, waits = 0.0, False, None, False, []
     for t, line in r["trace"]:
         if "lock granted" in line:
             if asked is not None and back:
                 waits.append(t - asked)
             elif asked is not None:
-                quantum_from = t
+                i = bisect.bisect_right(others_lent, t)
+                borrow = i > 0 and t - others_lent[i - 1] < 0.005
+                quantum_from = -TQ_S if borrow else t
             asked = None
         elif "released (idle)" in line:
             lent = True
