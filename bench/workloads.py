@@ -582,7 +582,10 @@ def taking_back(r: dict[str, Any], others_lent: list[float]) -> dict[str, Any]:
     quantum (an idle release, then a request within TQ_S of its last grant that was neither
     such a taking back nor a borrow, a grant within 5 ms of another loop's idle release), how
     many, and the longest any waited for its grant (a drain, if the borrower gives way at
-    once). What it lent while it borrowed it does not take back, and is not counted."""
+    once). What it lent while it borrowed it does not take back, and is not counted; a
+    borrow the traces cannot tell (granted a quantum its lender left idle for longer, as when
+    the warm-up ends) is taken for the loop's own, and what it lends on from it waits its
+    turn: a wait of a turn here is only a failure where no such borrow came before."""
     quantum_from, lent, asked, back, waits = 0.0, False, None, False, []
     for t, line in r["trace"]:
         if "lock granted" in line:
