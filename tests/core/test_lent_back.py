@@ -41,6 +41,15 @@ def two_loops() -> tuple[Harness, int, int]:
     return h, a, b
 
 
+def three_loops() -> tuple[Harness, int, int, int]:
+    """a holds since 0; b, then c wait."""
+    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
+    a, b, c = h.register(), h.register(), h.register()
+    for cid in (a, b, c):
+        h.feed(ev.LockRequested(cid, 1))
+    return h, a, b, c
+
+
 def test_a_loop_pausing_in_its_first_steps_keeps_the_rest_of_its_quantum() -> None:
     h, a, b = two_loops()
     for n in range(3):  # three pauses in b's first step
@@ -72,11 +81,7 @@ def test_with_a_third_loop_waiting_the_lender_has_its_gpu_back_and_nobody_is_gra
     # a holds, b and c wait; a pauses (b borrows) and asks again inside its quantum. b drops
     # at once; at b's release a is granted, not c: c was granted and told to drop in the same
     # breath before (its hook starting work it must drain at once), and a waited for it.
-    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
-    a, b, c = h.register(), h.register(), h.register()
-    h.feed(ev.LockRequested(a, 1))
-    h.feed(ev.LockRequested(b, 1))
-    h.feed(ev.LockRequested(c, 1))
+    h, a, b, c = three_loops()
     h.advance(1.0)
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
     h.advance(0.02)
@@ -144,11 +149,7 @@ def test_a_lender_that_asked_back_as_its_quantum_ended_gets_no_fresh_one() -> No
     # a has what was left of its quantum (nothing), not a new one ahead of b and c: else a loop
     # that pauses often would chain quanta while the others wait (four loops on the core's
     # clock: one waited four turns instead of three).
-    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
-    a, b, c = h.register(), h.register(), h.register()
-    h.feed(ev.LockRequested(a, 1))
-    h.feed(ev.LockRequested(b, 1))
-    h.feed(ev.LockRequested(c, 1))
+    h, a, b, _ = three_loops()
     h.advance(TQ - 0.01)
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
     h.advance(0.005)
@@ -192,11 +193,7 @@ def test_what_a_borrower_lends_on_it_does_not_take_back_from_its_lender() -> Non
     # a's quantum: it lends to b (next in line), b pauses too and lends to c. a asks again:
     # c gives way to a, and b, asking again, waits for a's quantum to end at its place, first
     # in line: b took back, before, as if a's quantum were its own, from a itself.
-    h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
-    a, b, c = h.register(), h.register(), h.register()
-    h.feed(ev.LockRequested(a, 1))
-    h.feed(ev.LockRequested(b, 1))
-    h.feed(ev.LockRequested(c, 1))
+    h, a, b, c = three_loops()
     h.advance(1.0)
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
     h.advance(0.01)
