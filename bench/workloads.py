@@ -594,7 +594,7 @@ def taking_back(r: dict[str, Any], others_lent: list[float]) -> dict[str, Any]:
             elif asked is not None:
                 i = bisect.bisect_right(others_lent, t)
                 borrow = i > 0 and t - others_lent[i - 1] < 0.005
-                quantum_from = -TQ_S if borrow else t
+                quantum_from = float("-inf") if borrow else t  # (a borrow: no quantum of its own)
             asked = None
         elif "released (idle)" in line:
             lent = True

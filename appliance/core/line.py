@@ -22,7 +22,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   window turns (a heap of those times); one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
   (`PriorityRule.borrowed`, `terms.LendingRule`, `ahead`), by GPU and priority; apart, those whose
-  requests come at a steady pace (`ahead` keeps their GPU for their next request).
+  requests come at a steady pace (`ahead` keeps their GPU for their next request); and per
+  GPU the one that lent it last (`borrowing`: whether a grant borrows an equal's quantum).
 
 Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P) to start and O(1) a gang; the
