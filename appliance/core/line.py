@@ -257,7 +257,8 @@ class Line:
     def borrowing(self, g: Gang, now: float) -> float:
         """Granted now, until when g borrows (`Gang.borrowed_until`): the end of the quantum
         of the equal that last lent g's GPU, if it has not had it back and its quantum (or
-        the one it borrowed in turn) runs on; 0.0 if g borrows from nobody. O(1)."""
+        the one it borrowed in turn) runs on; 0.0 if g borrows from nobody. O(1). (A gang
+        taking its own quantum back borrows nothing: `Lock._grant` does not ask.)"""
         if g.joint:
             return 0.0
         uuid = self._s.clients[next(iter(g.members))].gpu

@@ -253,7 +253,7 @@ class Lock:
         # it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = min(map(self._s.time_quantum, g.gpus))
         resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
-        g.borrowed_until = self.line.borrowing(g, now)
+        g.borrowed_until = 0.0 if resumed else self.line.borrowing(g, now)
         g.lent_at = None
         g.quantum_from = g.quantum_from if resumed else now
         self.shares.granted(g)

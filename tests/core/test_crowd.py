@@ -157,16 +157,31 @@ def test_four_loops_go_round_in_order_whichever_of_them_pauses(where: int, seed:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_two_pausing_loops_next_in_line_to_each_other_each_have_their_turn(seed: int) -> None:
+@pytest.mark.parametrize(
+    "kinds",
+    [[True, True, False, False], [True, True, False], [True, True, True, False]],
+    ids=["two-pausing-two-busy", "two-pausing-one-busy", "three-pausing-one-busy"],
+)
+def test_loops_that_pause_next_in_line_to_each_other_each_have_their_turn(
+    kinds: list[bool], seed: int
+) -> None:
     # Two data-loader loops, one behind the other in line, with two busy loops (on an H200 they
     # split 9.7 % and 22.6 % where 25 % each was due). Each borrows the other's pauses; a
     # loader that paused while it borrowed took the GPU back as if the quantum were its own,
-    # from the very loader it borrowed it from. Now what it lends while it borrows it does not
-    # take back; it waits at its place, first in line.
-    crowd = Crowd([True, True, False, False], seed)
-    crowd.run(ROUNDS * 4 * TQ)
-    a, b, c, d = crowd.loops
-    assert abs(crowd.steps[a] - crowd.steps[b]) <= 0.1 * max(crowd.steps[a], crowd.steps[b])
+    # from the very loader it borrowed it from. What it lends while it borrows it no longer
+    # takes back, and the loader whose quantum it is, having it back, takes back what it
+    # lends again (one pausing and one busy loop beside: the pausing ones made a step a
+    # second, the busy one held 88 of the 90 s).
+    crowd = Crowd(kinds, seed)
+    seconds = ROUNDS * len(kinds) * TQ
+    crowd.run(seconds)
+    loops = list(crowd.loops)
+    pausing = [c for c, k in zip(loops, kinds, strict=True) if k]
+    busy = [c for c, k in zip(loops, kinds, strict=True) if not k]
+    # In its own turns a pausing loop makes a step per (work + its longest pause) at least.
+    for c in pausing:
+        assert crowd.steps[c] >= seconds / len(kinds) / (crowd.loops[c].work_s + 0.3)
     # The loop behind them has their pauses on top of its own turn, not their turns.
-    assert crowd.held[c] <= 1.1 * crowd.held[d]
-    assert max(crowd.longest.values()) <= 3 * TQ + 0.1
+    held = [crowd.held[c] for c in busy]
+    assert max(held) <= 1.1 * min(held)
+    assert max(crowd.longest.values()) <= (len(kinds) - 1) * TQ + 0.1

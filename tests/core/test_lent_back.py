@@ -204,7 +204,14 @@ def test_what_a_borrower_lends_on_it_does_not_take_back_from_its_lender() -> Non
     h.feed(ev.LockRequested(c, 2))
     out = h.feed(ev.LockReleased(c, ev.ReleaseReason.DROPPED))
     assert grants(out) == [a] and drops(out) == []  # (not granted only to give way to b)
-    assert drops(h.advance(TQ - 1.02 - 0.01)) == []
+    # a has its own quantum back, not b's lend of it: what a lends again it takes back.
+    h.advance(0.01)
+    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+    h.advance(0.01)
+    assert drops(h.feed(ev.LockRequested(a, 3))) == [b]
+    h.feed(ev.LockRequested(b, 3))
+    assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))) == [a]
+    assert drops(h.advance(TQ - 1.04 - 0.01)) == []
     assert drops(h.advance(0.02)) == [a]  # a's own quantum, from 0
-    h.feed(ev.LockRequested(a, 3))
+    h.feed(ev.LockRequested(a, 4))
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]  # then b, not c
