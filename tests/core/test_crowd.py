@@ -181,7 +181,9 @@ def test_loops_that_pause_next_in_line_to_each_other_each_have_their_turn(
     # In its own turns a pausing loop makes a step per (work + its longest pause) at least.
     for c in pausing:
         assert crowd.steps[c] >= seconds / len(kinds) / (crowd.loops[c].work_s + 0.3)
-    # The loop behind them has their pauses on top of its own turn, not their turns.
+    # The loop behind them has their pauses on top of its own turn, not their turns; and a
+    # busy loop beside one tenant's pausing loops (lending to each other) has its own turn
+    # every round and waits no longer than the others' quanta.
     held = [crowd.held[c] for c in busy]
-    assert max(held) <= 1.1 * min(held)
+    assert max(held) <= 1.1 * min(held) and min(held) >= (ROUNDS - 1) * TQ - 0.5
     assert max(crowd.longest.values()) <= (len(kinds) - 1) * TQ + 0.1
