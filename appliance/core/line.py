@@ -121,7 +121,7 @@ class Line:
             offender=g.offender,
             gpus=tuple(g.gpus),
             lent_at=g.lent_at,
-            back=g.lent_at is not None and self._priorities.taking_back(g),
+            back=g.lent_at is not None and self._priorities.taking_back(g),  # (most lent nothing)
             eligible=eligible,
             owed=owed,
         )
@@ -270,7 +270,7 @@ class Line:
         if PriorityRule.lent_borrowed(lender):
             end = lender.borrowed_until
         else:
-            end = lender.quantum_from + min(map(self._s.time_quantum, lender.gpus))
+            end = lender.quantum_from + self._priorities.quantum(lender)
         return end if end > now else 0.0
 
     def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
@@ -301,7 +301,7 @@ class Line:
         assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
-            back = g.lent_at is not None and self._priorities.taking_back(g)
+            back = self._priorities.taking_back(g)
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at, back)
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at, f.back)
             assert now_filed == was, (k, now_filed, was)

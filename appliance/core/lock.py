@@ -251,7 +251,7 @@ class Lock:
         # Cut short for another's share (`ShareRule.resumes`), or asked back inside its quantum
         # after lending the GPU (`takes_back`; granted after the borrower's drain, maybe past
         # it): it has the rest of its quantum back, not a fresh one ahead of the line.
-        quantum = min(map(self._s.time_quantum, g.gpus))
+        quantum = self.priorities.quantum(g)
         resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
         g.borrowed_until = 0.0 if resumed else self.line.borrowing(g, now)
         g.lent_at = None

@@ -39,8 +39,8 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
   `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
   They write those two facts of the gang asked about and nothing else.
 - queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
-  `taking_back`, `lent_back`, `yield_at`, `turn`. They read the gangs they are given and the
-  scheduler's settings, and write nothing.
+  `quantum`, `taking_back`, `lent_back`, `yield_at`, `turn`. They read the gangs they are
+  given and the scheduler's settings, and write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -146,9 +146,13 @@ class PriorityRule:
         again at its place in line (it was first when it borrowed)."""
         return g.lent_at is not None and g.lent_at < g.borrowed_until
 
+    def quantum(self, g: Gang) -> float:
+        """A gang's own quantum: the shortest of the GPUs it asks for."""
+        return min(map(self._s.time_quantum, g.gpus))
+
     def taking_back(self, lender: Gang) -> bool:
-        """`takes_back` with the lender's own quantum (the shortest of the GPUs it asks for)."""
-        return self.takes_back(lender, min(map(self._s.time_quantum, lender.gpus)))
+        """`takes_back` with the lender's own quantum (`quantum`)."""
+        return self.takes_back(lender, self.quantum(lender))
 
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
