@@ -545,6 +545,11 @@ CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two
         ("titem", 1.2),
         ("tcpu", 1.9),
     ),
+    "loader,item x2": (  # what the loader lends: to the loop behind it, or round both
+        ("tloader", 0.0),
+        ("titem", 0.6),
+        ("titem2", 1.3),
+    ),
 }
 CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
 

@@ -4,7 +4,8 @@ twice: all of them (whether a holder borrowed from a higher priority: any lender
 earliest is read), and those that asked again inside their quantum (`PriorityRule.takes_back`,
 as of when they were filed: an equal taking its GPU back, the earliest lender first). A lender
 that lent long ago and asked after its quantum is only in the first: it must not hide one that
-takes back. Every question O(1); filing O(log n)."""
+takes back. And its lone gangs by when they last borrowed an equal's lent quantum
+(`line.borrowed_at`): who borrows the next such time. Every question O(1); filing O(log n)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Filing(NamedTuple):
     gpus: tuple[str, ...]
     lent_at: float | None
     back: bool  # it lent and asked again inside its quantum (`PriorityRule.takes_back`)
+    borrowed_at: float | None  # a lone gang's, as `line.borrowed_at` (a gang of several: None)
     eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
     owed: bool  # part of a member's share is owed to it (`share`)
 
@@ -37,15 +39,16 @@ class Filing(NamedTuple):
 
 class Bucket:
     """Waiting gangs of one class, in ticket order; those of them that lent their GPU, by when;
-    and, by when, those of these that take it back."""
+    by when, those of these that take it back; and the lone ones by when they last borrowed."""
 
-    __slots__ = ("back", "gangs", "lent", "order")
+    __slots__ = ("back", "borrowers", "gangs", "lent", "order")
 
     def __init__(self) -> None:
         self.order: list[tuple[int, str]] = []  # (ticket, key), sorted
         self.gangs: dict[str, Gang] = {}
         self.lent: list[tuple[float, int, str]] = []  # (lent_at, ticket, key), sorted
         self.back: list[tuple[float, int, str]] = []  # the same, of those taking back
+        self.borrowers: list[tuple[float, int, str]] = []  # (borrowed_at, ticket, key), lone
 
     def __len__(self) -> int:
         return len(self.order)
@@ -53,6 +56,8 @@ class Bucket:
     def add(self, g: Gang, f: Filing) -> None:
         insort(self.order, (f.ticket, g.key))
         self.gangs[g.key] = g
+        if f.borrowed_at is not None:
+            insort(self.borrowers, (f.borrowed_at, f.ticket, g.key))
         if f.lent_at is not None:
             insort(self.lent, (f.lent_at, f.ticket, g.key))
             if f.back:
@@ -61,6 +66,8 @@ class Bucket:
     def remove(self, key: str, f: Filing) -> None:
         del self.order[bisect_left(self.order, (f.ticket, key))]
         del self.gangs[key]
+        if f.borrowed_at is not None:
+            del self.borrowers[bisect_left(self.borrowers, (f.borrowed_at, f.ticket, key))]
         if f.lent_at is not None:
             del self.lent[bisect_left(self.lent, (f.lent_at, f.ticket, key))]
             if f.back:
@@ -68,6 +75,10 @@ class Bucket:
 
     def first(self) -> Gang:
         return self.gangs[self.order[0][1]]
+
+    def next_borrower(self) -> Gang | None:
+        """The lone gang that borrowed an equal's lent quantum longest ago."""
+        return self.gangs[self.borrowers[0][2]] if self.borrowers else None
 
     def first_lender(self, before: float, back: bool = False) -> Gang | None:
         """The gang that lent its GPU earliest, if that was at or before `before`; `back`: of

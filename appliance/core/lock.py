@@ -247,15 +247,15 @@ class Lock:
 
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
-        self.priorities.granted(g, now)
         # Cut short for another's share (`ShareRule.resumes`), or asked back inside its quantum
         # after lending the GPU (`takes_back`; granted after the borrower's drain, maybe past
         # it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = self.priorities.quantum(g)
         resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
         g.borrowed_until = 0.0 if resumed else self.line.borrowing(g, now)
+        self.priorities.granted(g, now)
         g.lent_at = None
-        g.quantum_from = g.quantum_from if resumed else now
+        g.quantum_from = g.quantum_from if resumed else max(now, g.borrowed_until)
         self.shares.granted(g)
         self.quotas.granted(g, now)
         g.granted_at = g.billed_until = now

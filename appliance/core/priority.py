@@ -18,7 +18,12 @@ A holder gives way to a waiter (`yield_at`):
   a whole quantum of the other's for each; the holder keeps its place in line (`LENT`). What
   a holder lends on while it borrows an equal's quantum (`lent_borrowed`: until
   `Gang.borrowed_until`, set at its grant by `line.Line.borrowing`) it does not take back: it
-  waits again at its place, first in line, and the equal whose quantum it was has it back;
+  waits again at its place, first in line, and the equal whose quantum it was has it back. A
+  borrower's own quantum begins where the lent one ends (`Lock._grant`), and if an equal is
+  ahead of it in line it gives way then, keeping its place (`borrow_over`, `LENT`): the next
+  turn is that one's. Who borrows an equal's lent time is not always the first in line either:
+  it goes round the waiters (`line.Line.turns`), so no loop has a lender's pauses on top of its
+  own turn while the others wait;
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
   starved, first in line ahead of every priority, the holder gives way when its quantum is over,
   and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
@@ -36,11 +41,12 @@ rules order and compare gangs: a gang's priority is its members' highest.
 quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ahead`, `terms` and
 `gang.GangRule` ask it:
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
-  `Gang.full_quantum`) and `dropped` (a drop: whether the turn was cut short, `Gang.cut_short`).
-  They write those two facts of the gang asked about and nothing else.
+  `Gang.full_quantum`, and when it last borrowed an equal's, `Gang.borrowed_at`) and `dropped`
+  (a drop: whether the turn was cut short, `Gang.cut_short`). They write those facts of the
+  gang asked about and nothing else.
 - queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
-  `quantum`, `taking_back`, `lent_back`, `yield_at`, `turn`. They read the gangs they are
-  given and the scheduler's settings, and write nothing.
+  `quantum`, `taking_back`, `lent_back`, `borrow_over`, `yield_at`, `turn`. They read the gangs
+  they are given and the scheduler's settings, and write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -68,8 +74,12 @@ class PriorityRule:
 
     def granted(self, g: Gang, now: float) -> None:
         """The grant phase: a gang granted after waiting past the starvation limit keeps the
-        lock for its whole quantum (`full_quantum`): no higher priority cuts it short."""
+        lock for its whole quantum (`full_quantum`): no higher priority cuts it short; one
+        granted an equal's lent quantum (`Gang.borrowed_until`, worked out first) borrowed it
+        now (`borrowed_at`: what equals lend goes round their waiters, `line.Line.turns`)."""
         g.full_quantum = self.starved(g, now)
+        if g.borrowed_until:
+            g.borrowed_at = now
 
     def dropped(self, g: Gang, now: float, why: DropReason) -> None:
         """A drop: whether the turn that ends now for `why` was too short to count as the
@@ -166,6 +176,18 @@ class PriorityRule:
             and PriorityRule.takes_back(lender, quantum_s)
         )
 
+    @staticmethod
+    def borrow_over(holder: Gang, waiter: Gang) -> bool:
+        """Whether `holder` borrows an equal's lent quantum (its own begins when that one
+        ends: `Gang.quantum_from`, set at its grant) and `waiter`, an equal, is ahead of it in
+        line: the turn after the lent quantum is the waiter's, so the borrower gives way when
+        the lent quantum ends, and keeps its place (a `lent` drop is cut short)."""
+        return (
+            waiter.priority == holder.priority
+            and holder.quantum_from > holder.granted_at
+            and waiter.ticket < holder.ticket
+        )
+
     def yield_at(self, holder: Gang, waiter: Gang, quantum_s: float) -> tuple[float, DropReason]:
         """When `holder` must drop for `waiter` (if it still holds and the waiter still waits
         then), and why."""
@@ -176,6 +198,8 @@ class PriorityRule:
         quantum_over = holder.quantum_from + quantum_s
         if self.lent_back(holder, waiter, quantum_s):
             return min(holder.granted_at, quantum_over), DropReason.LENT  # the lender's quantum
+        if self.borrow_over(holder, waiter):
+            return holder.quantum_from, DropReason.LENT  # the lent quantum ends: not its turn
         if waiter.priority < holder.priority:
             starving_at = waiter.waiting_since + settings.starvation_limit_s
             return max(quantum_over, starving_at), QUANTUM

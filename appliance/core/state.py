@@ -165,8 +165,7 @@ class Gang:
     phase: GangPhase = GangPhase.IDLE
     ticket: int = 0  # its place in line
     requested_at: float = 0.0
-    # the starvation clock (`PriorityRule.starved`): its request, kept across `cut_short` turns
-    waiting_since: float = 0.0
+    waiting_since: float = 0.0  # starvation clock (`PriorityRule.starved`): kept if `cut_short`
     cut_short: bool = False
     granted_at: float = 0.0
     dropped_at: float = 0.0
@@ -182,6 +181,7 @@ class Gang:
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
     borrowed_until: float = 0.0  # granted a GPU an equal lent: that one's quantum ends then
+    borrowed_at: float = 0.0  # its last such grant (such grants go round: `bucket.Bucket`)
     share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted
     share_grant: bool = False  # granted for its share: it gives way once it has had it
     quota: QuotaAccount | None = None  # of a gang of several clients; a lone client's is its own

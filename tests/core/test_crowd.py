@@ -8,8 +8,10 @@ one run of four, the loader lost a turn: a loop that had lent its GPU as its war
 asked again long after, hid the loader's taking back from the line, and the loop it lent to held
 its whole quantum (the loader 15.6 %, 20 s without a step). Here the loops run on the core's
 fake clock, as their hooks would drive it, warm-up included: each quantum goes round in the
-order the loops first asked, whichever loop pauses, however long its pauses, and the pausing
-loop has its GPU back at once whenever it asks again inside its quantum."""
+order the loops first asked, whichever loop pauses, however long its pauses, the pausing
+loop has its GPU back at once whenever it asks again inside its quantum, and what it lends goes
+round the others (on the core's clock the loop behind it had all of it: 1.86 times the time
+each other busy loop held; `bench/crowd_model.py` found it)."""
 
 from __future__ import annotations
 
@@ -149,10 +151,16 @@ def test_four_loops_go_round_in_order_whichever_of_them_pauses(where: int, seed:
     counts = [ran.count(c) for c in busy]
     assert min(counts) >= ROUNDS - 1 and max(counts) - min(counts) <= 1
     assert ran == (ran[:3] * len(ran))[: len(ran)]
-    # The pausing loop lends its pauses to the loop next in line, on top of that one's own
-    # turn, and has its GPU back when it asks again inside its quantum: nobody, the pausing
-    # loop included, waits longer than the three others' turns for the GPU.
-    assert max(crowd.longest.values()) <= 3 * TQ + 0.1
+    # What the pausing loop lends goes round them, not all to the loop behind it on top of its
+    # own turn (that one held 55.6-56.1 s, the others 30).
+    held = [crowd.held[c] for c in busy]
+    assert max(held) <= 1.1 * min(held)
+    # The pausing loop lends its pauses to the others in turn, on top of their own turns,
+    # and has its GPU back when it asks again inside its quantum: nobody waits longer than the
+    # three others' turns for the GPU; the pausing loop from the end of its quantum, whose
+    # last pause (0.3 s at most) it lent.
+    for c, pauses in zip(crowd.loops, kinds, strict=True):
+        assert crowd.longest[c] <= 3 * TQ + 0.1 + (0.3 if pauses else 0.0)
     assert crowd.back and max(crowd.back) <= 2 * DRAIN_S
 
 

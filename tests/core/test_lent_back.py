@@ -71,8 +71,9 @@ def test_a_lender_back_after_its_quantum_waits_like_anyone() -> None:
     assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.IDLE))) == [a]
     h.advance(2)  # b's quantum (5 to 10 s) is over when it asks again
     assert drops(h.feed(ev.LockRequested(b, 2))) == []
-    assert drops(h.advance(TQ - 2 - 0.01)) == []
-    assert drops(h.advance(0.02)) == [a]  # a's own quantum
+    # a borrowed the last second of b's quantum; its own runs from where b's ended (10 s)
+    assert drops(h.advance(TQ - 1 - 0.01)) == []
+    assert drops(h.advance(0.02)) == [a]
 
 
 def test_with_a_third_loop_waiting_the_lender_has_its_gpu_back_and_nobody_is_granted_in_vain() -> (
@@ -118,13 +119,14 @@ def test_an_idle_release_after_a_drop_lends_nothing() -> None:
 def test_a_borrower_the_lender_takes_back_from_keeps_its_place_in_line(
     works: float, borrows: float, lends: int
 ) -> None:
-    # a lends to b (first in line) and asks again a moment later: b's turn was a's time. b
-    # goes next when a's quantum is over, not behind c: else a lender that lends and asks
-    # again would send every waiter it lends to to the back, one by one. So also when b
-    # borrows each pause for longer than it waited for it (it asks again as it drains): a
-    # loop fed by a data loader pauses long and works briefly (on an H200 with four loops, a
-    # borrower sent back for such a turn put the loop that had just had its quantum first: it
-    # held two quanta in a row, 32 % of the GPU for 25 % due).
+    # a lends and asks again a moment later: the borrower's time was a's. b goes next when
+    # a's quantum is over, not behind c: else a lender that lends and asks again would send
+    # every waiter it lends to to the back, one by one. So also when a borrower borrows each
+    # pause for longer than it waited for it (it asks again as it drains): a loop fed by a
+    # data loader pauses long and works briefly (on an H200 with four loops, a borrower sent
+    # back for such a turn put the loop that had just had its quantum first: it held two
+    # quanta in a row, 32 % of the GPU for 25 % due). And what a lends goes round b and c,
+    # not all to b on top of its turn (`bucket.Bucket.next_borrower`).
     h = Harness(NodeCore(Policy(scheduler=SchedulerSettings(time_quantum_s=TQ))))
     a, b, c = h.register(), h.register(), h.register()
     h.feed(ev.LockRequested(a, 1))
@@ -133,13 +135,15 @@ def test_a_borrower_the_lender_takes_back_from_keeps_its_place_in_line(
     h.advance(0.1)
     h.feed(ev.LockRequested(c, 1))
     for n in range(lends):
+        borrower = (b, c)[n % 2]
         h.advance(works)
-        assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
+        assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [borrower]
         h.advance(borrows)
-        assert drops(h.feed(ev.LockRequested(a, 2 + n))) == [b]
-        h.feed(ev.LockRequested(b, 2 + n))  # its hook asks again as it drains
-        assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))) == [a]
-    assert h.state.clients[b].usage.drops == {"lent": lends}
+        assert drops(h.feed(ev.LockRequested(a, 2 + n))) == [borrower]
+        h.feed(ev.LockRequested(borrower, 2 + n))  # its hook asks again as it drains
+        assert grants(h.feed(ev.LockReleased(borrower, ev.ReleaseReason.DROPPED))) == [a]
+    assert h.state.clients[b].usage.drops == {"lent": (lends + 1) // 2}
+    assert h.state.clients[c].usage.drops == {"lent": lends // 2}
     assert drops(h.advance(TQ)) == [a]
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
 
@@ -215,3 +219,32 @@ def test_what_a_borrower_lends_on_it_does_not_take_back_from_its_lender() -> Non
     assert drops(h.advance(0.02)) == [a]  # a's own quantum, from 0
     h.feed(ev.LockRequested(a, 4))
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]  # then b, not c
+
+
+def test_what_an_equal_lends_goes_round_and_a_new_process_waits_its_turn_for_it() -> None:
+    # a lends its pauses; b and c wait. b borrows, then c (not b again: the loop first in line
+    # would have every pause on top of its own turn). A process a tenant starts meanwhile, d,
+    # has borrowed nothing, but came after b and c borrowed: the next lend is b's, not d's;
+    # d's turn to borrow comes after b's and c's.
+    h, a, b, c = three_loops()
+    h.advance(0.1)
+    borrowers = []
+    for n in range(5):
+        if n == 2:
+            d = h.register()
+            h.feed(ev.LockRequested(d, 1))
+        h.advance(0.05)
+        borrowers += grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE)))
+        h.advance(0.05)
+        assert drops(h.feed(ev.LockRequested(a, 2 + n))) == borrowers[-1:]
+        h.feed(ev.LockRequested(borrowers[-1], 2 + n))
+        h.feed(ev.LockReleased(borrowers[-1], ev.ReleaseReason.DROPPED))
+    assert borrowers == [b, c, b, c, d]
+    # and the turns keep the line's order: b, c, then d
+    order = []
+    for _ in range(3):
+        out = h.advance(TQ)
+        (holder,) = drops(out)
+        h.feed(ev.LockRequested(holder, 99))
+        order += grants(h.feed(ev.LockReleased(holder, ev.ReleaseReason.DROPPED)))
+    assert order == [b, c, d]
