@@ -35,12 +35,12 @@ from appliance.core import events as ev
 from appliance.core.gpus import GpuFacts
 from appliance.core.identity import ClientIdentity
 from appliance.core.node import NodeCore
-from appliance.policy.model import Policy, SchedulerSettings
+from appliance.policy.model import PRIORITY_NAMES, Policy, SchedulerSettings
 
 GPU = "GPU-model000-0000-0000-0000-000000000000"
 SETTINGS = SchedulerSettings(time_quantum_s=5.0)
 DRAIN_S = 0.002
-LOW = -100  # what the hook sends for NVSHARE_GPU_PRIORITY=low
+LOW = PRIORITY_NAMES["low"]  # what the hook sends for NVSHARE_GPU_PRIORITY=low
 IDLE = ev.ReleaseReason.IDLE
 
 
