@@ -185,7 +185,7 @@ class Lock:
         short or lending a GPU it borrowed, at its place with its starvation clock running on."""
         if not (g.cut_short or PriorityRule.lent_borrowed(g)):
             self._s.tickets += 1
-            g.ticket, g.waiting_since = self._s.tickets, now
+            g.ticket, g.waiting_since, g.served_s = self._s.tickets, now, 0.0
         g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False  # (filed by callers)
 
     def leave(self, c: Client, now: float) -> tuple[bool, list[act.Action]]:

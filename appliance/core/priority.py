@@ -32,7 +32,11 @@ A holder gives way to a waiter (`yield_at`):
   slice any holder has (`cut_short`: a borrower's near-zero slice) leaves its clock running and
   its place in line kept (`Gang.waiting_since`), whoever lent it the turn; otherwise a `high`
   tenant that lends its idle GPU and asks again a moment later would reset its victim's clock
-  with every lend.
+  with every lend. But what it holds in such turns adds up (`Gang.served_s`), and once that is
+  the slice any holder has, it has had its turn: its clock starts again and it goes behind the
+  others; else a trainer borrowing half a steady request loop's GPU in 20 ms slices counted as
+  starved after the limit, had every slice while the trainer behind it had none, and each then
+  held a whole quantum while the request loop above them waited.
 
 The lock is granted to gangs (`core.gang`; a client on one GPU is a gang of one), so these
 rules order and compare gangs: a gang's priority is its members' highest.
@@ -42,8 +46,8 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
 `gang.GangRule` ask it:
 - commands: `granted` (the grant phase: whether the turn is a starved one's whole quantum,
   `Gang.full_quantum`, and when it last borrowed an equal's, `Gang.borrowed_at`) and `dropped`
-  (a drop: whether the turn was cut short, `Gang.cut_short`). They write those facts of the
-  gang asked about and nothing else.
+  (a drop: whether the turn was cut short, `Gang.cut_short`, and what it held in turns cut
+  short, `Gang.served_s`). They write those facts of the gang asked about and nothing else.
 - queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
   `quantum`, `taking_back`, `lent_back`, `borrow_over`, `yield_at`, `turn`. They read the gangs
   they are given and the scheduler's settings, and write nothing.
@@ -89,12 +93,17 @@ class PriorityRule:
         long it held, an equal taking back the GPU it lent (`lent_back`): the turn was the
         lender's, and a lender that lends and asks again would send every waiter it lends to
         to the back, one by one (a loop fed by a data loader, pausing often and long, did).
-        Its starvation clock then runs on and it keeps its place (`starved`). Not its own
-        quota, an equal's quantum over, nor a share (shares are bounded by 100 % of a
-        window): those turns go round."""
+        Its starvation clock then runs on and it keeps its place (`starved`), until what it
+        held in such turns since that clock started (`served_s`; not counting `lent` ones: an
+        equal's quantum) adds up to the slice any holder has. Not its own quota, an equal's
+        quantum over, nor a share (shares are bounded by 100 % of a window): those turns go
+        round."""
         held, waited = now - g.granted_at, g.granted_at - g.requested_at
+        slice_s = self._s.policy.scheduler.preempt_after_s
+        if why in CUT_SHORT:
+            g.served_s += held
         g.cut_short = why is DropReason.LENT or (
-            why in CUT_SHORT and held < min(waited, self._s.policy.scheduler.preempt_after_s)
+            why in CUT_SHORT and held < min(waited, slice_s) and g.served_s < slice_s
         )
 
     # ------------------------------------------------------------ queries

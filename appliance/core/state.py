@@ -166,6 +166,7 @@ class Gang:
     ticket: int = 0  # its place in line
     requested_at: float = 0.0
     waiting_since: float = 0.0  # starvation clock (`PriorityRule.starved`): kept if `cut_short`
+    served_s: float = 0.0  # held in turns cut short since that clock started
     cut_short: bool = False
     granted_at: float = 0.0
     dropped_at: float = 0.0
@@ -175,9 +176,8 @@ class Gang:
     priority: int = 0  # its members' highest (`core.priority`)
     lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
     idle_s: float = 0.0  # its idle window while it outranks every waiter, learned (`terms`)
-    # when it last asked after letting the lock go idle (`ahead`)
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
-    pace: tuple[float, float] | None = None  # their period and jitter, when steady
+    pace: tuple[float, float] | None = None  # of `arrivals` (asks after lending), when steady
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
     borrowed_until: float = 0.0  # granted a GPU an equal lent: that one's quantum ends then
