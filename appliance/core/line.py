@@ -15,9 +15,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
   once every GPU anyone waits for is taken; in a bucket, an equal taking back the GPU it lent
   (`PriorityRule.takes_back`, as of its request) goes first (of several, the earliest lender;
-  `bucket.Bucket`; ahead of the starved equals too: the quantum is its own); else, on a GPU
-  an equal lent inside its quantum, the waiter that borrowed such time longest ago
-  (`_borrowers`): what equals lend goes round their waiters.
+  `bucket.Bucket`); else, on a GPU an equal lent inside its quantum, the waiter that borrowed
+  such time longest ago (`_borrowers`): what equals lend goes round their waiters.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -195,45 +194,38 @@ class Line:
             parts.append(((offender, not owed, True, -prio), bucket, False))
         parts.sort()  # (the keys differ, so no two buckets are ever compared)
         for (offender, not_owed, _, prio), bucket, want in parts:
-            first = self._taking_back(bucket, starved, want)
+            first = None if want else self._taking_back(bucket, starved)
             if first is not None:
                 yield first
-            else:
-                yield from self._borrowers((offender, not not_owed, -prio), starved, want, now)
+            elif not want:
+                yield from self._borrowers((offender, not not_owed, -prio), starved, now)
             yield from bucket.walk(starved, want, first)
 
-    def _borrowers(
-        self, cls: Class, starved: Callable[[Gang], bool], want: bool, now: float
-    ) -> Iterator[Gang]:
+    def _borrowers(self, cls: Class, starved: Callable[[Gang], bool], now: float) -> Iterator[Gang]:
         """On each GPU an equal of class `cls` lent inside its quantum, who borrows it next of
         that class's waiters for it: the one that borrowed such a quantum longest ago
         (`Bucket.next_borrower`), so that what an equal lends goes round its waiters instead
         of all to the first in line, on top of its own turn (a loop behind a data loader, or
         behind a request loop of equal priority, had 60-65 % of the time two busy loops
-        shared, on the core's clock). Turns of their own keep the line's order. Of the part of
-        the line read now (`want`: the starved, or the others). O(G)."""
+        shared, on the core's clock). Turns of their own keep the line's order. O(G)."""
         for uuid in self._last_lent:
             lent = self._lent_quantum(uuid, now)
             if lent is None or lent[0].priority != cls[2]:
                 continue
             bucket = self._by_gpu.get(uuid, {}).get(cls)
             g = bucket.next_borrower() if bucket is not None else None
-            if g is not None and starved(g) == want:
+            if g is not None and not starved(g):
                 yield g
 
-    def _taking_back(
-        self, bucket: Bucket, starved: Callable[[Gang], bool], want: bool
-    ) -> Gang | None:
+    def _taking_back(self, bucket: Bucket, starved: Callable[[Gang], bool]) -> Gang | None:
         """The bucket's earliest lender of those taking their GPU back as of their request
         (O(1): as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`; a
-        reload may have shortened its quantum since): first among its equals, the starved
-        too (the quantum is its own), so it comes with the bucket's starved part if it has
-        one (`want`: the part read now), else with the rest."""
+        reload may have shortened its quantum since): first among its equals (the starved
+        come first)."""
         g = bucket.first_lender(self.now, back=True)
-        if g is None or not self._priorities.taking_back(g):
+        if g is None or starved(g):
             return None
-        has_starved = starved(bucket.first())
-        return g if want == has_starved else None
+        return g if self._priorities.taking_back(g) else None
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
         patience = self._priorities.patience(now)

@@ -176,13 +176,10 @@ class PriorityRule:
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
         """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and
-        the lender asked again before its own quantum was over; also when the holder was
-        granted as starved (`full_quantum` guards a turn against higher priorities, not this
-        time, which was the lender's: with the default quantum and starvation limit, 30 s each,
-        every one of three or more equals is granted as starved, and a loop that paused lost
-        its whole quantum to the loop it lent its first pause to)."""
+        the lender asked again before its own quantum was over."""
         return (
             lender.priority == holder.priority
+            and not holder.full_quantum
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
             and PriorityRule.takes_back(lender, quantum_s)

@@ -37,17 +37,3 @@ def test_trainers_beside_a_steady_inference_loop_share_its_idle_time_and_never_b
     busy = [t.held for t in low if t.kind == "busy"]
     assert max(busy) <= 1.2 * min(busy)
     assert all(t.held > 1.0 for t in low)
-
-
-def test_a_pausing_loop_among_equals_has_its_quanta_at_the_default_settings() -> None:
-    # With three loops, each waits two quanta (60 s) for its turn, past the starvation limit
-    # (30 s): each is granted as starved. A data-loader loop lent its first pause to such a
-    # loop and could not take it back: it held 0.2-0.3 s of 900, waiting up to 90 s. Now the
-    # lender takes its quantum back from a starved borrower too, and is granted ahead of the
-    # starved (the quantum is its own).
-    crowd = Crowd(["busy", "pausing:0.026:0.2:0.5", "busy"], seed=3, settings=SchedulerSettings())
-    crowd.run(600.0)
-    _, pausing, _ = crowd.loops.values()
-    # In its five turns it works 26 ms per 0.2-0.5 s pause: about a second a turn.
-    assert pausing.held >= 3.0
-    assert max(max(lp.waits) for lp in crowd.loops.values()) <= 2 * 30.0 + 0.1
