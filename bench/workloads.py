@@ -36,9 +36,10 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              p99 against alone and against mode off, the trainer's rate against alone
   requests   two trainers with coreRequest 30 and 70 (--quota-seconds): work and time held
   crowd      three `train:item`, then `item`, `cpu`, `loader` and `compiled` loops in both
-             orders, and two `loader` loops with an `item` and a `cpu` one, at TQ 5 s,
-             staggered starts, three rounds of turns: each loop's share (1/N is fair) and
-             longest stall (the others' quanta and a drop deadline bound it)
+             orders, two `loader` loops with an `item` and a `cpu` one, and a `loader` with
+             two `item` loops, at TQ 5 s, staggered starts, three rounds of turns: each
+             loop's share (1/N is fair) and longest stall (the others' quanta and a drop
+             deadline bound it)
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
