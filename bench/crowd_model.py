@@ -8,9 +8,11 @@ loop that lowers itself). TQ 5 s unless `--tq`, the other settings default.
 
     .venv/bin/python bench/crowd_model.py case 'request:0.2:0.02,busy,busy' [--seconds 120] [--tq 5]
     .venv/bin/python bench/crowd_model.py sweep [--crowds 60] [--seconds 120] [--serving] [--tq 5]
+        [--most 5]
 
-`case` prints each loop's seconds holding the GPU, its longest wait from asking to a grant and
-its requests' p99 latency. `sweep` runs seeded random crowds (2-5 loops of random kinds, paces
+`case` prints each loop's seconds holding the GPU, its longest wait from asking to a grant (a
+wait not over at the end counts as long as it has been) and its requests' p99 latency.
+`sweep` runs seeded random crowds (2 to `--most` loops of random kinds, paces
 and priorities) and prints those where two busy loops of the top priority held more than a
 quarter apart (plus a quantum), a loop waited longer than the others' quanta (top priority)
 or the starvation limit and everyone's quanta (lower), or a request loop above all the others,
@@ -39,11 +41,11 @@ def report(crowd: Crowd) -> list[str]:
     ]
 
 
-def random_crowd(rng: random.Random, serving: bool = False) -> list[str]:
-    """2-5 loops of random kinds, paces and priorities; `serving`: every loop that does not
+def random_crowd(rng: random.Random, serving: bool = False, most: int = 5) -> list[str]:
+    """2-`most` loops of random kinds, paces and priorities; `serving`: every loop that does not
     serve requests lowers itself (inference above trainers)."""
     out = []
-    for _ in range(rng.randint(2, 5)):
+    for _ in range(rng.randint(2, most)):
         kind = rng.choice(["busy", "busy", "pausing", "request"])
         if kind == "pausing":
             hi = rng.uniform(0.05, 1.0)
@@ -88,6 +90,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tq", type=float, default=5.0, help="scheduler.timeQuantum, seconds")
     ap.add_argument("--serving", action="store_true", help="sweep: request loops above the rest")
+    ap.add_argument("--most", type=int, default=5, help="sweep: at most this many loops a crowd")
     args = ap.parse_args()
     settings = SchedulerSettings(time_quantum_s=args.tq)
     if args.what == "case":
@@ -97,7 +100,7 @@ def main() -> int:
         return 0
     flagged = 0
     for seed in range(args.crowds):
-        specs = random_crowd(random.Random(seed), args.serving)
+        specs = random_crowd(random.Random(seed), args.serving, args.most)
         crowd = Crowd(specs, seed, settings)
         crowd.run(args.seconds)
         if found := judged(crowd):

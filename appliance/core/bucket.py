@@ -4,7 +4,7 @@ twice: all of them (whether a holder borrowed from a higher priority: any lender
 earliest is read), and those that asked again inside their quantum (`PriorityRule.takes_back`,
 as of when they were filed: an equal taking its GPU back, the earliest lender first). A lender
 that lent long ago and asked after its quantum is only in the first: it must not hide one that
-takes back. And its lone gangs by when they last borrowed an equal's lent quantum
+takes back. And its lone gangs by when they last borrowed a lent quantum
 (`line.borrowed_at`): who borrows the next such time. Every question O(1); filing O(log n)."""
 
 from __future__ import annotations

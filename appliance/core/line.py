@@ -12,11 +12,15 @@ what it is filed by changes (`refile`), and the questions read the files:
   ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
   order, so a bucket in ticket order is in request order: its starved gangs
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
-  (`PriorityRule.line`) is then the buckets one after the other, read lazily: the lock stops reading
-  once every GPU anyone waits for is taken; in a bucket, an equal taking back the GPU it lent
+  (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
+  stops reading once every GPU anyone waits for is taken), owed shares first and offenders
+  last, and within each: first, on a GPU whose quantum was
+  lent (an equal's, or one granted as starved: the lender takes it back), the waiter of the
+  highest priority it is lent to that borrowed such time longest ago (`_borrowers`: lent time
+  goes round); then the starved parts, the one whose first has waited longest first; then
+  the rest by priority. In a bucket's first part read, an equal taking back the GPU it lent
   (`PriorityRule.takes_back`, as of its request) goes first (of several, the earliest lender;
-  `bucket.Bucket`); else, on a GPU an equal lent inside its quantum, the waiter that borrowed
-  such time longest ago (`_borrowers`): what equals lend goes round their waiters.
+  `bucket.Bucket`; ahead of the starved equals too: the quantum is its own).
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -50,8 +54,10 @@ from appliance.core.share import ShareRule
 from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
-# `PriorityRule.line`'s order: offender, not owed, not starved, -priority
-LineKey = tuple[bool, bool, bool, int]
+# The order of `turns`: offender, not owed, what is read (a quantum lent, starved, the rest),
+# then by priority (lent), since when its first has waited (starved) or 0, and -priority
+LineKey = tuple[bool, bool, int, float, int]
+_LENT, _STARVED, _REST = 0, 1, 2
 
 
 class Line:
@@ -183,49 +189,55 @@ class Line:
 
     def turns(self, now: float) -> Iterator[Gang]:
         """The eligible waiting gangs in the order they are granted (`PriorityRule.line`; what
-        an equal lends, round its waiters: `_borrowers`), read lazily: O(P x G) to start, O(1)
-        a gang."""
+        a gang lends inside its quantum first, round its waiters: `_borrowers`), read lazily:
+        O(P x G) to start, O(1) a gang."""
         self.catch_up(now)
         starved = self._starved(now)
-        parts: list[tuple[LineKey, Bucket, bool]] = []
+        parts: list[tuple[LineKey, Bucket, int, bool]] = []  # key, bucket, what, first read
         for (offender, owed, prio), bucket in self._line.items():
-            if starved(bucket.first()):  # (else it has no starved prefix to read)
-                parts.append(((offender, not owed, False, -prio), bucket, True))
-            parts.append(((offender, not owed, True, -prio), bucket, False))
-        parts.sort()  # (the keys differ, so no two buckets are ever compared)
-        for (offender, not_owed, _, prio), bucket, want in parts:
-            first = None if want else self._taking_back(bucket, starved)
-            if first is not None:
-                yield first
-            elif not want:
-                yield from self._borrowers((offender, not not_owed, -prio), starved, now)
-            yield from bucket.walk(starved, want, first)
+            parts.append(((offender, not owed, _LENT, -prio, -prio), bucket, _LENT, False))
+            head = bucket.first()
+            if has_starved := starved(head):  # (else it has no starved prefix to read)
+                key = (offender, not owed, _STARVED, head.waiting_since, -prio)
+                parts.append((key, bucket, _STARVED, True))
+            parts.append(((offender, not owed, _REST, 0.0, -prio), bucket, _REST, not has_starved))
+        parts.sort(key=lambda p: p[0])  # (the keys differ: no two buckets are ever compared)
+        for (offender, not_owed, _, _, prio), bucket, what, first_read in parts:
+            if what == _LENT:
+                yield from self._borrowers((offender, not not_owed, -prio), now)
+                continue
+            lender = self._taking_back(bucket)
+            if lender is not None and first_read:
+                yield lender
+            yield from bucket.walk(starved, what == _STARVED, lender)
 
-    def _borrowers(self, cls: Class, starved: Callable[[Gang], bool], now: float) -> Iterator[Gang]:
+    def _borrowers(self, cls: Class, now: float) -> Iterator[Gang]:
         """On each GPU an equal of class `cls` lent inside its quantum, who borrows it next of
         that class's waiters for it: the one that borrowed such a quantum longest ago
-        (`Bucket.next_borrower`), so that what an equal lends goes round its waiters instead
-        of all to the first in line, on top of its own turn (a loop behind a data loader, or
-        behind a request loop of equal priority, had 60-65 % of the time two busy loops
-        shared, on the core's clock). Turns of their own keep the line's order. O(G)."""
+        (`Bucket.next_borrower`), starved or not, so that what an equal lends goes round its
+        waiters instead of all to the first in line, on top of its own turn (a loop behind a
+        data loader, or behind a request loop of equal priority, had 60-65 % of the time two
+        busy loops shared, on the core's clock; at the default quantum, where each of three
+        equals waits past the starvation limit, 1.6-2 times). Turns of their own keep the
+        line's order. O(G)."""
         for uuid in self._last_lent:
             lent = self._lent_quantum(uuid, now)
-            if lent is None or lent[0].priority != cls[2]:
+            if lent is None or not (lent[0].priority == cls[2] or lent[0].full_quantum):
                 continue
             bucket = self._by_gpu.get(uuid, {}).get(cls)
-            g = bucket.next_borrower() if bucket is not None else None
-            if g is not None and not starved(g):
+            if bucket is None or self._taking_back(bucket) is not None:
+                continue  # (the lender of that quantum takes it back, with its bucket)
+            g = bucket.next_borrower()
+            if g is not None:
                 yield g
 
-    def _taking_back(self, bucket: Bucket, starved: Callable[[Gang], bool]) -> Gang | None:
+    def _taking_back(self, bucket: Bucket) -> Gang | None:
         """The bucket's earliest lender of those taking their GPU back as of their request
         (O(1): as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`; a
-        reload may have shortened its quantum since): first among its equals (the starved
-        come first)."""
+        reload may have shortened its quantum since): first among its equals, the starved
+        too (the quantum is its own), so it comes with the bucket's first part read."""
         g = bucket.first_lender(self.now, back=True)
-        if g is None or starved(g):
-            return None
-        return g if self._priorities.taking_back(g) else None
+        return g if g is not None and self._priorities.taking_back(g) else None
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
         patience = self._priorities.patience(now)
@@ -243,8 +255,9 @@ class Line:
             k = 0
             while k < len(bucket.order) and starved(bucket.gangs[bucket.order[k][1]]):
                 k += 1
-            parts.append(((offender, not owed, False, -prio), bucket.order[:k], bucket))
-            parts.append(((offender, not owed, True, -prio), bucket.order[k:], bucket))
+            since = bucket.first().waiting_since
+            parts.append(((offender, not owed, False, since, -prio), bucket.order[:k], bucket))
+            parts.append(((offender, not owed, True, 0.0, -prio), bucket.order[k:], bucket))
         gangs = [
             b.gangs[key] for _, part, b in sorted(parts, key=lambda p: p[0]) for _, key in part
         ]
@@ -277,13 +290,15 @@ class Line:
 
     def borrowing(self, g: Gang, now: float) -> float:
         """Granted now, until when g borrows (`Gang.borrowed_until`): the end of the quantum
-        of the equal that last lent g's GPU, if it has not had it back and its quantum (or
-        the one it borrowed in turn) runs on; 0.0 if g borrows from nobody. O(1). (A gang
-        taking its own quantum back borrows nothing: `Lock._grant` does not ask.)"""
+        of the gang that last lent g's GPU, if it lends it g only until it asks again (an
+        equal, or a quantum granted as starved: `PriorityRule.lent_own`), has not had it back
+        and its quantum (or the one it borrowed in turn) runs on; 0.0 if g borrows from
+        nobody. O(1). (A gang taking its own quantum back borrows nothing: `Lock._grant` does
+        not ask.)"""
         if g.joint:
             return 0.0
         lent = self._lent_quantum(self._s.clients[next(iter(g.members))].gpu, now)
-        if lent is None or lent[0] is g or lent[0].priority != g.priority:
+        if lent is None or lent[0] is g or not PriorityRule.lent_own(lent[0], g):
             return 0.0
         return lent[1]
 
@@ -293,6 +308,8 @@ class Line:
         lender = self._s.gangs.get(self._last_lent.get(uuid, ""))
         if lender is None or lender.lent_at is None:
             return None
+        if lender.phase is GangPhase.WAITING and self._priorities.taking_back(lender):
+            return None  # it is taking it back
         if PriorityRule.lent_borrowed(lender):
             end = lender.borrowed_until
         else:
@@ -348,7 +365,7 @@ class Line:
 
 
 def borrowed_at(g: Gang) -> float | None:
-    """When a lone gang last borrowed an equal's lent quantum, for who borrows next
+    """When a lone gang last borrowed a lent quantum (`Line.borrowing`), for who borrows next
     (`Bucket.next_borrower`); one that never did as if when it began waiting, so that a process
     that comes new does not take the next lend from those that borrowed before it came."""
     return None if g.joint else g.borrowed_at or g.waiting_since

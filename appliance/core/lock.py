@@ -181,9 +181,9 @@ class Lock:
         return out + self.schedule(now)
 
     def _enqueue(self, g: Gang, now: float) -> None:
-        """Wait in line: behind everyone (`PriorityRule.line` orders it); or, after a turn cut
-        short or lending a GPU it borrowed, at its place with its starvation clock running on."""
-        if not (g.cut_short or PriorityRule.lent_borrowed(g)):
+        """Wait in line: behind everyone (`PriorityRule.line` orders it); or at its place with
+        its starvation clock running on (`PriorityRule.keeps_place`)."""
+        if not self.priorities.keeps_place(g, now):
             self._s.tickets += 1
             g.ticket, g.waiting_since, g.served_s = self._s.tickets, now, 0.0
         g.phase, g.requested_at, g.cut_short = GangPhase.WAITING, now, False  # (filed by callers)
@@ -251,7 +251,7 @@ class Lock:
         # after lending the GPU (`takes_back`; granted after the borrower's drain, maybe past
         # it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = self.priorities.quantum(g)
-        resumed = self.shares.resumes(g, now, quantum) or self.priorities.takes_back(g, quantum)
+        resumed = self.shares.resumes(g, now, quantum) or self.priorities.resumes(g, now, quantum)
         g.borrowed_until = 0.0 if resumed else self.line.borrowing(g, now)
         self.priorities.granted(g, now)
         g.lent_at = None

@@ -20,14 +20,23 @@ A holder gives way to a waiter (`yield_at`):
   `Gang.borrowed_until`, set at its grant by `line.Line.borrowing`) it does not take back: it
   waits again at its place, first in line, and the equal whose quantum it was has it back. A
   borrower's own quantum begins where the lent one ends (`Lock._grant`), and if an equal is
-  ahead of it in line it gives way then, keeping its place (`borrow_over`, `LENT`): the next
-  turn is that one's. Who borrows an equal's lent time is not always the first in line either:
-  it goes round the waiters (`line.Line.turns`), so no loop has a lender's pauses on top of its
-  own turn while the others wait;
+  ahead of it in line, or anyone starved by then who has waited longer, it gives way then,
+  keeping its place (`borrow_over`, `LENT`): the next turn is that one's. Who borrows lent time
+  is not the first in line either: it goes round the waiters of the highest priority it is
+  lent to, starved or not (`line.Line.turns`), so no loop has a lender's pauses on top of its
+  own turn while the others wait. An equal takes back what it lent from a borrower granted as
+  starved too (`full_quantum` guards against higher priorities, not against the lender whose
+  quantum it was), and is granted ahead of its starved equals;
 - of lower priority, never, until that waiter has waited `scheduler.starvationLimit`: it is then
-  starved, first in line ahead of every priority, the holder gives way when its quantum is over,
-  and the starved client keeps the lock for a whole quantum (`full_quantum`). So a low priority
-  waits at most the starvation limit plus a quantum (and a drain). The wait counts time without
+  starved, first in line ahead of every priority (of several starved, the one that has waited
+  longest first, whatever its priority: else, wherever the loops of a priority each wait past
+  the limit for their turns among themselves, the starved of a lower one never came first),
+  the holder gives way when its quantum is over, and the starved client keeps the lock for a
+  whole quantum (`full_quantum`); what it lends inside that quantum it takes back from any
+  priority (`lent_own`, `keeps_place`). So a low priority waits at most the starvation limit
+  plus a quantum (and a drain), and the other starved clients' quanta where several starve
+  at once (several low ones, each wanting a quantum a limit, can want more than the GPU has:
+  they then take turns with the higher ones). The wait counts time without
   a turn of its own: a turn another cut short before it was as long as the wait for it or the
   slice any holder has (`cut_short`: a borrower's near-zero slice) leaves its clock running and
   its place in line kept (`Gang.waiting_since`), whoever lent it the turn; otherwise a `high`
@@ -49,7 +58,8 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
   (a drop: whether the turn was cut short, `Gang.cut_short`, and what it held in turns cut
   short, `Gang.served_s`). They write those facts of the gang asked about and nothing else.
 - queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
-  `quantum`, `taking_back`, `lent_back`, `borrow_over`, `yield_at`, `turn`. They read the gangs
+  `quantum`, `taking_back`, `lent_back`, `lent_own`, `keeps_place`, `resumes`, `borrow_over`,
+  `yield_at`, `turn`. They read the gangs
   they are given and the scheduler's settings, and write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
@@ -119,21 +129,31 @@ class PriorityRule:
         return now >= g.waiting_since + self._s.policy.scheduler.starvation_limit_s
 
     def line(self, waiters: Iterable[Gang], now: float, owed: Collection[str] = ()) -> list[Gang]:
-        """Waiters in the order they are granted: offenders last; first those still `owed`
-        part of their guaranteed share (`share`; gang keys), then the starved, then by
-        priority; among equals one taking back the GPU it lent (`takes_back`) first, the
-        others in the order they came (the sort is stable)."""
+        """Waiters in the order they are granted (`line.Line.turns`, but for who borrows lent
+        time, which is not a turn): offenders last; first
+        those still `owed` part of their guaranteed share (`share`; gang keys), then the
+        starved, a priority's starved before another's if its longest waiting has waited
+        longer, then by priority; among equals one taking back the GPU it lent (`takes_back`)
+        first, starved equals or not, the others in the order they came (the sort is stable)."""
+        waiters = list(waiters)
         patience = self.patience(now)
-        return sorted(
-            waiters,
-            key=lambda g: (
+        since: dict[tuple[bool, bool, int], float] = {}  # each class's longest waiting
+        for g in waiters:
+            cls = (g.offender, g.key in owed, g.priority)
+            since[cls] = min(since.get(cls, g.waiting_since), g.waiting_since)
+
+        def key(g: Gang) -> tuple[bool, bool, bool, float, int, bool]:
+            first = since[(g.offender, g.key in owed, g.priority)]
+            return (
                 g.offender,
                 g.key not in owed,
-                g.waiting_since > patience,
+                first > patience,
+                first if first <= patience else 0.0,
                 -g.priority,
                 not self.taking_back(g),
-            ),
-        )
+            )
+
+        return sorted(waiters, key=key)
 
     @staticmethod
     def borrowed(holder: Gang, lender: Gang) -> bool:
@@ -175,27 +195,60 @@ class PriorityRule:
 
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
-        """Whether `holder` was granted time that `lender`, of equal priority, let go idle, and
-        the lender asked again before its own quantum was over."""
+        """Whether `holder` was granted time that `lender` let go idle, and the lender asked
+        again before its own quantum was over, where that quantum was the lender's against the
+        holder: the lender is of equal priority (a holder granted as starved too:
+        `full_quantum` guards a turn against higher priorities, not this time, which was the
+        lender's; with the default quantum and starvation limit, 30 s each, every one of three
+        or more equals is granted as starved, and a loop that paused lost its whole quantum to
+        the loop it lent its first pause to), or was granted it as starved (`keeps_place`: a
+        trainer that lowered itself lost its starved quantum at its first data-loader pause)."""
         return (
-            lender.priority == holder.priority
-            and not holder.full_quantum
+            PriorityRule.lent_own(lender, holder)
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
             and PriorityRule.takes_back(lender, quantum_s)
         )
 
     @staticmethod
-    def borrow_over(holder: Gang, waiter: Gang) -> bool:
-        """Whether `holder` borrows an equal's lent quantum (its own begins when that one
-        ends: `Gang.quantum_from`, set at its grant) and `waiter`, an equal, is ahead of it in
-        line: the turn after the lent quantum is the waiter's, so the borrower gives way when
-        the lent quantum ends, and keeps its place (a `lent` drop is cut short)."""
+    def lent_own(lender: Gang, g: Gang) -> bool:
+        """Whether what `lender` lends inside its quantum it lends `g` only until it asks again
+        (`lent_back`): `g` is its equal, or that quantum was granted as starved."""
+        return lender.priority == g.priority or lender.full_quantum
+
+    def keeps_place(self, g: Gang, now: float) -> bool:
+        """Whether g, asking again now, waits at its place in line with its starvation clock
+        running on (`lock.Lock._enqueue`): after a turn cut short (`cut_short`), after lending
+        a GPU it borrowed (`lent_borrowed`), or after lending inside a quantum it was granted
+        as starved: that quantum is still its own (`lent_back`, from any priority)."""
+        starved_own = g.full_quantum and g.lent_at is not None
         return (
-            waiter.priority == holder.priority
-            and holder.quantum_from > holder.granted_at
-            and waiter.ticket < holder.ticket
+            g.cut_short
+            or self.lent_borrowed(g)
+            or (starved_own and now < g.quantum_from + self.quantum(g))
         )
+
+    def resumes(self, g: Gang, now: float, quantum_s: float) -> bool:
+        """Whether g, granted now, has what is left of its quantum, not a fresh one
+        (`lock.Lock._grant`): it asked back inside its quantum after lending it
+        (`takes_back`), and that quantum was granted as starved or g is not starved now (a
+        lender granted as starved after a turn that was not has a whole quantum: a trainer
+        that lowered itself and lent at its first pause was granted after 30 s with nothing
+        left of the quantum it had lent, and dropped at once)."""
+        return self.takes_back(g, quantum_s) and (g.full_quantum or not self.starved(g, now))
+
+    def borrow_over(self, holder: Gang, waiter: Gang) -> bool:
+        """Whether `holder` borrows a lent quantum (its own begins when that one ends:
+        `Gang.quantum_from`, set at its grant) and `waiter` is ahead of it in line then: an
+        equal that came before it, or one starved by then that has waited longer. The turn
+        after the lent quantum is the waiter's, so the borrower gives way when the lent quantum
+        ends, and keeps its place (a `lent` drop is cut short)."""
+        if holder.quantum_from <= holder.granted_at:
+            return False
+        if waiter.priority == holder.priority:
+            return waiter.ticket < holder.ticket
+        starving_at = waiter.waiting_since + self._s.policy.scheduler.starvation_limit_s
+        return starving_at <= holder.quantum_from and waiter.waiting_since < holder.waiting_since
 
     def yield_at(self, holder: Gang, waiter: Gang, quantum_s: float) -> tuple[float, DropReason]:
         """When `holder` must drop for `waiter` (if it still holds and the waiter still waits

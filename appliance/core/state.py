@@ -180,7 +180,7 @@ class Gang:
     pace: tuple[float, float] | None = None  # of `arrivals` (asks after lending), when steady
     full_quantum: bool = False  # granted as starved: no priority takes this grant early
     quantum_from: float = 0.0  # its quantum runs from here: the grant, or the one a share cut
-    borrowed_until: float = 0.0  # granted a GPU an equal lent: that one's quantum ends then
+    borrowed_until: float = 0.0  # granted a GPU lent (`Line.borrowing`): its quantum ends then
     borrowed_at: float = 0.0  # its last such grant (such grants go round: `bucket.Bucket`)
     share_cut: bool = False  # dropped for a waiter's share: its quantum goes on when granted
     share_grant: bool = False  # granted for its share: it gives way once it has had it

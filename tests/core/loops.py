@@ -10,8 +10,8 @@ it, on a fake clock (`tests/core/test_served.py`, and `bench/crowd_model.py`'s c
 
 A `low:` prefix lowers the loop itself (NVSHARE_GPU_PRIORITY=low). A loop told to drop
 releases DRAIN_S later and asks again when it has work. `Crowd.run` drives them; each `Loop`
-then has the seconds it held the GPU, its waits from asking to a grant and its requests'
-latencies.
+then has the seconds it held the GPU, its waits from asking to a grant (the last one to the
+end of the run if it is not over) and its requests' latencies.
 """
 
 from __future__ import annotations
@@ -142,6 +142,9 @@ class Crowd:
             self.advance_to(max(self.now, min(t for t in times if t is not None)))
             for lp in self.loops.values():
                 self.step(lp)
+        for lp in self.loops.values():  # a wait not over yet counts as long as it has been
+            if lp.asked_at is not None:
+                lp.waits.append(self.now - lp.asked_at)
 
     def step(self, lp: Loop) -> None:
         now = self.now
