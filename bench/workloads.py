@@ -39,7 +39,8 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              orders, two `loader` loops with an `item` and a `cpu` one, and a `loader` with
              two `item` loops, at TQ 5 s, staggered starts, three rounds of turns: each
              loop's share (1/N is fair) and longest stall (the others' quanta and a drop
-             deadline bound it)
+             deadline bound it); and an `item` or a `loader` loop that lowers itself beside
+             three `item` loops, each waiting past a starvation limit of 8 s for its turn
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
@@ -551,26 +552,42 @@ CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two
         ("titem", 0.6),
         ("titem2", 1.3),
     ),
+    # A loop that lowers itself (NVSHARE_GPU_PRIORITY=low: the names "l...") among three that
+    # each wait two quanta (10 s) for their turns, past a starvation limit of 8 s (`STARVED`):
+    # as at the defaults with three loops, where the quantum is the limit.
+    "low item,item x3": (("titem", 0.0), ("titem2", 0.5), ("titem3", 1.1), ("litem", 1.6)),
+    "low loader,item x3": (("titem", 0.0), ("titem2", 0.5), ("titem3", 1.1), ("lloader", 1.6)),
 }
+STARVED = {"low item,item x3": "starvationLimit: 8s", "low loader,item x3": "starvationLimit: 8s"}
+LOW = {"NVSHARE_GPU_PRIORITY": "low"}
 CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
 
 
-def section_crowd(alone_s: float, cases: tuple[str, ...] = tuple(CROWDS)) -> dict[str, Any]:
+def section_crowd(
+    alone_s: float, cases: tuple[str, ...] = tuple(CROWDS), base: Path | None = None
+) -> dict[str, Any]:
     """Three and four loops at once (no benchmark pair is a crowd): each loop's share of its own
     rate alone over the time all ran, which turns give as 1/N each, and the longest time a loop
     made no step, which turns bound by the others' quanta and a drop deadline. Each of `cases`
-    (names in `CROWDS`; a name given again runs again, its result as "NAME #2")."""
+    (names in `CROWDS`; a name given again runs again, its result as "NAME #2"); and each once
+    more under the daemon of checkout `base` if given ("NAME @base")."""
     specs = {"titem": "train:item", "tcpu": "train:cpu", "tloader": "train:loader"}
     specs["tcompiled"] = "compiled"
-    solo = alone_rates(specs, alone_s)
+    specs |= {"litem": "train:item", "lloader": "train:loader"}
+    kinds = {name.rstrip("0123456789") for c in cases for name, _ in CROWDS[c]}
+    solo = alone_rates({k: specs[k] for k in kinds}, alone_s)
+    runs = [(case, None) for case in cases] + [(case, base) for case in cases if base]
     out: dict[str, Any] = {}
-    for i, case in enumerate(cases):
+    for i, (case, tree) in enumerate(runs):
         members = CROWDS[case]
-        again = cases[:i].count(case)
+        again = [c for c, t in runs[:i] if t is tree].count(case)
         kind = {name: name.rstrip("0123456789") for name, _ in members}  # titem2: a titem
-        roles = [Role(name, specs[kind[name]], delay) for name, delay in members]
+        roles = [
+            Role(name, specs[kind[name]], delay, LOW if name.startswith("l") else {})
+            for name, delay in members
+        ]
         seconds = CROWD_ROUNDS * len(roles) * TQ_S + members[-1][1]
-        got = run(on_policy(), roles, seconds)
+        got = run(on_policy(settings=STARVED.get(case, "")), roles, seconds, tree)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
         if TRACE is not None:
             idle = {n: [t for t, x in r["trace"] if "released (idle)" in x] for n, r in got.items()}
@@ -578,7 +595,7 @@ def section_crowd(alone_s: float, cases: tuple[str, ...] = tuple(CROWDS)) -> dic
                 n: taking_back(r, sorted(t for o in got if o != n for t in idle[o]))
                 for n, r in got.items()
             }
-        name = f"{case} #{again + 1}" if again else case
+        name = (f"{case} #{again + 1}" if again else case) + (" @base" if tree else "")
         out[name] = told(name, report | {"loops": len(roles)})
     return out
 
@@ -786,8 +803,8 @@ def main() -> int:
     ap.add_argument(
         "--base",
         type=Path,
-        help="another checkout (an older commit): priorities' mode-on cases also under its daemon"
-        " and its hook (BASE/ld_hook/build/libnvshare.so, where built)",
+        help="another checkout (an older commit): priorities' mode-on cases and the crowds also"
+        " under its daemon and its hook (BASE/ld_hook/build/libnvshare.so, where built)",
     )
     ap.add_argument(
         "--trace",
@@ -811,7 +828,9 @@ def main() -> int:
             cases=tuple(args.quota_cases.split(",")),
         ),
         "requests": functools.partial(section_requests, long=args.quota_seconds),
-        "crowd": functools.partial(section_crowd, cases=tuple(args.crowds.split(";"))),
+        "crowd": functools.partial(
+            section_crowd, cases=tuple(args.crowds.split(";")), base=args.base
+        ),
         "priorities": functools.partial(
             section_priorities,
             infer=tuple(args.infer.split(",")),
