@@ -705,9 +705,9 @@ def section_priorities(
     base: Path | None = None,
 ) -> dict[str, Any]:
     """Each request shape alone, then beside a trainer: at priority high (by rule), beside a
-    trainer that lowers itself, and with mode off; the mode-on cases once per `variants` (more
-    scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the first, and once
-    under the daemon of checkout `base`, keyed `on@base`."""
+    trainer that lowers itself (and two), and with mode off; the mode-on cases once per
+    `variants` (more scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the
+    first, and once under the daemon of checkout `base`, keyed `on@base`."""
     out: dict[str, Any] = {}
     train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
     for request in infer:
@@ -726,12 +726,15 @@ def section_priorities(
         cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")], None)
         for case, (policy, roles, tree) in cases.items():
             pair = run(policy, roles, seconds, tree)
-            inf, trn = (pair[r.name] for r in roles)
+            inf, trn, *more = (pair[r.name] for r in roles)
             got: dict[str, Any] = {
                 "p99_ms": round(latency(inf)["p99_ms"], 3),
                 "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
                 "trainer_of_solo": round(rate(trn) / train_solo, 2),
+                "longest_stall_s": round(longest_stall(inf, inf["start"], inf["ends"][-1]), 2),
             }
+            if more:  # (the second trainer)
+                got["trainer2_of_solo"] = round(rate(more[0]) / train_solo, 2)
             if TRACE is not None:
                 got["hand_offs"] = hand_offs(inf, trn)
             row[case] = told(f"{spec} {case}", got)
@@ -742,15 +745,13 @@ def section_priorities(
 def priority_cases(
     spec: str, tag: str, policy: str, tree: Path | None = None
 ) -> dict[str, tuple[str, list[Role], Path | None]]:
-    """The inference loop at high beside a trainer at low by rule, and beside one that lowers
-    itself through NVSHARE_GPU_PRIORITY."""
+    """The inference loop at high beside a trainer at low by rule, beside one that lowers
+    itself through NVSHARE_GPU_PRIORITY, and beside two that do (they share what it lends)."""
+    trn, trn2 = Role("trn", "train:item", env=LOW), Role("trn2", "train:item", 0.3, LOW)
     return {
         f"on{tag}": (policy, [Role("hii", spec), Role("lot", "train:item")], tree),
-        f"on_self_lowered{tag}": (
-            policy,
-            [Role("inf", spec), Role("trn", "train:item", env={"NVSHARE_GPU_PRIORITY": "low"})],
-            tree,
-        ),
+        f"on_self_lowered{tag}": (policy, [Role("inf", spec), trn], tree),
+        f"on_two_lowered{tag}": (policy, [Role("inf", spec), trn, trn2], tree),
     }
 
 
