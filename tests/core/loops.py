@@ -9,9 +9,13 @@ it, on a fake clock (`tests/core/test_served.py`, and `bench/crowd_model.py`'s c
   WORK s of GPU each; with nothing left to serve it hands the GPU over after the idle window.
 
 A `low:` prefix lowers the loop itself (NVSHARE_GPU_PRIORITY=low). A loop told to drop
-releases DRAIN_S later and asks again when it has work. `Crowd.run` drives them; each `Loop`
-then has the seconds it held the GPU, its waits from asking to a grant (the last one to the
-end of the run if it is not over) and its requests' latencies.
+releases DRAIN_S later and asks again when it has work. `Crowd.run` drives them (after
+`Crowd.warm_up`, if asked: a step each and a long pause, as programs start); each `Loop` then
+has the seconds it held the GPU, its waits from asking to a grant (the last one to the end of
+the run if it is not over), the longest it went without the GPU, its steps (pauses reached),
+how long it waited each time it asked again inside its quantum after lending the GPU (`backs`)
+and its requests' latencies; the crowd has who had each turn (a hold of `TURN_S` or more) in
+order. `check=True` checks the core's indexes after every event (as the core tests do).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from appliance.policy.model import PRIORITY_NAMES, Policy, SchedulerSettings
 
 GPU = "GPU-model000-0000-0000-0000-000000000000"
 DRAIN_S = 0.002
+TURN_S = 1.0  # a hold this long is a turn (a quantum), shorter a borrow or a step
 LOW = PRIORITY_NAMES["low"]  # what the hook sends for NVSHARE_GPU_PRIORITY=low
 IDLE = ev.ReleaseReason.IDLE
 
@@ -55,6 +60,12 @@ class Loop:
     latency: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     held: float = 0.0
+    steps: int = 0  # idle releases: a pausing loop's steps
+    released_at: float = 0.0
+    longest_off: float = 0.0  # the longest from a release to the next grant
+    quantum_from: float = 0.0  # its last grant that was not a taking back
+    asked_back_at: float | None = None  # it asked again inside its quantum after lending
+    backs: list[float] = field(default_factory=list)  # those requests' waits
 
 
 def parse(cid: int, spec: str) -> Loop:
@@ -71,9 +82,13 @@ def parse(cid: int, spec: str) -> Loop:
 
 
 class Crowd:
-    def __init__(self, specs: list[str], seed: int, settings: SchedulerSettings) -> None:
+    def __init__(
+        self, specs: list[str], seed: int, settings: SchedulerSettings, check: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
         self.settings = settings
+        self.check = check
+        self.turns: list[int] = []
         policy = Policy(scheduler=settings)
         self.core = NodeCore(policy, inventory={GPU: GpuFacts(uuid=GPU, memory_total=80 << 30)})
         self.now = 0.0
@@ -86,7 +101,10 @@ class Crowd:
                 self.feed(ev.PriorityHint(cid, LOW))
 
     def feed(self, event: ev.Event) -> None:
-        for a in self.core.handle(event, self.now):
+        out = self.core.handle(event, self.now)
+        if self.check:
+            self.core.check()
+        for a in out:
             lp = self.loops.get(getattr(a, "client_id", -1))
             if isinstance(a, act.Grant) and lp is not None:
                 self._granted(lp)
@@ -97,6 +115,12 @@ class Crowd:
 
     def _granted(self, lp: Loop) -> None:
         lp.holds, lp.granted_at = True, self.now
+        lp.longest_off = max(lp.longest_off, self.now - lp.released_at)
+        if lp.asked_back_at is None:
+            lp.quantum_from = self.now
+        else:
+            lp.backs.append(self.now - lp.asked_back_at)
+            lp.asked_back_at = None
         if lp.asked_at is not None:
             lp.waits.append(self.now - lp.asked_at)
             lp.asked_at = None
@@ -111,7 +135,12 @@ class Crowd:
 
     def release(self, lp: Loop, why: ev.ReleaseReason) -> None:
         lp.holds, lp.release_at = False, None
-        lp.held += self.now - lp.granted_at
+        held = self.now - lp.granted_at
+        lp.held += held
+        lp.steps += why is IDLE
+        lp.released_at = self.now
+        if held >= TURN_S:
+            self.turns.append(lp.cid)
         self.feed(ev.LockReleased(lp.cid, why))
 
     def idle_release(self, lp: Loop) -> None:
@@ -125,6 +154,20 @@ class Crowd:
             self.now = max(self.now, d)
             self.feed(ev.Tick())
         self.now = t
+
+    def warm_up(self) -> None:
+        """As programs start: a step each in turn, then a pause on the CPU longer than a quantum
+        (compiling, waiting for the others), with the GPU lent."""
+        for lp in self.loops.values():
+            self.ask(lp)
+            self.advance_to(self.now + 0.02)
+            if lp.holds:
+                self.release(lp, IDLE)
+            lp.done_at = lp.left = None
+        self.advance_to(self.now + 2 * self.settings.time_quantum_s)
+        for lp in self.loops.values():
+            lp.released_at = self.now
+        self.turns.clear()
 
     def run(self, seconds: float) -> None:
         for lp in self.loops.values():
@@ -163,6 +206,8 @@ class Crowd:
                     lp.done_at, lp.left = now + lp.work, None
         if lp.back_at is not None and lp.back_at <= now:
             lp.back_at, lp.left = None, lp.work
+            if now < lp.quantum_from + self.settings.time_quantum_s:
+                lp.asked_back_at = now
             self.ask(lp)
         if lp.done_at is not None and lp.done_at <= now and lp.holds:
             lp.done_at = None
