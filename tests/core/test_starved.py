@@ -134,3 +134,15 @@ def test_what_starved_lower_loops_lend_goes_to_the_higher_priority_not_to_anothe
     assert normal.held >= 2 * low_busy.held
     # Each low one still waits no longer than the other lows' quanta and the normal one's.
     assert all(max(lp.waits) <= 3 * 30.0 + 0.5 for lp in crowd.loops.values())
+
+
+def test_a_starved_low_loop_lending_slivers_gains_nothing_over_a_busy_one() -> None:
+    # What a quantum granted as starved lends it takes back from any priority: a low loop that
+    # lends after every 20 ms step and asks again 1-2 ms later holds no more than a busy low
+    # loop would (a quantum each time it has waited the limit), and the normal one no less.
+    sly = run(["low:pausing:0.02:0.001:0.002", "busy"], DEFAULTS, 900.0, check=False)
+    plain = run(["low:busy", "busy"], DEFAULTS, 900.0)
+    (sly_low, sly_normal), (plain_low, plain_normal) = sly.loops.values(), plain.loops.values()
+    assert sly_low.held <= plain_low.held
+    assert sly_normal.held >= plain_normal.held
+    assert max(sly_low.waits) <= 30.0 + 30.0 + 0.5
