@@ -91,9 +91,11 @@ def test_a_pausing_loop_among_equals_has_its_quanta_at_the_default_settings() ->
     ],
 )
 def test_what_a_loader_lends_goes_round_starved_equals(specs: list[str]) -> None:
-    crowd = run(specs, DEFAULTS, 900.0, seed=27)
+    crowd = run(specs, DEFAULTS, 450.0, seed=27)
     busy = [lp.held for lp in crowd.loops.values() if lp.spec == "busy"]
-    assert max(busy) <= 1.1 * min(busy)
+    # A quantum apart at most (the run ends inside someone's), where the loop behind the
+    # loader held 1.5-2 times another's.
+    assert max(busy) - min(busy) <= 30.0 + 0.05 * min(busy)
 
 
 def test_lending_slivers_and_taking_them_back_gains_a_loop_nothing() -> None:
