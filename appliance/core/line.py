@@ -14,13 +14,13 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
   stops reading once every GPU anyone waits for is taken), owed shares first and offenders
-  last, and within each: first, on a GPU whose quantum was
-  lent (an equal's, or one granted as starved: the lender takes it back), the waiter of the
-  highest priority it is lent to that borrowed such time longest ago (`_borrowers`: lent time
-  goes round); then the starved parts, the one whose first has waited longest first; then
-  the rest by priority. In a bucket's first part read, an equal taking back the GPU it lent
-  (`PriorityRule.takes_back`, as of its request) goes first (of several, the earliest lender;
-  `bucket.Bucket`; ahead of the starved equals too: the quantum is its own).
+  last, and within each: first, on a GPU whose quantum was lent (an equal's, or one granted
+  as starved: the lender takes it back), the waiter of the highest priority it is lent to
+  that borrowed such time longest ago (`_borrowers`: lent time goes round); then the starved
+  parts, the one whose first has waited longest first; then the rest by priority. In a
+  bucket's first part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`,
+  as of its request) goes first (of several, the earliest lender; `bucket.Bucket`; ahead of
+  the starved equals too: the quantum is its own).
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -212,8 +212,9 @@ class Line:
             yield from bucket.walk(starved, what == _STARVED, lender)
 
     def _borrowers(self, cls: Class, now: float) -> Iterator[Gang]:
-        """On each GPU an equal of class `cls` lent inside its quantum, who borrows it next of
-        that class's waiters for it: the one that borrowed such a quantum longest ago
+        """On each GPU a gang lent inside its quantum to class `cls` (`PriorityRule.lent_own`:
+        an equal, or any from a quantum granted as starved), who borrows it next of that
+        class's waiters for it: the one that borrowed such a quantum longest ago
         (`Bucket.next_borrower`), starved or not, so that what an equal lends goes round its
         waiters instead of all to the first in line, on top of its own turn (a loop behind a
         data loader, or behind a request loop of equal priority, had 60-65 % of the time two
@@ -222,7 +223,7 @@ class Line:
         line's order. O(G)."""
         for uuid in self._last_lent:
             lent = self._lent_quantum(uuid, now)
-            if lent is None or not (lent[0].priority == cls[2] or lent[0].full_quantum):
+            if lent is None or not PriorityRule.lent_own(lent[0], cls[2]):
                 continue
             bucket = self._by_gpu.get(uuid, {}).get(cls)
             if bucket is None or self._taking_back(bucket) is not None:
@@ -298,7 +299,7 @@ class Line:
         if g.joint:
             return 0.0
         lent = self._lent_quantum(self._s.clients[next(iter(g.members))].gpu, now)
-        if lent is None or lent[0] is g or not PriorityRule.lent_own(lent[0], g):
+        if lent is None or lent[0] is g or not PriorityRule.lent_own(lent[0], g.priority):
             return 0.0
         return lent[1]
 

@@ -248,8 +248,8 @@ class Lock:
     def _grant(self, g: Gang, now: float) -> list[act.Action]:
         g.phase = GangPhase.HOLDING
         # Cut short for another's share (`ShareRule.resumes`), or asked back inside its quantum
-        # after lending the GPU (`takes_back`; granted after the borrower's drain, maybe past
-        # it): it has the rest of its quantum back, not a fresh one ahead of the line.
+        # after lending the GPU (`PriorityRule.resumes`; granted after the borrower's drain,
+        # maybe past it): it has the rest of its quantum back, not a fresh one ahead of the line.
         quantum = self.priorities.quantum(g)
         resumed = self.shares.resumes(g, now, quantum) or self.priorities.resumes(g, now, quantum)
         g.borrowed_until = 0.0 if resumed else self.line.borrowing(g, now)

@@ -59,8 +59,8 @@ quotas; the lock's phases (`lock.Lock`), the line (`line.Line`), `yielding`, `ah
   short, `Gang.served_s`). They write those facts of the gang asked about and nothing else.
 - queries: `starved`, `patience`, `line`, `borrowed`, `takes_back`, `lent_borrowed`,
   `quantum`, `taking_back`, `lent_back`, `lent_own`, `keeps_place`, `resumes`, `borrow_over`,
-  `yield_at`, `turn`. They read the gangs
-  they are given and the scheduler's settings, and write nothing.
+  `yield_at`, `turn`. They read the gangs they are given and the scheduler's settings, and
+  write nothing.
 Cost, in clients touched: none; each question reads the gangs it is given (`line`: those
 waiters, sorted; the lock hands it one per bucket, `line.Waiting.firsts`), never a pass over
 all clients.
@@ -130,11 +130,11 @@ class PriorityRule:
 
     def line(self, waiters: Iterable[Gang], now: float, owed: Collection[str] = ()) -> list[Gang]:
         """Waiters in the order they are granted (`line.Line.turns`, but for who borrows lent
-        time, which is not a turn): offenders last; first
-        those still `owed` part of their guaranteed share (`share`; gang keys), then the
-        starved, a priority's starved before another's if its longest waiting has waited
-        longer, then by priority; among equals one taking back the GPU it lent (`takes_back`)
-        first, starved equals or not, the others in the order they came (the sort is stable)."""
+        time, which is not a turn): offenders last; first those still `owed` part of their
+        guaranteed share (`share`; gang keys), then the starved, a priority's starved before
+        another's if its longest waiting has waited longer, then by priority; among equals
+        one taking back the GPU it lent (`takes_back`) first, starved equals or not, the
+        others in the order they came (the sort is stable)."""
         waiters = list(waiters)
         patience = self.patience(now)
         since: dict[tuple[bool, bool, int], float] = {}  # each class's longest waiting
@@ -204,17 +204,18 @@ class PriorityRule:
         the loop it lent its first pause to), or was granted it as starved (`keeps_place`: a
         trainer that lowered itself lost its starved quantum at its first data-loader pause)."""
         return (
-            PriorityRule.lent_own(lender, holder)
+            PriorityRule.lent_own(lender, holder.priority)
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
             and PriorityRule.takes_back(lender, quantum_s)
         )
 
     @staticmethod
-    def lent_own(lender: Gang, g: Gang) -> bool:
-        """Whether what `lender` lends inside its quantum it lends `g` only until it asks again
-        (`lent_back`): `g` is its equal, or that quantum was granted as starved."""
-        return lender.priority == g.priority or lender.full_quantum
+    def lent_own(lender: Gang, priority: int) -> bool:
+        """Whether what `lender` lends inside its quantum it lends a gang of `priority` only
+        until it asks again (`lent_back`): an equal, or any, if that quantum was granted as
+        starved."""
+        return lender.priority == priority or lender.full_quantum
 
     def keeps_place(self, g: Gang, now: float) -> bool:
         """Whether g, asking again now, waits at its place in line with its starvation clock
