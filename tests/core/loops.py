@@ -1,5 +1,6 @@
 """Loops of several kinds and priorities driven through the core as their hooks would drive
-it, on a fake clock (`tests/core/test_served.py`, and `bench/crowd_model.py`'s crowds). A loop is
+it, on a fake clock (`test_crowd.py`, `test_served.py`, `test_starved.py`, and
+`bench/crowd_model.py`'s crowds). A loop is
 
 - `busy`: always has work (a training step after a step);
 - `pausing:WORK:LO:HI`: works WORK s, then waits on the host LO-HI s (a data loader), handing
