@@ -39,8 +39,9 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
              orders, two `loader` loops with an `item` and a `cpu` one, and a `loader` with
              two `item` loops, at TQ 5 s, staggered starts, three rounds of turns: each
              loop's share (1/N is fair) and longest stall (the others' quanta and a drop
-             deadline bound it); and an `item` or a `loader` loop that lowers itself beside
-             three `item` loops, each waiting past a starvation limit of 8 s for its turn
+             deadline bound it); an `item` or a `loader` loop that lowers itself beside
+             three `item` loops, each waiting past a starvation limit of 8 s for its turn;
+             and a `loader` with two `item` loops at the default quantum (30 s), two rounds
 
     python3 bench/workloads.py [--sections turns,modes,...] [--seconds 12] [--json OUT]
                                [--infer steady:1,poisson:8:graph,...]
@@ -77,7 +78,6 @@ from _daemon import BenchDaemon, gpus, machine, percentile, stamp_hook_lines
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "ld_hook" / "build" / "libnvshare.so"
 TQ_S = 5.0  # every section's time quantum
-TQ = f"{TQ_S:g}s"
 QUOTA_SECONDS = 20.0  # each quota run: long enough to see the share settle after 8 s
 TURNS_SECONDS = 40.5  # each turns pair: eight whole quanta after the second loop's 0.5 s
 TRACE: Path | None = None  # --trace DIR: every run's hook debug lines, timed, kept there
@@ -484,10 +484,10 @@ def told(case: str, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def on_policy(mode: str = "on", settings: str = "") -> str:
+def on_policy(mode: str = "on", settings: str = "", tq_s: float = TQ_S) -> str:
     """The scheduler's policy; `settings`: more of its fields, as YAML flow items."""
     more = f", {settings}" if settings else ""
-    return f"scheduler: {{mode: '{mode}', timeQuantum: {TQ}{more}}}"
+    return f"scheduler: {{mode: '{mode}', timeQuantum: {tq_s:g}s{more}}}"
 
 
 def alone_rates(specs: dict[str, str], seconds: float) -> dict[str, float]:
@@ -557,10 +557,18 @@ CROWDS = {  # N loops at TQ 5 s, staggered starts (s) at no round figure, in two
     # as at the defaults with three loops, where the quantum is the limit.
     "low item,item x3": (("titem", 0.0), ("titem2", 0.5), ("titem3", 1.1), ("litem", 1.6)),
     "low loader,item x3": (("titem", 0.0), ("titem2", 0.5), ("titem3", 1.1), ("lloader", 1.6)),
+    # The loader beside two `.item()` loops at the default quantum (30 s, the starvation limit):
+    # each waits two quanta, past the limit, for its turn.
+    "loader,item x2 at the defaults": (("tloader", 0.0), ("titem", 0.6), ("titem2", 1.3)),
 }
-STARVED = {"low item,item x3": "starvationLimit: 8s", "low loader,item x3": "starvationLimit: 8s"}
-LOW = {"NVSHARE_GPU_PRIORITY": "low"}
 CROWD_ROUNDS = 3  # each case runs this many rounds of every loop's quantum after the last start
+# cases not at TQ 5 s and the default starvation limit: (more settings, quantum s, rounds)
+CROWD_AT = {
+    "low item,item x3": ("starvationLimit: 8s", TQ_S, CROWD_ROUNDS),
+    "low loader,item x3": ("starvationLimit: 8s", TQ_S, CROWD_ROUNDS),
+    "loader,item x2 at the defaults": ("", 30.0, 2),
+}
+LOW = {"NVSHARE_GPU_PRIORITY": "low"}
 
 
 def section_crowd(
@@ -586,8 +594,9 @@ def section_crowd(
             Role(name, specs[kind[name]], delay, LOW if name.startswith("l") else {})
             for name, delay in members
         ]
-        seconds = CROWD_ROUNDS * len(roles) * TQ_S + members[-1][1]
-        got = run(on_policy(settings=STARVED.get(case, "")), roles, seconds, tree)
+        settings, tq_s, rounds = CROWD_AT.get(case, ("", TQ_S, CROWD_ROUNDS))
+        seconds = rounds * len(roles) * tq_s + members[-1][1]
+        got = run(on_policy(settings=settings, tq_s=tq_s), roles, seconds, tree)
         report = pair_report(got, {name: solo[k] for name, k in kind.items()})
         if TRACE is not None:
             idle = {n: [t for t, x in r["trace"] if "released (idle)" in x] for n, r in got.items()}
