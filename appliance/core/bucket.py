@@ -92,13 +92,15 @@ class Bucket:
         self, starved: Callable[[Gang], bool], want: bool, skip: Gang | None
     ) -> Iterator[Gang]:
         """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest), but
-        `skip` (given out already). The reader may take the one just given out (a grant)."""
+        `skip` (given out already, wherever it stands: a lender taking back is given out ahead
+        of its starved equals, and may have the first ticket). The reader may take the one just
+        given out (a grant)."""
         i = 0
         while i < len(self.order):
             entry = self.order[i]
             g = self.gangs[entry[1]]
-            if starved(g) != want or g is skip:
-                if want:
+            if g is skip or starved(g) != want:
+                if want and g is not skip:
                     return  # past the starved prefix
                 i += 1
                 continue

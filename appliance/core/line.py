@@ -203,31 +203,33 @@ class Line:
             parts.append(((offender, not owed, _REST, 0.0, -prio), bucket, _REST, not has_starved))
         parts.sort(key=lambda p: p[0])  # (the keys differ: no two buckets are ever compared)
         for (offender, not_owed, _, _, prio), bucket, what, first_read in parts:
-            if what == _LENT:
-                yield from self._borrowers((offender, not not_owed, -prio), now)
+            cls = (offender, not not_owed, -prio)
+            if what == _LENT:  # a quantum granted as starved, lent: by priority
+                yield from self._borrowers(cls, now, starved_turn=True)
                 continue
             lender = self._taking_back(bucket)
-            if lender is not None and first_read:
-                yield lender
+            if first_read:  # its lender taking back, else who borrows an equal's lent time
+                yield from [lender] if lender else self._borrowers(cls, now, starved_turn=False)
             yield from bucket.walk(starved, what == _STARVED, lender)
 
-    def _borrowers(self, cls: Class, now: float) -> Iterator[Gang]:
+    def _borrowers(self, cls: Class, now: float, starved_turn: bool) -> Iterator[Gang]:
         """On each GPU a gang lent inside its quantum to class `cls` (`PriorityRule.lent_own`:
-        an equal, or any from a quantum granted as starved), who borrows it next of that
-        class's waiters for it: the one that borrowed such a quantum longest ago
-        (`Bucket.next_borrower`), starved or not, so that what an equal lends goes round its
-        waiters instead of all to the first in line, on top of its own turn (a loop behind a
-        data loader, or behind a request loop of equal priority, had 60-65 % of the time two
-        busy loops shared, on the core's clock; at the default quantum, where each of three
-        equals waits past the starvation limit, 1.6-2 times). Turns of their own keep the
-        line's order. O(G)."""
+        an equal, read with the class's first part; or any, from a quantum granted as starved:
+        `starved_turn`, read first, the highest priority first), who of that class borrows it
+        next: the one that borrowed such time longest ago (`Bucket.next_borrower`), starved or
+        not: lent time goes round, not all to the first in line on top of its own turn (1.5-2
+        times another busy loop's time, on the core's clock). Nobody borrows a GPU a lender
+        takes back (two borrowers were granted and dropped in turn every 2 ms). O(G x P)."""
         for uuid in self._last_lent:
             lent = self._lent_quantum(uuid, now)
-            if lent is None or not PriorityRule.lent_own(lent[0], cls[2]):
+            if lent is None or lent[0].full_quantum is not starved_turn:
                 continue
-            bucket = self._by_gpu.get(uuid, {}).get(cls)
-            if bucket is None or self._taking_back(bucket) is not None:
-                continue  # (the lender of that quantum takes it back, with its bucket)
+            if not PriorityRule.lent_own(lent[0], cls[2]):
+                continue
+            buckets = self._by_gpu.get(uuid, {})
+            bucket = buckets.get(cls)
+            if bucket is None or any(self._reclaims(b, now) for b in buckets.values()):
+                continue  # (a lender takes it back, with its bucket)
             g = bucket.next_borrower()
             if g is not None:
                 yield g
@@ -239,6 +241,11 @@ class Line:
         too (the quantum is its own), so it comes with the bucket's first part read."""
         g = bucket.first_lender(self.now, back=True)
         return g if g is not None and self._priorities.taking_back(g) else None
+
+    def _reclaims(self, bucket: Bucket, now: float) -> bool:
+        """Whether the bucket's lender taking its GPU back has any of its quantum left now."""
+        g = self._taking_back(bucket)
+        return g is not None and now < g.quantum_from + self._priorities.quantum(g)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
         patience = self._priorities.patience(now)

@@ -9,14 +9,16 @@ it, on a fake clock (`test_crowd.py`, `test_served.py`, `test_starved.py`, and
 - `request:GAP:WORK[:poisson]`: a request every GAP s (or at Poisson arrivals of mean GAP),
   WORK s of GPU each; with nothing left to serve it hands the GPU over after the idle window.
 
-A `low:` prefix lowers the loop itself (NVSHARE_GPU_PRIORITY=low). A loop told to drop
+A `low:` prefix lowers the loop itself (NVSHARE_GPU_PRIORITY=low); a `g2:` prefix (before it)
+puts the loop on a second GPU of the node. A loop told to drop
 releases DRAIN_S later and asks again when it has work. `Crowd.run` drives them (after
 `Crowd.warm_up`, if asked: a step each and a long pause, as programs start); each `Loop` then
 has the seconds it held the GPU, its waits from asking to a grant (the last one to the end of
 the run if it is not over), the longest it went without the GPU, its steps (pauses reached),
-how long it waited each time it asked again inside its quantum after lending the GPU (`backs`)
-and its requests' latencies; the crowd has who had each turn (a hold of `TURN_S` or more) in
-order. `check=True` checks the core's indexes after every event (as the core tests do).
+how long it waited each time it asked again inside its quantum after lending the GPU
+(`backs`), how often it was told to drop as it was granted (`flashes`: churn) and its
+requests' latencies; the crowd has who had each turn (a hold of `TURN_S` or more) in order.
+`check=True` checks the core's indexes after every event (as the core tests do).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from appliance.core.node import NodeCore
 from appliance.policy.model import PRIORITY_NAMES, Policy, SchedulerSettings
 
 GPU = "GPU-model000-0000-0000-0000-000000000000"
+GPU2 = "GPU-model000-0000-0000-0000-000000000001"  # a `g2:` loop's
 DRAIN_S = 0.002
 TURN_S = 1.0  # a hold this long is a turn (a quantum), shorter a borrow or a step
 LOW = PRIORITY_NAMES["low"]  # what the hook sends for NVSHARE_GPU_PRIORITY=low
@@ -44,6 +47,7 @@ class Loop:
     spec: str
     kind: str
     low: bool
+    gpu: str = GPU
     work: float = 0.0
     pause: tuple[float, float] = (0.0, 0.0)
     gap: float = 0.0
@@ -67,12 +71,15 @@ class Loop:
     quantum_from: float = 0.0  # its last grant that was not a taking back
     asked_back_at: float | None = None  # it asked again inside its quantum after lending
     backs: list[float] = field(default_factory=list)  # those requests' waits
+    flashes: int = 0  # grants told to drop at once: held only the drain (churn, if many)
 
 
 def parse(cid: int, spec: str) -> Loop:
-    low = spec.startswith("low:")
-    parts = spec.removeprefix("low:").split(":")
-    lp = Loop(cid, spec, parts[0], low)
+    gpu = GPU2 if spec.startswith("g2:") else GPU
+    rest = spec.removeprefix("g2:")
+    low = rest.startswith("low:")
+    parts = rest.removeprefix("low:").split(":")
+    lp = Loop(cid, spec, parts[0], low, gpu)
     if lp.kind == "pausing":
         lp.work, lp.pause = float(parts[1]), (float(parts[2]), float(parts[3]))
     elif lp.kind == "request":
@@ -90,14 +97,14 @@ class Crowd:
         self.settings = settings
         self.check = check
         self.turns: list[int] = []
-        policy = Policy(scheduler=settings)
-        self.core = NodeCore(policy, inventory={GPU: GpuFacts(uuid=GPU, memory_total=80 << 30)})
+        gpus = {uuid: GpuFacts(uuid=uuid, memory_total=80 << 30) for uuid in (GPU, GPU2)}
+        self.core = NodeCore(Policy(scheduler=settings), inventory=gpus)
         self.now = 0.0
         self.loops: dict[int, Loop] = {}
         for cid, spec in enumerate(specs, start=1):
             ident = ClientIdentity(pid=1000 + cid, uid=1000, gid=1000)
-            self.feed(ev.ClientRegistered(cid, 1, ident, GPU, 80 << 30))
             lp = self.loops[cid] = parse(cid, spec)
+            self.feed(ev.ClientRegistered(cid, 1, ident, lp.gpu, 80 << 30))
             if lp.low:
                 self.feed(ev.PriorityHint(cid, LOW))
 
@@ -139,6 +146,7 @@ class Crowd:
         held = self.now - lp.granted_at
         lp.held += held
         lp.steps += why is IDLE
+        lp.flashes += why is ev.ReleaseReason.DROPPED and held <= DRAIN_S + 1e-9
         lp.released_at = self.now
         if held >= TURN_S:
             self.turns.append(lp.cid)

@@ -148,3 +148,36 @@ def test_a_starved_low_loop_lending_slivers_gains_nothing_over_a_busy_one() -> N
     assert sly_low.held <= plain_low.held
     assert sly_normal.held >= plain_normal.held
     assert max(sly_low.waits) <= 30.0 + 30.0 + 0.5
+
+
+@pytest.mark.parametrize(("tq", "seconds", "most"), [(5.0, 120.0, 20), (30.0, 900.0, 200)])
+def test_no_two_borrowers_are_granted_and_dropped_in_turn(
+    tq: float, seconds: float, most: int
+) -> None:
+    # A loop that lowered itself, granted as starved, lends its pauses and asks them back;
+    # the equals that borrowed what two others lent on from it were granted and told to drop
+    # in turn every 2 ms while it waited (1,692 times in 120 s; 20,512 in 900 s): nobody
+    # borrows a GPU a lender takes back now.
+    specs = ["pausing:0.045:0.275:0.396", "low:pausing:0.019:0.090:0.131", "busy", "busy"]
+    crowd = run(
+        [*specs, "pausing:0.008:0.226:0.261"],
+        SchedulerSettings(time_quantum_s=tq),
+        seconds,
+        seed=50,
+        check=tq == 5.0,
+    )
+    assert max(lp.flashes for lp in crowd.loops.values()) <= most
+
+
+def test_a_lender_first_in_its_bucket_hides_no_starved_equal_on_another_gpu() -> None:
+    # Two GPUs: four equals on one, a crowd with a starved low loop and request loops on the
+    # other. A lender taking its GPU back is given out ahead of its starved equals; with the
+    # first ticket of its bucket it ended the walk of their starved part, and a loop on the
+    # first GPU was granted again after its own quantum, ahead of the equal that had waited
+    # three quanta (120 s where 90 are due).
+    specs = ["busy"] * 4 + ["g2:busy", "g2:low:busy", "g2:busy"]
+    specs += ["g2:request:0.2:0.021", "g2:request:0.2:0.035:poisson"]
+    crowd = run(specs, DEFAULTS, 600.0, seed=30)
+    first = [lp for lp in crowd.loops.values() if lp.spec == "busy"]
+    assert max(lp.longest_off for lp in first) <= 3 * 30.0 + 0.5
+    assert max(lp.held for lp in first) - min(lp.held for lp in first) <= 0.5
