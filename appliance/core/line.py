@@ -14,13 +14,13 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
   stops reading once every GPU anyone waits for is taken), owed shares first and offenders
-  last, and within each: first, on a GPU whose quantum was lent (an equal's, or one granted
-  as starved: the lender takes it back), the waiter of the highest priority it is lent to
-  that borrowed such time longest ago (`_borrowers`: lent time goes round); then the starved
-  parts, the one whose first has waited longest first; then the rest by priority. In a
-  bucket's first part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`,
-  as of its request) goes first (of several, the earliest lender; `bucket.Bucket`; ahead of
-  the starved equals too: the quantum is its own).
+  last, and within each: first, on a GPU whose quantum granted as starved was lent (its
+  lender takes it back from any priority), the waiter of the highest priority that borrowed
+  such time longest ago (`_borrowers`: lent time goes round); then the starved parts, the
+  one whose first has waited longest first; then the rest by priority. In a bucket's first
+  part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`, as of its
+  request) goes first (of several, the earliest lender; `bucket.Bucket`; ahead of the starved
+  equals too: the quantum is its own), else on a GPU an equal lent, who borrows it next.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
