@@ -153,8 +153,12 @@ class Crowd:
         self.feed(ev.LockReleased(lp.cid, why))
 
     def idle_release(self, lp: Loop) -> None:
-        """Nothing to do: its hook hands the GPU over after the idle window."""
-        self.advance_to(self.now + self.settings.idle_handoff_s)
+        """Nothing to do: its hook hands the GPU over after the idle window, unless its next
+        work (a request, a batch) comes inside that window (it submits again: not idle)."""
+        window = self.now + self.settings.idle_handoff_s
+        if min(t for t in (lp.next_request, lp.back_at, window + 1) if t is not None) < window:
+            return  # (`step` sets it working again when the work comes)
+        self.advance_to(window)
         if lp.holds and lp.release_at is None:
             self.release(lp, IDLE)
 
@@ -215,9 +219,12 @@ class Crowd:
                     lp.done_at, lp.left = now + lp.work, None
         if lp.back_at is not None and lp.back_at <= now:
             lp.back_at, lp.left = None, lp.work
-            if now < lp.quantum_from + self.settings.time_quantum_s:
-                lp.asked_back_at = now
-            self.ask(lp)
+            if lp.holds and lp.release_at is None:  # its batch came inside the idle window
+                lp.done_at, lp.left = now + lp.work, None
+            else:
+                if now < lp.quantum_from + self.settings.time_quantum_s:
+                    lp.asked_back_at = now
+                self.ask(lp)
         if lp.done_at is not None and lp.done_at <= now and lp.holds:
             lp.done_at = None
             self.done(lp)

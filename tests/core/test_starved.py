@@ -99,9 +99,10 @@ def test_what_a_loader_lends_goes_round_starved_equals(specs: list[str]) -> None
 
 
 def test_lending_slivers_and_taking_them_back_gains_a_loop_nothing() -> None:
-    # A hostile loop that lends after every 20 ms step and asks again 1-2 ms later: what it
-    # takes back is what is left of its own quantum, so it holds no more than a busy loop.
-    crowd = run(["pausing:0.02:0.001:0.002", "busy", "busy"], DEFAULTS, 900.0, check=False)
+    # A hostile loop that lends after every 20 ms step and asks again 6-7 ms later (just past
+    # the idle window): what it takes back is what is left of its own quantum, so it holds no
+    # more than a busy loop.
+    crowd = run(["pausing:0.02:0.006:0.007", "busy", "busy"], DEFAULTS, 900.0, check=False)
     sly, *busy = crowd.loops.values()
     assert sly.held <= min(lp.held for lp in busy)
     assert max(lp.held for lp in busy) <= 1.1 * min(lp.held for lp in busy)
@@ -140,9 +141,10 @@ def test_what_starved_lower_loops_lend_goes_to_the_higher_priority_not_to_anothe
 
 def test_a_starved_low_loop_lending_slivers_gains_nothing_over_a_busy_one() -> None:
     # What a quantum granted as starved lends it takes back from any priority: a low loop that
-    # lends after every 20 ms step and asks again 1-2 ms later holds no more than a busy low
-    # loop would (a quantum each time it has waited the limit), and the normal one no less.
-    sly = run(["low:pausing:0.02:0.001:0.002", "busy"], DEFAULTS, 900.0, check=False)
+    # lends after every 20 ms step and asks again 6-7 ms later (just past the idle window)
+    # holds no more than a busy low loop would (a quantum each time it has waited the limit),
+    # and the normal one no less.
+    sly = run(["low:pausing:0.02:0.006:0.007", "busy"], DEFAULTS, 900.0, check=False)
     plain = run(["low:busy", "busy"], DEFAULTS, 900.0)
     (sly_low, sly_normal), (plain_low, plain_normal) = sly.loops.values(), plain.loops.values()
     assert sly_low.held <= plain_low.held
