@@ -188,14 +188,16 @@ class Line:
     # ------------------------------------------------------------ the line
 
     def turns(self, now: float) -> Iterator[Gang]:
-        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`; what
-        a gang lends inside its quantum first, round its waiters: `_borrowers`), read lazily:
-        O(P x G) to start, O(1) a gang."""
+        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`; lent
+        time round its waiters: `_borrowers`), read lazily: O(P x G) to start, O(1) a gang."""
         self.catch_up(now)
         starved = self._starved(now)
+        lent = {u: lq[0] for u in self._last_lent if (lq := self._lent_quantum(u, now))}
+        starved_lent = any(g.full_quantum for g in lent.values())  # (else no part to read)
         parts: list[tuple[LineKey, Bucket, int, bool]] = []  # key, bucket, what, first read
         for (offender, owed, prio), bucket in self._line.items():
-            parts.append(((offender, not owed, _LENT, -prio, -prio), bucket, _LENT, False))
+            if starved_lent:
+                parts.append(((offender, not owed, _LENT, -prio, -prio), bucket, _LENT, False))
             head = bucket.first()
             if has_starved := starved(head):  # (else it has no starved prefix to read)
                 key = (offender, not owed, _STARVED, head.waiting_since, -prio)
@@ -205,26 +207,24 @@ class Line:
         for (offender, not_owed, _, _, prio), bucket, what, first_read in parts:
             cls = (offender, not not_owed, -prio)
             if what == _LENT:  # a quantum granted as starved, lent: by priority
-                yield from self._borrowers(cls, now, starved_turn=True)
+                yield from self._borrowers(cls, lent, now, starved_turn=True)
                 continue
             lender = self._taking_back(bucket)
             if first_read:  # its lender taking back, else who borrows an equal's lent time
-                yield from [lender] if lender else self._borrowers(cls, now, starved_turn=False)
+                yield from [lender] if lender else self._borrowers(cls, lent, now, False)
             yield from bucket.walk(starved, what == _STARVED, lender)
 
-    def _borrowers(self, cls: Class, now: float, starved_turn: bool) -> Iterator[Gang]:
-        """On each GPU a gang lent inside its quantum to class `cls` (`PriorityRule.lent_own`:
-        an equal, read with the class's first part; or any, from a quantum granted as starved:
-        `starved_turn`, read first, the highest priority first), who of that class borrows it
-        next: the one that borrowed such time longest ago (`Bucket.next_borrower`), starved or
-        not: lent time goes round, not all to the first in line on top of its own turn (1.5-2
-        times another busy loop's time, on the core's clock). Nobody borrows a GPU a lender
-        takes back (two borrowers were granted and dropped in turn every 2 ms). O(G x P)."""
-        for uuid in self._last_lent:
-            lent = self._lent_quantum(uuid, now)
-            if lent is None or lent[0].full_quantum is not starved_turn:
-                continue
-            if not PriorityRule.lent_own(lent[0], cls[2]):
+    def _borrowers(
+        self, cls: Class, lent: dict[str, Gang], now: float, starved_turn: bool
+    ) -> Iterator[Gang]:
+        """On each GPU a gang lent inside its quantum (`lent`, found once a `turns`) to class
+        `cls` (`PriorityRule.lent_own`: an equal, read with the class's first part; or any,
+        from a quantum granted as starved: `starved_turn`, read first, by priority), who of
+        that class borrows it next: the one that borrowed such time longest ago, starved or
+        not (lent time goes round, not all to the first in line on top of its own turn).
+        Nobody borrows a GPU a lender takes back (else two borrowers churn). O(G x P)."""
+        for uuid, lender in lent.items():
+            if lender.full_quantum is not starved_turn or not PriorityRule.lent_own(lender, cls[2]):
                 continue
             buckets = self._by_gpu.get(uuid, {})
             bucket = buckets.get(cls)
