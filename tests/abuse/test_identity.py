@@ -19,7 +19,7 @@ from kube.fakeapi import FakeApiServer
 
 from appliance.wire import protocol as p
 
-from .conftest import GiB, MiB, Stage, eventually
+from .conftest import GiB, MiB, Stage, eventually, wait_listed
 
 KEY = "nvshare.com/gpu-memory-limit"
 OOM = "err 2"
@@ -76,6 +76,7 @@ def test_naming_the_victims_pod_takes_nothing_from_it(
     stage.start()
     victim = hooked(pod=uids["small"])
     victim.ok("init")
+    wait_listed(stage, victim, GiB)  # (before the pod list arrives it has its uid's 8Gi)
     attacker = hooked(NVSHARE_POD_NAMESPACE="team", NVSHARE_POD_NAME="small")
     attacker.ok("init")
     attacker.ok(f"alloc mem {900 * MiB}")  # on its own ledger, not team/small's
