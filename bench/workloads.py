@@ -12,7 +12,8 @@ interpreter (`*-nvs-ROLE`) so policy rules can tell them apart by executable:
                  graphs), .item() each step
   infer:ARRIVAL:MS[:graph|:decode[:GAP_MS]]
                  requests of about MS ms of GPU work (4096-wide fp16 layers), `steady` (one every
-                 50 ms) or `poisson` (exponential gaps, mean 50 ms, fixed seed); `graph` replays
+                 50 ms) or `poisson` (exponential gaps, mean 50 ms, fixed seed), or `once` (one,
+                 then idle to the end: it lends its GPU the whole run); `graph` replays
                  the request as a captured CUDA graph; `decode` runs it as a token generator
                  does, in 8 steps, each read back with .item() and followed by GAP_MS (0.2) ms
                  of host work; latency from submission to its result
@@ -48,6 +49,7 @@ Sections (each pair also runs each member alone, in the same call, for its ratio
                                [--quota-seconds 20] [--quota-cases 25,75,30c,pair]
                                [--quota-variants ';computeWindow: 250ms']
                                [--priority-variants ';idleHandoff: 2ms'] [--base OLD_CHECKOUT]
+                               [--trainer compiled]
                                [--crowds 'item x3;item x3'] [--trace DIR]
     (needs PyTorch, a GPU, the appliance importable and ld_hook/build/libnvshare.so built;
     2-GPU jobs are bench/gangs.py's)
@@ -257,7 +259,7 @@ def infer(spec: str, seconds: float, out: Path, ready: Path, delay: float) -> No
     while next_at < stop_at:
         latencies.append(request())
         ends.append(time.time())
-        gap = rng.expovariate(1 / 0.05) if arrival == "poisson" else 0.05
+        gap = {"poisson": rng.expovariate(1 / 0.05), "once": seconds}.get(arrival, 0.05)
         next_at += gap
         time.sleep(max(0.0, next_at - time.perf_counter()))
     out.write_text(json.dumps({"start": start, "ends": ends, "latencies_s": latencies}))
@@ -712,13 +714,15 @@ def section_priorities(
     infer: tuple[str, ...] = INFER,
     variants: tuple[str, ...] = ("",),
     base: Path | None = None,
+    trainer: str = "train:item",
 ) -> dict[str, Any]:
-    """Each request shape alone, then beside a trainer: at priority high (by rule), beside a
-    trainer that lowers itself (and two), and with mode off; the mode-on cases once per
-    `variants` (more scheduler settings, "" for the defaults), keyed `on[SETTINGS]` beyond the
-    first, and once under the daemon of checkout `base`, keyed `on@base`."""
+    """Each request shape alone, then beside a trainer (`trainer`, a worker spec): at priority
+    high (by rule), beside a trainer that lowers itself (and two), and with mode off; the
+    mode-on cases once per `variants` (more scheduler settings, "" for the defaults), keyed
+    `on[SETTINGS]` beyond the first, and once under the daemon of checkout `base`, keyed
+    `on@base`."""
     out: dict[str, Any] = {}
-    train_solo = alone_rates({"lot": "train:item"}, seconds)["lot"]
+    train_solo = alone_rates({"lot": trainer}, seconds)["lot"]
     for request in infer:
         spec = f"infer:{request}"
         alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
@@ -729,10 +733,10 @@ def section_priorities(
         cases: dict[str, tuple[str, list[Role], Path | None]] = {}
         for settings in variants:
             tag = f"[{settings}]" if settings else ""
-            cases |= priority_cases(spec, tag, on_policy(settings=settings))
+            cases |= priority_cases(spec, trainer, tag, on_policy(settings=settings))
         if base is not None:
-            cases |= priority_cases(spec, "@base", on_policy(), base)
-        cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", "train:item")], None)
+            cases |= priority_cases(spec, trainer, "@base", on_policy(), base)
+        cases["off"] = (on_policy("off"), [Role("hii", spec), Role("lot", trainer)], None)
         for case, (policy, roles, tree) in cases.items():
             pair = run(policy, roles, seconds, tree)
             inf, trn, *more = (pair[r.name] for r in roles)
@@ -752,13 +756,13 @@ def section_priorities(
 
 
 def priority_cases(
-    spec: str, tag: str, policy: str, tree: Path | None = None
+    spec: str, trainer: str, tag: str, policy: str, tree: Path | None = None
 ) -> dict[str, tuple[str, list[Role], Path | None]]:
     """The inference loop at high beside a trainer at low by rule, beside one that lowers
     itself through NVSHARE_GPU_PRIORITY, and beside two that do (they share what it lends)."""
-    trn, trn2 = Role("trn", "train:item", env=LOW), Role("trn2", "train:item", 0.3, LOW)
+    trn, trn2 = Role("trn", trainer, env=LOW), Role("trn2", trainer, 0.3, LOW)
     return {
-        f"on{tag}": (policy, [Role("hii", spec), Role("lot", "train:item")], tree),
+        f"on{tag}": (policy, [Role("hii", spec), Role("lot", trainer)], tree),
         f"on_self_lowered{tag}": (policy, [Role("inf", spec), trn], tree),
         f"on_two_lowered{tag}": (policy, [Role("inf", spec), trn, trn2], tree),
     }
@@ -817,6 +821,11 @@ def main() -> int:
         " under its daemon and its hook (BASE/ld_hook/build/libnvshare.so, where built)",
     )
     ap.add_argument(
+        "--trainer",
+        default="train:item",
+        help="the priorities section's trainer (a worker spec: train:SHAPE or compiled)",
+    )
+    ap.add_argument(
         "--trace",
         type=Path,
         help="run the hooks with NVSHARE_DEBUG, keep every run's timed lock lines and step times"
@@ -846,6 +855,7 @@ def main() -> int:
             infer=tuple(args.infer.split(",")),
             variants=tuple(args.priority_variants.split(";")),
             base=args.base,
+            trainer=args.trainer,
         ),
     }
     res: dict[str, Any] = {

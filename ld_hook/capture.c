@@ -131,7 +131,7 @@ int nvs_capture_fence(const struct nvs_gpu *g)
 {
     nvs_mutex_lock(&cap.mu);
     int n = cap.active[g->index];
-    if (n == 0) cap.fenced[g->index] = 1;
+    if (n == 0) cap.fenced[g->index]++; /* (the drainer and a paced launch may both fence) */
     nvs_mutex_unlock(&cap.mu);
     return n;
 }
@@ -140,7 +140,7 @@ void nvs_capture_unfence(const struct nvs_gpu *g)
 {
     pthread_once(&cv_once, init_cv);
     nvs_mutex_lock(&cap.mu);
-    cap.fenced[g->index] = 0;
+    cap.fenced[g->index]--;
     pthread_cond_broadcast(&cap.cv);
     nvs_mutex_unlock(&cap.mu);
 }

@@ -95,6 +95,7 @@ typedef int CUdriverProcAddressQueryResult;
 typedef int CUgraphNodeType;
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_GRAPH_NODE_TYPE_GRAPH 4
+#define CU_GRAPH_NODE_TYPE_EVENT_RECORD 7
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
 #define CU_GRAPH_NODE_TYPE_MEM_FREE 11
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2

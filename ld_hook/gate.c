@@ -19,6 +19,7 @@
 #include "gate.h"
 #include "log.h"
 #include "marks.h"
+#include "pace.h"
 #include "thread.h"
 
 #define DEFAULT_IDLE_RELEASE_MS 1000u
@@ -64,6 +65,7 @@ static void set_state(struct nvs_gpu *g, enum nvs_lock_state s)
 {
     struct gate *gt = gate_of(g);
     gt->state = s;
+    if (s != NVS_LOCK_HELD) nvs_pace_set(g, 0); /* paced only while held (pace.h) */
     atomic_store_explicit(&nvs_gate_hot[g->index].pass, is_open(s), memory_order_relaxed);
     pthread_cond_broadcast(&gt->cv);
 }
@@ -375,8 +377,10 @@ void nvs_gate_on_limits(struct nvs_gpu *g, const struct nvs_limits *lim)
 }
 
 /* With gt->mu held. The environment's idle release, where set, wins over the daemon's. */
-static void set_terms(struct gate *gt, const struct nvs_lock_grant *grant)
+static void set_terms(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
 {
+    struct gate *gt = gate_of(g);
+    nvs_pace_set(g, grant->queue_us);
     gt->tq_ms = grant->tq_ms;
     gt->idle_ns = nvs_cfg.idle_release_ms ? nvs_cfg.idle_release_ms * 1000000ull
                   : grant->idle_release_us ? grant->idle_release_us * 1000ull
@@ -388,7 +392,7 @@ void nvs_gate_on_terms(struct nvs_gpu *g, const struct nvs_lock_grant *terms)
     struct gate *gt = gate_of(g);
     nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_HELD) {
-        set_terms(gt, terms);
+        set_terms(g, terms);
         pthread_cond_broadcast(&gt->cv); /* the drainer picks up a shorter idle window */
     }
     nvs_mutex_unlock(&gt->mu);
@@ -399,7 +403,7 @@ void nvs_gate_on_grant(struct nvs_gpu *g, const struct nvs_lock_grant *grant)
     struct gate *gt = gate_of(g);
     nvs_mutex_lock(&gt->mu);
     if (gt->state == NVS_LOCK_REQUESTED || gt->state == NVS_LOCK_TAKING) {
-        set_terms(gt, grant);
+        set_terms(g, grant);
         gt->last_active_ns = nvs_now_ns();
         gt->unfinished = 1; /* what it queued while it waited or borrowed may still run */
         gt->after_wait = 0;

@@ -17,6 +17,7 @@
 #include "fallback.h"
 #include "gate.h"
 #include "ledger.h"
+#include "pace.h"
 #include "log.h"
 #include "pools.h"
 #include "session.h"
@@ -32,6 +33,7 @@ static void after_fork_child(void)
     nvs_gpus_init(0);
     nvs_contexts_after_fork();
     nvs_capture_after_fork();
+    nvs_pace_after_fork();
     nvs_allocmap_after_fork();
     nvs_pools_after_fork();
     nvs_ledger_after_fork();

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define NVS_MAGIC 0x4853564Eu /* "NVSH" read as little-endian bytes */
-#define NVS_PROTO_VERSION 3u /* 3: idle windows in microseconds; 2: pod names of 253 characters */
+#define NVS_PROTO_VERSION 4u /* 4: a borrower's queue bound; 3: idle windows in microseconds; 2: pod names of 253 characters */
 #define NVS_MAX_BODY (1u << 20) /* frames larger than this are rejected */
 
 #define NVS_UUID_LEN 48
@@ -160,6 +160,9 @@ struct nvs_lock_grant {
     uint64_t tq_ms;           /* the quantum this grant runs for, informational */
     uint64_t idle_release_us; /* the idle window (scheduler.idleRelease, idleHandoff); 0 = the
                                * hook's default */
+    uint64_t queue_us;        /* how much work to keep queued at most (scheduler.borrowerQueue,
+                               * pace.h): told to a holder on a GPU a higher priority lent it;
+                               * 0 = no bound */
 };
 
 struct nvs_lock_released {
@@ -288,7 +291,7 @@ NVS_ASSERT_SIZE(struct nvs_header, 24);
 NVS_ASSERT_SIZE(struct nvs_register, 392);
 NVS_ASSERT_SIZE(struct nvs_limits, 24);
 NVS_ASSERT_SIZE(struct nvs_registered, 32);
-NVS_ASSERT_SIZE(struct nvs_lock_grant, 16);
+NVS_ASSERT_SIZE(struct nvs_lock_grant, 24);
 NVS_ASSERT_SIZE(struct nvs_lock_released, 8);
 NVS_ASSERT_SIZE(struct nvs_set_tq, 8);
 NVS_ASSERT_SIZE(struct nvs_set_mode, 56);

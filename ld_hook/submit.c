@@ -11,6 +11,7 @@
 #include "dispatch.h"
 #include "gate.h"
 #include "graphs.h"
+#include "pace.h"
 
 #define NVS_GATED_ON(name, params, args, stream)              \
     NVS_EXPORT CUresult name params                           \
@@ -28,15 +29,35 @@
 /* stream-ordered ones name their stream `st` */
 #define NVS_GATED_STREAM(name, params, args) NVS_GATED_ON(name, params, args, st)
 
+/* Kernel and graph launches are paced besides (pace.h): the event behind one goes on the stream
+ * it went to, `on` (a _ptsz entry point's default stream is the thread's own). */
+#define NVS_PACED(g, s, on, call)                                   \
+    ({                                                              \
+        if (nvs_paced(g)) nvs_pace_before(g);                       \
+        struct nvs_thread *t_ = nvs_gate_enter((g), (s));           \
+        CUresult r_ = (call);                                       \
+        nvs_gate_exit(t_);                                          \
+        if (nvs_paced(g) && r_ == CUDA_SUCCESS) nvs_pace_after((g), (on)); \
+        r_;                                                         \
+    })
+#define NVS_PACED_ON(name, params, args, stream, on)                \
+    NVS_EXPORT CUresult name params                                 \
+    {                                                               \
+        CUstream s_ = (stream);                                     \
+        struct nvs_gpu *g_ = nvs_submit_gpu(s_);                    \
+        return NVS_PACED(g_, s_, (on), NVS_CALL(name, args));       \
+    }
+static inline CUstream nvs_ptsz(CUstream s) { return s != NULL ? s : NVS_STREAM_PER_THREAD; }
+
 #define NVS_LAUNCH_CALL (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)
 #define NVS_COOP_CALL (f, gx, gy, gz, bx, by, bz, shmem, s, params)
 #define NVS_EX_PARAMS (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 
-NVS_GATED_ON(cuLaunchKernel, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
-NVS_GATED_ON(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
+NVS_PACED_ON(cuLaunchKernel, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s, s)
+NVS_PACED_ON(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s, nvs_ptsz(s))
 /* A launch with attributes may be a collective (cut.h): counted, and held while a gang stops.
  * One recorded into a capture runs later, with its graph: not counted. */
-#define NVS_LAUNCH_EX(name)                                                      \
+#define NVS_LAUNCH_EX(name, on)                                                  \
     NVS_EXPORT CUresult name NVS_EX_PARAMS                                       \
     {                                                                            \
         CUstream s = cfg ? cfg->hStream : NULL;                                  \
@@ -44,19 +65,17 @@ NVS_GATED_ON(cuLaunchKernel_ptsz, (NVS_LAUNCH_ARGS), NVS_LAUNCH_CALL, s)
         int coll = g != NULL && nvs_is_collective(cfg) &&                     \
                    !(nvs_capture_active(g) > 0 && nvs_stream_capturing(s));     \
         if (NVS_UNLIKELY(coll)) nvs_cut_begin(g);                                \
-        struct nvs_thread *t = nvs_gate_enter(g, s);                             \
-        CUresult r = NVS_CALL(name, (cfg, f, params, extra));                    \
-        nvs_gate_exit(t);                                                        \
+        CUresult r = NVS_PACED(g, s, (on), NVS_CALL(name, (cfg, f, params, extra))); \
         if (NVS_UNLIKELY(coll) && nvs_cut_end(g)) nvs_gate_on_cut_reached(g);    \
         return r;                                                                \
     }
-NVS_LAUNCH_EX(cuLaunchKernelEx)
-NVS_LAUNCH_EX(cuLaunchKernelEx_ptsz)
-NVS_GATED_ON(cuLaunchCooperativeKernel, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
-NVS_GATED_ON(cuLaunchCooperativeKernel_ptsz, (NVS_COOP_ARGS), NVS_COOP_CALL, s)
-NVS_GATED_ON(cuLaunch, (CUfunction f), (f), NULL)
-NVS_GATED_ON(cuLaunchGrid, (CUfunction f, int w, int h), (f, w, h), NULL)
-NVS_GATED_ON(cuLaunchGridAsync, (CUfunction f, int w, int h, CUstream s), (f, w, h, s), s)
+NVS_LAUNCH_EX(cuLaunchKernelEx, s)
+NVS_LAUNCH_EX(cuLaunchKernelEx_ptsz, nvs_ptsz(s))
+NVS_PACED_ON(cuLaunchCooperativeKernel, (NVS_COOP_ARGS), NVS_COOP_CALL, s, s)
+NVS_PACED_ON(cuLaunchCooperativeKernel_ptsz, (NVS_COOP_ARGS), NVS_COOP_CALL, s, nvs_ptsz(s))
+NVS_PACED_ON(cuLaunch, (CUfunction f), (f), NULL, NULL)
+NVS_PACED_ON(cuLaunchGrid, (CUfunction f, int w, int h), (f, w, h), NULL, NULL)
+NVS_PACED_ON(cuLaunchGridAsync, (CUfunction f, int w, int h, CUstream s), (f, w, h, s), s, s)
 
 NVS_SYNC_COPIES(NVS_GATED_SYNC, )
 NVS_SYNC_COPIES(NVS_GATED_SYNC, _ptds)
@@ -67,20 +86,19 @@ NVS_STREAM_OPS(NVS_GATED_STREAM, _ptsz)
 
 /* An upload or launch may make the driver reserve the graph's memory (graphs.h): checked
  * against the limit before, settled after. */
-#define NVS_GRAPH_RUN(name)                                              \
+#define NVS_GRAPH_RUN(name, on)                                          \
     NVS_EXPORT CUresult name(CUgraphExec g, CUstream s)                  \
     {                                                                    \
         if (nvs_graph_admit(g, s) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY; \
-        struct nvs_thread *t = nvs_gate_enter(nvs_submit_gpu(s), s);     \
-        CUresult r = NVS_CALL(name, (g, s));                             \
-        nvs_gate_exit(t);                                                \
+        struct nvs_gpu *gpu = nvs_submit_gpu(s);                         \
+        CUresult r = NVS_PACED(gpu, s, (on), NVS_CALL(name, (g, s)));    \
         nvs_graph_ran(g, s, r);                                          \
         return r;                                                        \
     }
-NVS_GRAPH_RUN(cuGraphLaunch)
-NVS_GRAPH_RUN(cuGraphLaunch_ptsz)
-NVS_GRAPH_RUN(cuGraphUpload)
-NVS_GRAPH_RUN(cuGraphUpload_ptsz)
+NVS_GRAPH_RUN(cuGraphLaunch, s)
+NVS_GRAPH_RUN(cuGraphLaunch_ptsz, nvs_ptsz(s))
+NVS_GRAPH_RUN(cuGraphUpload, s)
+NVS_GRAPH_RUN(cuGraphUpload_ptsz, nvs_ptsz(s))
 
 /* A launch across several GPUs: every gate it touches must be open at once. */
 NVS_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *p, unsigned n,

@@ -36,16 +36,18 @@ class Grant:
     seq: int
     time_quantum_s: float  # how long a stream capture may hold the lock before it hands over
     idle_release_s: float  # give the lock back after this long without submissions
+    queue_s: float = 0.0  # keep at most this much work queued (`TermsRule.queue`); 0 = no bound
 
 
 @dataclass(frozen=True, slots=True)
 class LockTerms:
     """New terms for a holder's grant: how long it may sit idle with the lock (shorter while
-    someone waits, `scheduler.idleHandoff`)."""
+    someone waits, `scheduler.idleHandoff`), how much work it may keep queued."""
 
     client_id: int
     time_quantum_s: float
     idle_release_s: float
+    queue_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

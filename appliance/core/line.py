@@ -324,10 +324,10 @@ class Line:
             end = lender.quantum_from + self._priorities.quantum(lender)
         return (lender, end) if end > now else None
 
-    def lenders_above(self, uuid: str, priority: int) -> list[Gang]:
-        """Idle lone gangs that lent GPU `uuid`, of a priority above `priority`."""
+    def lenders_above(self, uuid: str, priority: int) -> Iterator[Gang]:
+        """Idle lone gangs that lent GPU `uuid`, of a priority above `priority` (first: O(P))."""
         by_priority = self._lenders.get(uuid, {})
-        return [g for p, gangs in by_priority.items() if p > priority for g in gangs.values()]
+        return (g for p, gangs in by_priority.items() if p > priority for g in gangs.values())
 
     def waiting(self, now: float) -> Waiting:
         self.catch_up(now)

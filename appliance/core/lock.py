@@ -98,7 +98,7 @@ class Lock:
         self.shares = ShareRule(state)
         self.priorities = PriorityRule(state)
         self.line = Line(state, self.quotas, self.shares, self.priorities)
-        self.terms = TermsRule(state)
+        self.terms = TermsRule(state, self.line)
         self.lending = LendingRule(
             state, line=self.line, quotas=self.quotas, priorities=self.priorities
         )

@@ -114,14 +114,14 @@ class NodeCore:
 
     def check(self) -> None:
         """Every redundant index against the facts it is kept from (`invariants`), the
-        lock's kept deadline against one worked out afresh, every holder's idle window
-        against the one its hook was told, and after a quiet request (`calm`) the whole
-        schedule, on a copy, deciding nothing more; O(n), for tests."""
+        lock's kept deadline against one worked out afresh, every holder's terms (idle
+        window, queue bound) against those its hook was told, and after a quiet request
+        (`calm`) the whole schedule, on a copy, deciding nothing more; O(n), for tests."""
         invariants.check(self.state, self.lock.line)
         now = self.lock.line.now
         untold = self.lock.terms.untold(self.lock.line.waiting(now)) if self.lock.told else []
         if untold:  # (an event that schedules nothing tells nothing: the next one does)
-            raise invariants.StateOutOfStep(f"holders {untold} were not told their idle window")
+            raise invariants.StateOutOfStep(f"holders {untold} were not told their terms")
         kept, afresh = self.lock.next_deadline(now), self.lock.next_deadline(now, afresh=True)
         if kept != afresh:
             raise invariants.StateOutOfStep(

@@ -99,7 +99,7 @@ class Client:
     requeue: bool = False  # asked for the lock again while draining
     dropped_at: float = 0.0  # when it was last told to drop
     late_drops: int = 0  # drops it did not finish within the drop deadline
-    idle_told_s: float = 0.0  # the idle window its hook was last given with the lock
+    told: tuple[float, float] = (0.0, 0.0)  # the idle window and queue bound last told its hook
     lent_told: bool = False  # its hook was told its idle GPU is lent (`terms.LendingRule`)
     gang: str = ""  # the key of the gang it takes the lock with (`core.gang`)
     gang_hint: str = ""  # the job it names (NVSHARE_GANG, torch.distributed's rendezvous)

@@ -22,6 +22,11 @@
   being true (a gang that is not its borrower holds the GPU or waits ahead of it), and then asks
   and waits as usual. Only a client that is a gang of its own is lent to: a gang of several
   clients takes its GPUs together.
+- The queue bound (`TermsRule.queue`): a holder on a GPU that a gang of higher priority lent
+  keeps at most `scheduler.borrowerQueue` of work queued (its hook paces its launches,
+  ld_hook/pace.h). The lender's next request is granted at once, but the GPU time-slices it with
+  whatever the borrower had queued before its drop: a trainer that queues a 2 ms step at once
+  would double a 1 ms request. Not a holder granted as starved: that quantum is its own.
 """
 
 from __future__ import annotations
@@ -47,19 +52,22 @@ SHRINK = 0.8  # what a gang's learned window keeps after a release that paid off
 
 class TermsRule:
     """The terms a holder is given with the lock and told again when they change (the
-    module's docstring): the quantum and the idle window. The lock asks it:
+    module's docstring): the quantum, the idle window and the queue bound. The lock asks it:
 
     - commands: `granted` (a grant, or a request answered at once: the grant's terms) and
       `tell` (the last phase, "tell holders their terms"); they write what a hook was told
-      (`Client.idle_told_s`) and nothing else. `back` (a gang asks again after an idle
+      (`Client.told`) and nothing else. `back` (a gang asks again after an idle
       release) writes its learned window (`Gang.idle_s`) and nothing else.
-    - query: `window` (the idle window a holder is due as the line stands); it writes nothing.
-    Cost, in clients touched: `granted` 1 (and O(P) for its GPU's waiters, `Waiting`);
-    `tell` the holders of every GPU, each O(P); `window` none (O(P)); `back` none.
+    - queries: `window` (the idle window a holder is due as the line stands) and `queue` (its
+      queue bound); they write nothing.
+    Cost, in clients touched: `granted` 1 (and O(P) for its GPU's waiters, `Waiting`, and its
+    lenders); `tell` the holders of every GPU, each O(P); `window`, `queue` none (O(P)); `back`
+    none.
     """
 
-    def __init__(self, state: NodeState) -> None:
+    def __init__(self, state: NodeState, line: Line) -> None:
         self._s = state
+        self._line = line  # the idle lenders, by GPU and priority
 
     # ------------------------------------------------------------ commands
 
@@ -76,17 +84,13 @@ class TermsRule:
 
     def granted(self, c: Client, seq: int, waiting: Waiting) -> act.Grant:
         """The grant for c (answering its request `seq`), with its terms."""
-        c.idle_told_s = self.window(c, waiting)
-        return act.Grant(
-            c.id,
-            seq,
-            time_quantum_s=self._s.time_quantum(c.gpu),
-            idle_release_s=c.idle_told_s,
-        )
+        idle, queue = c.told = self.terms(c, waiting)
+        quantum = self._s.time_quantum(c.gpu)
+        return act.Grant(c.id, seq, time_quantum_s=quantum, idle_release_s=idle, queue_s=queue)
 
     def tell(self, waiting: Waiting) -> list[act.Action]:
-        """New terms for every holder whose idle window changed (someone started or stopped
-        waiting for its GPU)."""
+        """New terms for every holder whose idle window or queue bound changed (someone started
+        or stopped waiting for its GPU, or lending it)."""
         s = self._s
         out: list[act.Action] = []
         for gpu in s.gpus.values():
@@ -97,26 +101,38 @@ class TermsRule:
                 h = s.clients[i]
                 if h.phase is not Phase.HOLDING:
                     continue  # (a draining holder is told nothing: its window is not asked)
-                window = self.window(h, waiting)
-                if window != h.idle_told_s:
-                    h.idle_told_s = window
-                    out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), window))
+                terms = self.terms(h, waiting)
+                if terms != h.told:
+                    h.told = terms
+                    out.append(act.LockTerms(h.id, s.time_quantum(h.gpu), *terms))
         return out
 
     # ------------------------------------------------------------ queries
 
     def untold(self, waiting: Waiting) -> list[int]:
-        """Holders whose hook was last told another idle window than the line now makes
-        theirs: none once `tell` has run (`NodeCore.check`: a phase skipped that should have
-        told one). O(holders)."""
+        """Holders whose hook was last told other terms than the line now makes theirs: none
+        once `tell` has run (`NodeCore.check`: a phase skipped that should have told one).
+        O(holders)."""
         s = self._s
         return sorted(
             h
             for gpu in s.gpus.values()
             for h in gpu.holders
             if s.clients[h].phase is Phase.HOLDING
-            and self.window(s.clients[h], waiting) != s.clients[h].idle_told_s
+            and self.terms(s.clients[h], waiting) != s.clients[h].told
         )
+
+    def terms(self, c: Client, waiting: Waiting) -> tuple[float, float]:
+        """Holder c's idle window and queue bound."""
+        return self.window(c, waiting), self.queue(c)
+
+    def queue(self, c: Client) -> float:
+        """How much work holder c may keep queued (`scheduler.borrowerQueue`) while a gang of
+        higher priority lent its GPU, unless c was granted as starved; else 0, no bound."""
+        g = gang_of(self._s, c)
+        if g.full_quantum or next(self._line.lenders_above(c.gpu, g.priority), None) is None:
+            return 0.0
+        return self._s.policy.scheduler.borrower_queue_s
 
     def window(self, c: Client, waiting: Waiting) -> float:
         """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while
@@ -176,7 +192,7 @@ class LendingRule:
                 top = max(s.gangs[k].priority for k in gpu.owners)
                 lenders = self._line.lenders_above(uuid, top)
             else:
-                lenders = [k.lender for k in keeps.get(uuid, ()) if k.on(now)]
+                lenders = (k.lender for k in keeps.get(uuid, ()) if k.on(now))
             for g in lenders:
                 candidates |= g.members
         out: list[act.Action] = []

@@ -82,6 +82,7 @@ def _scheduler(sch: dict[str, Any]) -> model.SchedulerSettings:
         starvation_limit_s=parse_seconds(sch["starvationLimit"]),
         idle_handoff_s=parse_seconds(sch["idleHandoff"]),
         reclaim_ahead_s=parse_seconds(sch["reclaimAhead"]),
+        borrower_queue_s=parse_seconds(sch["borrowerQueue"]),
     )
 
 

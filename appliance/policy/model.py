@@ -71,6 +71,7 @@ class SchedulerSettings:
     starvation_limit_s: float = 30.0  # a lower priority waits at most this, then a quantum
     idle_handoff_s: float = 0.005  # idle this long while someone waits: hand the lock over
     reclaim_ahead_s: float = 0.005  # a steady lender's GPU is kept at most this before its request
+    borrower_queue_s: float = 0.0005  # work a borrower of a higher priority keeps queued at most
 
 
 @dataclass(frozen=True, slots=True)

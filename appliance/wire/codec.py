@@ -212,13 +212,15 @@ def to_hook(a: act.HookAction) -> tuple[int, Message, int]:
     hooks (mypy fails on an action of `HookAction` left out)."""
     match a:  # the lock's hand-off first: every hand-off sends a grant and most a drop
         case act.Grant():
-            return a.client_id, p.LockGrant(_ms(a.time_quantum_s), _us(a.idle_release_s)), a.seq
+            grant = p.LockGrant(_ms(a.time_quantum_s), _us(a.idle_release_s), _us(a.queue_s))
+            return a.client_id, grant, a.seq
         case act.Drop():
             return a.client_id, p.LockDrop(), 0
         case act.Registered():
             return a.client_id, p.Registered(a.client_id, wire_limits(a.limits)), a.seq
         case act.LockTerms():
-            return a.client_id, p.LockTerms(_ms(a.time_quantum_s), _us(a.idle_release_s)), 0
+            terms = p.LockTerms(_ms(a.time_quantum_s), _us(a.idle_release_s), _us(a.queue_s))
+            return a.client_id, terms, 0
         case act.Lent():
             return a.client_id, p.LockLent() if a.lent else p.LockUnlent(), 0
         case act.GangDrop() | act.GangCut() | act.GangCutOver():

@@ -23,7 +23,7 @@ from appliance.policy.model import Backing, Mode
 from appliance.wire.layout import Empty, Fixed
 
 MAGIC = 0x4853564E
-VERSION = 3  # 3: idle windows in microseconds; 2: pod names of 253 characters
+VERSION = 4  # 4: a borrower's queue bound; 3: idle windows in us; 2: pod names of 253 chars
 UUID_LEN = 48
 NAME_LEN = 64  # a namespace: a DNS-1123 label, at most 63
 POD_NAME_LEN = 256  # a pod name: a DNS-1123 subdomain, at most 253
@@ -258,9 +258,10 @@ class GrantBody(Fixed):
     """The terms of a grant (LOCK_GRANT, LOCK_TERMS). Each message is its own subclass, neither
     a subclass of the other, so telling one from the other by class never confuses them."""
 
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQ")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQQ")
     tq_ms: int  # the hook bounds how long a stream capture may outlive a drop by it
     idle_release_us: int = 0  # the idle window (idleRelease, idleHandoff); 0 = the hook's default
+    queue_us: int = 0  # the most work to keep queued (borrowerQueue, ld_hook/pace.h); 0 = no bound
 
 
 class LockGrant(GrantBody):

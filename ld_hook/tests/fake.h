@@ -91,6 +91,8 @@ CUresult fake_run(CUstream s, int wait);
 /* A call that would synchronise `c` (or only stream `only`): refused, and the captures broken,
  * where CUDA refuses it. */
 CUresult fake_sync_allowed(struct fake_ctx *c, struct fake_stream *only);
+/* For the tests (the probe's queuedepth): kernels the current context has queued, not run. */
+unsigned long long fake_queued(void);
 
 /* memory (fake_memory.c) */
 CUresult fake_take(struct fake_ctx *c, int d, uint64_t requested, uint64_t charge,

@@ -714,10 +714,28 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
     struct fake_event *fe = fake_event(e);
     if (fe == NULL || fake_stream_ctx(s) != fe->ctx) return CUDA_ERROR_INVALID_HANDLE;
+    struct fake_stream *fs = fake_stream(s);
+    if (fs != NULL && fs->capturing) { /* recorded into the graph, as CUDA does */
+        pthread_mutex_lock(&dev.mu);
+        fake_graph_add(fs->graph, (struct fake_node){.type = CU_GRAPH_NODE_TYPE_EVENT_RECORD});
+        pthread_mutex_unlock(&dev.mu);
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&fe->ctx->mu);
     fe->after = fe->ctx->launched;
     pthread_mutex_unlock(&fe->ctx->mu);
     return CUDA_SUCCESS;
+}
+
+/* For the tests: the kernels the current context has queued that have not run yet. */
+EXPORT unsigned long long fake_queued(void)
+{
+    struct fake_ctx *c = fake_current();
+    if (c == NULL) return 0;
+    pthread_mutex_lock(&c->mu);
+    unsigned long long n = c->launched - c->executed;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent e)

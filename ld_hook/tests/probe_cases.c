@@ -311,6 +311,11 @@ static int graph_case(const char *cmd, unsigned long long x, unsigned long long 
         CUgraph g = NULL;
         r = cuGraphCreate(&g, 0);
         reply(r, "ok %llu\n", r ? 0 : keep('G', (uint64_t)(uintptr_t)g, 0));
+    } else if (strcmp(cmd, "graph_nodes") == 0) { /* graph_nodes GRAPH -> how many */
+        size_t n = 0;
+        r = handle_of(x, 'G', &v) ? cuGraphGetNodes((CUgraph)(uintptr_t)v, NULL, &n)
+                                  : CUDA_ERROR_INVALID_VALUE;
+        reply(r, "ok %llu\n", (unsigned long long)n);
     } else if (strcmp(cmd, "graph_alloc") == 0) { /* graph_alloc GRAPH DEVICE BYTES */
         r = handle_of(x, 'G', &v) ? graph_alloc((CUgraph)(uintptr_t)v, (int)y, z, NULL)
                                   : CUDA_ERROR_INVALID_VALUE;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake.h" /* fake_queued */
 #include "probe.h"
 
 #define FN ((CUfunction)1)
@@ -111,6 +112,18 @@ static CUresult step_loop(double ms, unsigned long long k, unsigned long long *s
     return r;
 }
 
+/* n launches on the default stream, none waited for: the most the GPU had queued after one. */
+static CUresult queue_depth(unsigned long long n, unsigned long long *most)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned long long i = 0; i < n && !r; i++) {
+        r = cuLaunchKernel(FN, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        unsigned long long queued = fake_queued();
+        if (queued > *most) *most = queued;
+    }
+    return r ? r : cuCtxSynchronize();
+}
+
 int probe_wait_case(const char *cmd, const char *args)
 {
     char name[64] = "";
@@ -119,6 +132,9 @@ int probe_wait_case(const char *cmd, const char *args)
     if (strcmp(cmd, "waitin") == 0 || strcmp(cmd, "queuefor") == 0) {
         sscanf(args, "%63s %llu", name, &n);
         r = cmd[0] == 'w' ? wait_loop(name, (double)n, &k) : queue_loop(name, (double)n, &k);
+    } else if (strcmp(cmd, "queuedepth") == 0) { /* queuedepth N -> the most queued */
+        sscanf(args, "%llu", &n);
+        r = queue_depth(n, &k);
     } else if (strcmp(cmd, "stepfor") == 0) {
         sscanf(args, "%llu %llu", &n, &k);
         unsigned long long steps = 0;

@@ -39,7 +39,7 @@ def _two_in_line(h: Harness) -> tuple[int, int]:
         (lambda s, holder, waiter: s.ledger_of.pop(waiter), "ledger"),
         # the terms phase skipped where it should have told: the holder's hook keeps the
         # long idle window while someone waits for its GPU
-        (lambda s, holder, waiter: setattr(s.clients[holder], "idle_told_s", 9.0), "idle"),
+        (lambda s, holder, waiter: setattr(s.clients[holder], "told", (9.0, 0.0)), "terms"),
     ],
 )
 def test_an_index_out_of_step_is_named(harness: Harness, corrupt: Corrupt, named: str) -> None:

@@ -336,7 +336,8 @@ def test_a_holder_above_every_waiter_hands_over_after_the_shortest_idle() -> Non
     out = h.feed(ev.LockRequested(low, 2))  # the trainer's hook asks again
     assert of(out, act.LockTerms) == [act.LockTerms(high, 10.0, OUTRANKING_IDLE_S)]
     h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
-    assert of(h.sent, act.Grant)[-1] == act.Grant(low, 2, 10.0, 1.0)  # nobody waits
+    # nobody waits; the high lent it: the trainer keeps its queue short (borrowerQueue)
+    assert of(h.sent, act.Grant)[-1] == act.Grant(low, 2, 10.0, 1.0, 0.0005)
     assert drops(h.feed(ev.LockRequested(high, 3))) == [low]  # and back at once again
 
 

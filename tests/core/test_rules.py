@@ -174,10 +174,10 @@ def test_the_terms_rules_query_writes_nothing_and_its_commands_what_was_told() -
     assert repr(s) == before
     assert alone == OUTRANKING_IDLE_S  # above every waiter: its window, learned from nothing
     h.feed(ev.LockRequested(equal, 1))
-    assert c.idle_told_s == 0.005  # told by the terms phase: an equal waits
-    c.idle_told_s = 0.0
+    assert c.told == (0.005, 0.0)  # told by the terms phase: an equal waits
+    c.told = (0.0, 0.0)
     before = repr(s)
     grant = rule.granted(c, 7, lock.line.waiting(h.now))
-    assert (grant.seq, grant.idle_release_s) == (7, 0.005) and c.idle_told_s == 0.005
-    c.idle_told_s = 0.0
+    assert (grant.seq, grant.idle_release_s) == (7, 0.005) and c.told == (0.005, 0.0)
+    c.told = (0.0, 0.0)
     assert repr(s) == before  # nothing else was written

@@ -84,6 +84,7 @@ class FakeScheduler:
         pod_limit: int = 0,
         auto_grant: bool = True,
         idle_release_ms: int = 0,
+        queue_us: int = 0,
         listener: socket.socket | None = None,
     ) -> None:
         self.path = os.path.join(socket_dir, "scheduler.sock")
@@ -93,6 +94,7 @@ class FakeScheduler:
         self.pod_limit = pod_limit
         self.auto_grant = auto_grant  # False: requests wait for grant_waiting()
         self.idle_release_ms = idle_release_ms  # in every grant; 0: the hook's default
+        self.queue_us = queue_us  # in every grant; 0: no bound
         self.silent = threading.Event()  # set: read nothing, answer nothing (a hung daemon)
         self.grant_reserved_extra = 0  # added to the absolute reservation a MEM_GRANT reports
         self.limits_with_next_grant: p.WireLimits | None = None  # pushed just before it
@@ -280,7 +282,7 @@ class FakeScheduler:
         c.lock_since = time.monotonic()
         c.dropped = False
         self._record(c, p.MsgType.LOCK_GRANT)
-        c.send(p.LockGrant(int(self.tq_s * 1000), self.idle_release_ms * 1000), seq)
+        c.send(p.LockGrant(int(self.tq_s * 1000), self.idle_release_ms * 1000, self.queue_us), seq)
 
     def _next_holder(self, *, force: bool = False) -> None:
         self.holder = None

@@ -39,7 +39,7 @@ FIELDS = {
         "limits.backing",
         "limits.flags",
     ],
-    "nvs_lock_grant": ["tq_ms", "idle_release_us"],
+    "nvs_lock_grant": ["tq_ms", "idle_release_us", "queue_us"],
     "nvs_lock_released": ["reason", "reserved"],
     "nvs_set_tq": ["seconds", "flags"],
     "nvs_set_mode": ["mode", "flags", "gpu_uuid"],
