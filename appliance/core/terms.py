@@ -124,15 +124,17 @@ class TermsRule:
 
     def terms(self, c: Client, waiting: Waiting) -> tuple[float, float]:
         """Holder c's idle window and queue bound."""
-        return self.window(c, waiting), self.queue(c)
+        window = self.window(c, waiting)
+        return window, self.queue(c) if self._line.lent(c.gpu) else 0.0  # (usually not lent)
 
     def queue(self, c: Client) -> float:
         """How much work holder c may keep queued (`scheduler.borrowerQueue`) while a gang of
         higher priority lent its GPU, unless c was granted as starved; else 0, no bound."""
+        bound = self._s.policy.scheduler.borrower_queue_s
         g = gang_of(self._s, c)
         if g.full_quantum or next(self._line.lenders_above(c.gpu, g.priority), None) is None:
             return 0.0
-        return self._s.policy.scheduler.borrower_queue_s
+        return bound
 
     def window(self, c: Client, waiting: Waiting) -> float:
         """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while
