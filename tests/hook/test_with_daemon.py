@@ -457,6 +457,24 @@ def test_a_lender_takes_its_gpu_back_beside_the_borrowers_queued_work(
     assert "Traceback" not in d.output()
 
 
+@pytest.mark.parametrize("bound", ["", "borrowerQueue: 0"])
+def test_a_borrower_of_a_higher_priority_keeps_its_queue_short(
+    plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon], bound: str
+) -> None:
+    # Kernels of 2 ms. The high-priority program goes idle and lends its GPU to the normal
+    # one, which queues 40 launches at once: told the default bound (0.5 ms) with its grant, it
+    # has at most a few on the GPU at a time; with the bound off, all of them.
+    settings = "idleHandoff: 20ms" + (f", {bound}" if bound else "")
+    d, high, low, _ = high_and_normal(
+        plain, start_probe, running, daemon_dir, scheduler=settings, launch_us=2000
+    )
+    most = int(low.ok("queuedepth 40").split()[1])
+    assert most >= 35 if bound else most <= 4
+    assert_clean(*high.finish())
+    assert_clean(*low.finish())
+    assert "Traceback" not in d.output()
+
+
 def test_a_steady_lender_finds_its_gpu_already_given_back(
     plain: Variant, start_probe, daemon_dir: Path, running: list[RunningDaemon]
 ) -> None:
