@@ -5,7 +5,7 @@ earliest is read), and those that asked again inside their quantum (`PriorityRul
 as of when they were filed: an equal taking its GPU back, the earliest lender first). A lender
 that lent long ago and asked after its quantum is only in the first: it must not hide one that
 takes back. And its lone gangs by when they last borrowed a lent quantum
-(`line.borrowed_at`): who borrows the next such time. Every question O(1); filing O(log n)."""
+(`borrowed_at`): who borrows the next such time. Every question O(1); filing O(log n)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Filing(NamedTuple):
     gpus: tuple[str, ...]
     lent_at: float | None
     back: bool  # it lent and asked again inside its quantum (`PriorityRule.takes_back`)
-    borrowed_at: float | None  # a lone gang's, as `line.borrowed_at` (a gang of several: None)
+    borrowed_at: float | None  # a lone gang's, as `borrowed_at` (a gang of several: None)
     eligible: bool  # its quota lets it start (`QuotaRule.may_start`)
     owed: bool  # part of a member's share is owed to it (`share`)
 
@@ -89,24 +89,32 @@ class Bucket:
         return None
 
     def walk(
-        self, starved: Callable[[Gang], bool], want: bool, skip: Gang | None
+        self, starved: Callable[[Gang], bool], want: bool, skip: tuple[Gang, ...]
     ) -> Iterator[Gang]:
         """In ticket order, the gangs whose starvation is `want` (a prefix, or the rest), but
-        `skip` (given out already, wherever it stands: a lender taking back is given out ahead
-        of its starved equals, and may have the first ticket). The reader may take the one just
-        given out (a grant)."""
+        those of `skip` (given out already, wherever they stand: a lender taking back is given
+        out ahead of its starved equals, and may have the first ticket). The reader may take
+        the one just given out (a grant)."""
         i = 0
         while i < len(self.order):
             entry = self.order[i]
             g = self.gangs[entry[1]]
-            if g is skip or starved(g) != want:
-                if want and g is not skip:
+            skipped = any(g is s for s in skip) if skip else False
+            if skipped or starved(g) != want:
+                if want and not skipped:
                     return  # past the starved prefix
                 i += 1
                 continue
             yield g
             if i < len(self.order) and self.order[i] == entry:
                 i += 1
+
+
+def borrowed_at(g: Gang) -> float | None:
+    """When a lone gang last borrowed a lent quantum (`Line.borrowing`), for who borrows next
+    (`Bucket.next_borrower`); one that never did as if when it began waiting, so that a process
+    that comes new does not take the next lend from those that borrowed before it came."""
+    return None if g.joint else g.borrowed_at or g.waiting_since
 
 
 def bucket_of(buckets: dict[Class, Bucket], cls: Class) -> Bucket:

@@ -19,8 +19,8 @@ what it is filed by changes (`refile`), and the questions read the files:
   such time longest ago (`_borrowers`: lent time goes round); then the starved parts, the
   one whose first has waited longest first; then the rest by priority. In a bucket's first
   part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`, as of its
-  request) goes first (of several, the earliest lender; `bucket.Bucket`; ahead of the starved
-  equals too: the quantum is its own), else on a GPU an equal lent, who borrows it next.
+  request) goes first (on each GPU the earliest such lender; ahead of the starved equals too:
+  the quantum is its own), then on each GPU an equal lent and takes not back, who borrows it.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 
-from appliance.core.bucket import Bucket, Class, Filing, bucket_of, remove_from
+from appliance.core.bucket import Bucket, Class, Filing, borrowed_at, bucket_of, remove_from
 from appliance.core.gang import account
 from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
@@ -209,10 +209,11 @@ class Line:
             if what == _LENT:  # a quantum granted as starved, lent: by priority
                 yield from self._borrowers(cls, lent, now, starved_turn=True)
                 continue
-            lender = self._taking_back(bucket)
-            if first_read:  # its lender taking back, else who borrows an equal's lent time
-                yield from [lender] if lender else self._borrowers(cls, lent, now, False)
-            yield from bucket.walk(starved, what == _STARVED, lender)
+            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
+            if first_read:  # its lenders taking back (a GPU each), who borrows an equal's time
+                yield from lenders
+                yield from self._borrowers(cls, lent, now, False)
+            yield from bucket.walk(starved, what == _STARVED, lenders)
 
     def _borrowers(
         self, cls: Class, lent: dict[str, Gang], now: float, starved_turn: bool
@@ -234,17 +235,22 @@ class Line:
             if g is not None:
                 yield g
 
-    def _taking_back(self, bucket: Bucket) -> Gang | None:
-        """The bucket's earliest lender of those taking their GPU back as of their request
-        (O(1): as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`; a
-        reload may have shortened its quantum since): first among its equals, the starved
-        too (the quantum is its own), so it comes with the bucket's first part read."""
-        g = bucket.first_lender(self.now, back=True)
+    def _taking_back(self, cls: Class) -> tuple[Gang, ...]:
+        """Of class `cls`, on each GPU the earliest lender of those taking their GPU back as of
+        their request (as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`;
+        a reload may have shortened its quantum since): first among its equals, the starved
+        too (the quantum is its own), so it comes with the class's first part read. Per GPU:
+        one taking back another GPU must not hide this one's (two borrowers churn). O(G)."""
+        buckets = (b for bs in self._by_gpu.values() if (b := bs.get(cls)) is not None)
+        return tuple(g for b in buckets if (g := self._lender_back(b)) is not None)
+
+    def _lender_back(self, bucket: Bucket) -> Gang | None:
+        g = bucket.first_lender(self.now, back=True)  # (a bucket of one GPU's waiters)
         return g if g is not None and self._priorities.taking_back(g) else None
 
     def _reclaims(self, bucket: Bucket, now: float) -> bool:
         """Whether the bucket's lender taking its GPU back has any of its quantum left now."""
-        g = self._taking_back(bucket)
+        g = self._lender_back(bucket)
         return g is not None and now < g.quantum_from + self._priorities.quantum(g)
 
     def _starved(self, now: float) -> Callable[[Gang], bool]:
@@ -370,13 +376,6 @@ class Line:
             assert self._lent_by[k] == (s.clients[next(iter(g.members))].gpu, g.priority), k
         paced = {k for k in lenders if s.gangs[k].pace is not None}
         assert paced == self._paced.keys(), (paced, self._paced.keys())
-
-
-def borrowed_at(g: Gang) -> float | None:
-    """When a lone gang last borrowed a lent quantum (`Line.borrowing`), for who borrows next
-    (`Bucket.next_borrower`); one that never did as if when it began waiting, so that a process
-    that comes new does not take the next lend from those that borrowed before it came."""
-    return None if g.joint else g.borrowed_at or g.waiting_since
 
 
 def accounted(s: NodeState, g: Gang) -> bool:

@@ -183,3 +183,16 @@ def test_a_lender_first_in_its_bucket_hides_no_starved_equal_on_another_gpu() ->
     first = [lp for lp in crowd.loops.values() if lp.spec == "busy"]
     assert max(lp.longest_off for lp in first) <= 3 * 30.0 + 0.5
     assert max(lp.held for lp in first) - min(lp.held for lp in first) <= 0.5
+
+
+def test_a_lender_taking_back_on_another_gpu_hides_none_on_this_one() -> None:
+    # Two GPUs. On the second, a low loop holds a quantum granted as starved while an equal of
+    # the first GPU's loops asked back what it lent inside its quantum (it waits: the GPU is
+    # the low loop's). On the first, a pausing loop lends and asks back. The line gave out
+    # only the earliest lender taking back of the whole class, the second GPU's: the first
+    # GPU's lender was not first there, so a busy equal was granted and dropped for it, then
+    # the other busy equal, in turn every 2 ms (1,372 times in 120 s) while it waited 5.5 s.
+    specs = ["pausing:0.012:0.246:0.269", "pausing:0.022:0.422:0.575", "busy", "busy", "busy"]
+    specs += ["g2:low:busy", "g2:low:busy", "g2:busy", "g2:pausing:0.015:0.617:0.849"]
+    crowd = run(specs, SchedulerSettings(time_quantum_s=5.0), 120.0, seed=41, check=True)
+    assert max(lp.flashes for lp in crowd.loops.values()) <= 2
