@@ -16,14 +16,14 @@ from .test_priority import HIGH, LOW, SETTINGS, by_uid, drops, grants
 BOUND = SETTINGS.borrower_queue_s
 
 
-def _lent_to_low(h: Harness) -> tuple[int, int]:
+def _lent_to_low(h: Harness, bound: float = BOUND) -> tuple[int, int]:
     """An inference loop at high that went idle while a trainer at low waited: the trainer
-    holds the GPU the high lent it."""
+    holds the GPU the high lent it, told `bound`."""
     high, low = h.register(uid=2), h.register(uid=1)
     h.feed(ev.LockRequested(high, 1))
     h.feed(ev.LockRequested(low, 1))
     out = h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
-    assert of(out, act.Grant) == [act.Grant(low, 1, 10.0, 1.0, BOUND)]
+    assert of(out, act.Grant) == [act.Grant(low, 1, 10.0, 1.0, bound)]
     return high, low
 
 
@@ -68,12 +68,7 @@ def test_no_bound_where_an_equal_lent_or_the_bound_is_off() -> None:
     out = h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))
     assert [g.queue_s for g in of(out, act.Grant)] == [0.0]
     # borrowerQueue: 0 turns it off
-    off = by_uid({1: LOW, 2: HIGH}, replace(SETTINGS, borrower_queue_s=0.0))
-    high, low = off.register(uid=2), off.register(uid=1)
-    off.feed(ev.LockRequested(high, 1))
-    off.feed(ev.LockRequested(low, 1))
-    out = off.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
-    assert of(out, act.Grant) == [act.Grant(low, 1, 10.0, 1.0, 0.0)]
+    _lent_to_low(by_uid({1: LOW, 2: HIGH}, replace(SETTINGS, borrower_queue_s=0.0)), bound=0.0)
 
 
 def test_a_holder_granted_as_starved_is_not_bounded() -> None:
