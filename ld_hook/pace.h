@@ -14,8 +14,9 @@
  * Not while a stream capture runs on the GPU (a record would join the capture, a wait would break
  * it): the ring's driver calls run under the capture fence, in relaxed capture mode (a global
  * capture on another GPU is not broken either). Only the context the ring's events belong to is
- * paced (the primary context, in practice); a launch in another is not. Copies are not paced.
- * No bound told (every grant but a borrower's): one relaxed load per launch.
+ * paced (the primary context, in practice); a launch in another is not. Graph uploads are paced as
+ * launches; copies are not.
+ * No bound told (every grant but a borrower's): two relaxed loads per launch.
  */
 #ifndef NVSHARE_PACE_H
 #define NVSHARE_PACE_H
