@@ -40,6 +40,7 @@ def report(crowd: Crowd) -> list[str]:
     return [
         f"{lp.spec:28} held {lp.held:6.1f} s  longest wait {max(lp.waits, default=0):6.3f} s"
         + (f"  p99 latency {p99(lp.latency) * 1e3:8.1f} ms" if lp.kind == "request" else "")
+        + (f"  granted and dropped at once {lp.flashes}x" if lp.flashes else "")
         for lp in crowd.loops.values()
     ]
 

@@ -8,10 +8,12 @@ serves frames or polls at a fixed rate says when its next request is due, though
 lone client's last `ARRIVALS` requests (each after it let its GPU go idle) came at a steady
 pace, every interval within `TOLERANCE` of their median (the period), the GPU is kept for its
 next one: from `lead` before it is due, lower-priority holders that borrowed the GPU are
-dropped and lower priorities are not granted it, until the request comes or `lead` after it
-was due (then they have the GPU again, and the irregular interval stops the keeping until the
-pace is steady again). A holder inside its guaranteed share keeps the GPU, and a waiter owed its
-share or starved (`PriorityRule.starved`) is granted it, as against any higher priority.
+dropped and lower priorities are not granted it (nor an equal, where it lent inside a
+quantum of its own that it takes back as it asks: `takes_from`), until the request comes or
+`lead` after it was due (then they have the GPU again, and the irregular interval stops the
+keeping until the pace is steady again). A holder inside its guaranteed share keeps the GPU,
+and a waiter owed its share or starved (`PriorityRule.starved`) is granted it, as against any
+higher priority.
 
 `lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the
 jitter of the requests and `GUARD_S`: enough for the borrower's queued work to have run when the
@@ -89,8 +91,8 @@ class ReclaimRule:
     - command: `asked` (a request: a lender back after letting its GPU go idle; it writes the
       gang's arrivals and pace, `Gang.arrivals`, `Gang.pace`, and nothing else).
     - queries, written nothing by: `keeps` (the start of `Lock.schedule`, and `next_deadline`),
-      `borrowers_due` (the phase "reclaim ahead of a steady lender"), `kept_from` (the grant
-      phase), `deadlines` (`next_deadline`).
+      `borrowers_due` (the phase "reclaim ahead of a steady lender"), `kept_from` and
+      `takes_from` (the grant phase), `deadlines` (`next_deadline`).
     Cost, in clients touched: `asked` none (O(ARRIVALS)); `keeps` O(paced lenders), read from
     the line; `borrowers_due` the owners of the kept GPUs; `kept_from` none (O(g's GPUs x
     keepings of them)); `deadlines` none (O(keepings)).
@@ -127,15 +129,31 @@ class ReclaimRule:
         return out
 
     def kept_from(self, keeps: Keeps, g: Gang, now: float) -> bool:
-        """Whether one of g's GPUs is kept now for a lender of higher priority than g's, and
-        g, neither starved nor owed its guaranteed share, waits for it."""
+        """Whether one of g's GPUs is kept now for a lender that would take it from g as it
+        asks (`takes_from`), and g, neither starved nor owed its guaranteed share, waits for
+        it."""
         if not keeps or not any(
-            k.on(now) and k.lender.priority > g.priority
+            k.on(now) and self.takes_from(k.lender, g, now)
             for uuid in g.gpus
             for k in keeps.get(uuid, ())
         ):
             return False
         return not self._priorities.starved(g, now) and self._shares.owed(g, now) <= EPSILON_S
+
+    def takes_from(self, lender: Gang, g: Gang, now: float) -> bool:
+        """Whether `lender`, asking about now, would have the GPU from g granted now at once: it
+        is of higher priority, or it lent inside a quantum of its own that runs on and that
+        it lends g only until it asks (`PriorityRule.lent_back`: an equal, or any where that
+        quantum was granted as starved) and g takes no quantum of its own back. Else two equal
+        request loops whose requests come together churn: one borrows the other's quantum,
+        is granted as it asks and dropped a moment later as the other asks (each time a drain
+        on the other's request)."""
+        if lender.priority > g.priority:
+            return True
+        if not PriorityRule.lent_own(lender, g.priority) or PriorityRule.lent_borrowed(lender):
+            return False
+        quantum_over = lender.quantum_from + self._priorities.quantum(lender)
+        return now < quantum_over and not self._priorities.taking_back(g)
 
     def borrowers_due(self, keeps: Keeps, now: float) -> list[Gang]:
         """The holders that borrowed a GPU kept now for its lender, outside their own share:
