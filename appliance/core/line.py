@@ -14,10 +14,10 @@ what it is filed by changes (`refile`), and the questions read the files:
   (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
   (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
   stops reading once every GPU anyone waits for is taken), owed shares first and offenders
-  last, and within each: first, on a GPU whose quantum granted as starved was lent (its
-  lender takes it back from any priority), the waiter of the highest priority that borrowed
-  such time longest ago (`_borrowers`: lent time goes round); then the starved parts, the
-  one whose first has waited longest first; then the rest by priority. In a bucket's first
+  last, and within each: first, lenders taking back a quantum granted as starved (from any
+  priority), and on a GPU where such a quantum was lent the waiter of the highest priority that
+  borrowed such time longest ago (`_borrowers`: lent time goes round); then the starved parts,
+  the one whose first has waited longest first; then the rest by priority. In a bucket's first
   part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`, as of its
   request) goes first (on each GPU the earliest such lender; ahead of the starved equals too:
   the quantum is its own), then on each GPU an equal lent and takes not back, who borrows it.
@@ -196,7 +196,7 @@ class Line:
         starved_lent = any(g.full_quantum for g in lent.values())  # (else no part to read)
         parts: list[tuple[LineKey, Bucket, int, bool]] = []  # key, bucket, what, first read
         for (offender, owed, prio), bucket in self._line.items():
-            if starved_lent:
+            if starved_lent or bucket.back:
                 parts.append(((offender, not owed, _LENT, -prio, -prio), bucket, _LENT, False))
             head = bucket.first()
             if has_starved := starved(head):  # (else it has no starved prefix to read)
@@ -206,12 +206,13 @@ class Line:
         parts.sort(key=lambda p: p[0])  # (the keys differ: no two buckets are ever compared)
         for (offender, not_owed, _, _, prio), bucket, what, first_read in parts:
             cls = (offender, not not_owed, -prio)
-            if what == _LENT:  # a quantum granted as starved, lent: by priority
+            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
+            if what == _LENT:  # a quantum granted as starved, lent: by priority, its lenders first
+                yield from (g for g in lenders if g.full_quantum)
                 yield from self._borrowers(cls, lent, now, starved_turn=True)
                 continue
-            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
             if first_read:  # its lenders taking back (a GPU each), who borrows an equal's time
-                yield from lenders
+                yield from (g for g in lenders if not g.full_quantum)
                 yield from self._borrowers(cls, lent, now, False)
             yield from bucket.walk(starved, what == _STARVED, lenders)
 

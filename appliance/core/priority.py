@@ -131,7 +131,8 @@ class PriorityRule:
     def line(self, waiters: Iterable[Gang], now: float, owed: Collection[str] = ()) -> list[Gang]:
         """Waiters in the order they are granted (`line.Line.turns`, but for who borrows lent
         time, which is not a turn): offenders last; first those still `owed` part of their
-        guaranteed share (`share`; gang keys), then the starved, a priority's starved before
+        guaranteed share (`share`; gang keys), then those taking back a quantum granted as
+        starved (from anyone: `lent_own`), then the starved, a priority's starved before
         another's if its longest waiting has waited longer, then by priority; among equals
         one taking back the GPU it lent (`takes_back`) first, starved equals or not, the
         others in the order they came (the sort is stable)."""
@@ -142,11 +143,12 @@ class PriorityRule:
             cls = (g.offender, g.key in owed, g.priority)
             since[cls] = min(since.get(cls, g.waiting_since), g.waiting_since)
 
-        def key(g: Gang) -> tuple[bool, bool, bool, float, int, bool]:
+        def key(g: Gang) -> tuple[bool, bool, bool, bool, float, int, bool]:
             first = since[(g.offender, g.key in owed, g.priority)]
             return (
                 g.offender,
                 g.key not in owed,
+                not (g.full_quantum and self.taking_back(g)),
                 first > patience,
                 first if first <= patience else 0.0,
                 -g.priority,
