@@ -1,18 +1,16 @@
 """The lock's indexes: who waits, who owns a GPU, who lent one, kept where they change.
 
-Why it exists: an event (a hand-off, a request, a tick) must cost the same with 16 or 2,000
-clients connected. The rules (`lock`, `priority`, `share`, `ahead`, `terms`) ask questions of
-the waiting and the holding gangs: who is next in line, is anyone else waiting for this GPU, who
-of a higher priority lent it, when must its holder give way. Answered by a pass over every gang,
-each event cost about 131,000 instructions per waiting client. Here each gang is filed once, when
-what it is filed by changes (`refile`), and the questions read the files:
+Why it exists: an event must cost the same with 16 or 2,000 clients connected. The rules
+(`lock`, `priority`, `share`, `ahead`, `terms`) ask who is next in line, who else waits for this
+GPU, who of a higher priority lent it, when must its holder give way: answered by a pass over
+every gang, an event cost 131,000 instructions per waiting client. Here each gang is filed
+once, when what it is filed by changes (`refile`), and the questions read the files:
 
 - **owning**: gangs holding or draining a GPU (a handful: one per GPU in mode `on`).
 - **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
-  ticket order, once for the node and once per GPU they wait for. Tickets are given out in time
-  order, so a bucket in ticket order is in request order: its starved gangs
-  (`PriorityRule.starved`) are a prefix, its first gang the longest waiting. The order of grants
-  (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
+  ticket order (request order), once for the node and once per GPU they wait for: its starved
+  gangs (`PriorityRule.starved`) are a prefix, its first the longest waiting. The order of
+  grants (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
   stops reading once every GPU anyone waits for is taken), owed shares first and offenders
   last, and within each: first, lenders taking back a quantum granted as starved (from any
   priority), and on a GPU where such a quantum was lent the waiter of the highest priority that
@@ -194,19 +192,21 @@ class Line:
         starved = self._starved(now)
         lent = {u: lq[0] for u in self._last_lent if (lq := self._lent_quantum(u, now))}
         starved_lent = any(g.full_quantum for g in lent.values())  # (else no part to read)
-        parts: list[tuple[LineKey, Bucket, int, bool]] = []  # key, bucket, what, first read
-        for (offender, owed, prio), bucket in self._line.items():
-            if starved_lent or bucket.back:
-                parts.append(((offender, not owed, _LENT, -prio, -prio), bucket, _LENT, False))
+        parts: list[tuple[LineKey, Class, Bucket, int, bool, tuple[Gang, ...]]] = []
+        for cls, bucket in self._line.items():  # (parts: what is read, first read, lenders)
+            offender, owed, prio = cls
+            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
+            if starved_lent or any(g.full_quantum for g in lenders):
+                key = (offender, not owed, _LENT, 0.0, -prio)
+                parts.append((key, cls, bucket, _LENT, False, lenders))
             head = bucket.first()
             if has_starved := starved(head):  # (else it has no starved prefix to read)
                 key = (offender, not owed, _STARVED, head.waiting_since, -prio)
-                parts.append((key, bucket, _STARVED, True))
-            parts.append(((offender, not owed, _REST, 0.0, -prio), bucket, _REST, not has_starved))
+                parts.append((key, cls, bucket, _STARVED, True, lenders))
+            key = (offender, not owed, _REST, 0.0, -prio)
+            parts.append((key, cls, bucket, _REST, not has_starved, lenders))
         parts.sort(key=lambda p: p[0])  # (the keys differ: no two buckets are ever compared)
-        for (offender, not_owed, _, _, prio), bucket, what, first_read in parts:
-            cls = (offender, not not_owed, -prio)
-            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
+        for _, cls, bucket, what, first_read, lenders in parts:
             if what == _LENT:  # a quantum granted as starved, lent: by priority, its lenders first
                 yield from (g for g in lenders if g.full_quantum)
                 yield from self._borrowers(cls, lent, now, starved_turn=True)
