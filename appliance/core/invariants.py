@@ -30,6 +30,7 @@ def check(s: NodeState, line: Line) -> None:
     _gangs(s)
     _told_and_ledgers(s)
     line.check()
+    _queues(s, line)
 
 
 def _expect(ok: bool, what: str) -> None:
@@ -92,3 +93,13 @@ def _told_and_ledgers(s: NodeState) -> None:
     filed = {cid for members in s.ledgers.values() for cid in members}
     _expect(filed == s.ledger_of.keys(), f"ledgers list {filed ^ s.ledger_of.keys()} wrongly")
     _expect(all(s.ledgers.values()), "an empty ledger is kept")
+
+
+def _queues(s: NodeState, line: Line) -> None:
+    """Status's queue of each GPU (`Line.queue`) lists its lone waiters in the order the lock
+    grants them (`Line.turns`)."""
+    turns = [g for g in line.turns(line.now) if not g.joint]
+    for uuid in s.gpus:
+        granted = [m for g in turns if uuid in g.gpus for m in g.members]
+        shown = [cid for cid in line.queue(uuid, line.now) if cid in granted]
+        _expect(shown == granted, f"status's queue of {uuid} {shown} != the line's {granted}")

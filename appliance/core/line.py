@@ -7,18 +7,18 @@ every gang, an event cost 131,000 instructions per waiting client. Here each gan
 once, when what it is filed by changes (`refile`), and the questions read the files:
 
 - **owning**: gangs holding or draining a GPU (a handful: one per GPU in mode `on`).
-- **the line**: waiting gangs in buckets by (offender, owed its share, priority), each in
-  ticket order (request order), once for the node and once per GPU they wait for: its starved
-  gangs (`PriorityRule.starved`) are a prefix, its first the longest waiting. The order of
-  grants (`PriorityRule.line`) is then the buckets' parts one after the other, read lazily (the lock
-  stops reading once every GPU anyone waits for is taken), owed shares first and offenders
-  last, and within each: first, lenders taking back a quantum granted as starved (from any
-  priority), and on a GPU where such a quantum was lent the waiter of the highest priority that
-  borrowed such time longest ago (`_borrowers`: lent time goes round); then the starved parts,
-  the one whose first has waited longest first; then the rest by priority. In a bucket's first
-  part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`, as of its
-  request) goes first (on each GPU the earliest such lender; ahead of the starved equals too:
-  the quantum is its own), then on each GPU an equal lent and takes not back, who borrows it.
+- **the line**: waiting gangs in buckets by GPU and (offender, owed its share, priority), each
+  in ticket order (request order): its starved (`PriorityRule.starved`) are a prefix, its first
+  the longest waiting. The order of grants (`PriorityRule.line`) is each GPU's on its own, all
+  GPUs' parts sorted together and read lazily (the lock stops once every GPU anyone waits for is
+  taken; a gang of several GPUs is given out once): owed shares first, offenders last, and
+  within each: lenders taking back a quantum granted as starved (from any priority), and where
+  such a quantum is lent, the waiter of the highest priority that borrowed such time longest
+  ago (`_borrower`: lent time goes round); then the starved parts, the one whose first has
+  waited longest first (on its GPU: not another GPU's); then the rest by priority. In a
+  bucket's first part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`,
+  as of its request) goes first (ahead of the starved equals too: the quantum is its own),
+  then where an equal lent and takes not back, who borrows it.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
   a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
@@ -28,12 +28,11 @@ once, when what it is filed by changes (`refile`), and the questions read the fi
   requests come at a steady pace (`ahead` keeps their GPU for their next request); and per
   GPU the one that lent it last (`borrowing`: whether a grant borrows an equal's quantum).
 
-Costs (n clients, G GPUs, P the buckets: distinct (offender, owed, priority) waiting): `refile`
+Costs (n clients, G GPUs, P a GPU's buckets: (offender, owed, priority) waiting): `refile`
 O(G + log n) (a sorted insert moves pointers in C); `turns` O(P x G) to start and O(1) a gang; the
-questions of `Waiting` O(P) for one GPU; each window turn files its accounted waiters again
-(once a window, not once an event); status's `queue` of a GPU O(P + its waiters). Accounts
-are only looked at, through copies (`QuotaRule.may_start`, `ShareRule.owed`): asking the line
-never bills or rolls anything.
+questions of `Waiting` O(P) for one GPU; a window turn files its accounted waiters again (once a
+window, not once an event); status's `queue` of a GPU O(P log P + its waiters). Accounts are only
+looked at, through copies (`QuotaRule.may_start`, `ShareRule.owed`): asking never bills anything.
 
 `check` compares every index with a pass over all gangs; the core tests call it after each event.
 """
@@ -55,6 +54,10 @@ _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 # The order of `turns`: offender, not owed, what is read (a quantum lent, starved, the rest),
 # then by priority (lent), since when its first has waited (starved) or 0, and -priority
 LineKey = tuple[bool, bool, int, float, int]
+# A part of one GPU's bucket: (key, GPU, bucket, what is read, first read of the bucket, its
+# lender taking its GPU back, the gang that lent the GPU a quantum that runs on)
+Part = tuple[LineKey, str, Bucket, int, bool, Gang | None, Gang | None]
+Starved = Callable[[Gang], bool]
 _LENT, _STARVED, _REST = 0, 1, 2
 
 
@@ -71,7 +74,6 @@ class Line:
         self.now = 0.0  # the time of the event being handled (`NodeCore.handle` sets it)
         self.owning: dict[str, Gang] = {}
         self._filed: dict[str, Filing] = {}  # every waiting gang
-        self._line: dict[Class, Bucket] = {}  # the eligible ones
         self._resting: dict[str, Gang] = {}  # the others: their quota keeps them out for now
         self._by_gpu: dict[str, dict[Class, Bucket]] = {}
         self._waited: dict[str, int] = {}  # GPU -> eligible gangs waiting for it
@@ -143,7 +145,6 @@ class Line:
         for uuid in f.gpus:
             self._waited[uuid] = self._waited.get(uuid, 0) + 1
             bucket_of(self._by_gpu.setdefault(uuid, {}), cls).add(g, f)
-        bucket_of(self._line, cls).add(g, f)
 
     def _unfile(self, key: str) -> None:
         self.owning.pop(key, None)
@@ -165,7 +166,6 @@ class Line:
             if not self._waited[uuid]:
                 del self._waited[uuid]
             remove_from(self._by_gpu[uuid], cls, key, f)
-        remove_from(self._line, cls, key, f)
 
     def catch_up(self, now: float) -> None:
         """File again the waiters one of whose windows has turned by `now` (the index follows
@@ -186,64 +186,72 @@ class Line:
     # ------------------------------------------------------------ the line
 
     def turns(self, now: float) -> Iterator[Gang]:
-        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`; lent
-        time round its waiters: `_borrowers`), read lazily: O(P x G) to start, O(1) a gang."""
+        """The eligible waiting gangs in the order they are granted (`PriorityRule.line`, GPU
+        by GPU: every GPU's parts sorted together; a gang that waits for several GPUs given out
+        once; lent time round its waiters: `_borrower`), read lazily: O(P x G) to start, O(1)
+        a gang."""
         self.catch_up(now)
         starved = self._starved(now)
-        lent = {u: lq[0] for u in self._last_lent if (lq := self._lent_quantum(u, now))}
-        starved_lent = any(g.full_quantum for g in lent.values())  # (else no part to read)
-        parts: list[tuple[LineKey, Class, Bucket, int, bool, tuple[Gang, ...]]] = []
-        for cls, bucket in self._line.items():  # (parts: what is read, first read, lenders)
-            offender, owed, prio = cls
-            lenders = self._taking_back(cls) if bucket.back else ()  # (usually none)
-            if starved_lent or any(g.full_quantum for g in lenders):
+        parts: list[Part] = []
+        for uuid in self._by_gpu:
+            self._parts(uuid, starved, now, parts)
+        return self._given(parts, starved, now)
+
+    def _parts(self, uuid: str, starved: Starved, now: float, parts: list[Part]) -> None:
+        """GPU `uuid`'s buckets' parts, added to `parts`: O(P)."""
+        lent = self._lent_quantum(uuid, now) if uuid in self._last_lent else None
+        lender = lent[0] if lent is not None else None
+        for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
+            back = self._lender_back(bucket) if bucket.back else None  # (usually none)
+            if (lender is not None and lender.full_quantum) or (back and back.full_quantum):
                 key = (offender, not owed, _LENT, 0.0, -prio)
-                parts.append((key, cls, bucket, _LENT, False, lenders))
+                parts.append((key, uuid, bucket, _LENT, False, back, lender))
             head = bucket.first()
             if has_starved := starved(head):  # (else it has no starved prefix to read)
                 key = (offender, not owed, _STARVED, head.waiting_since, -prio)
-                parts.append((key, cls, bucket, _STARVED, True, lenders))
+                parts.append((key, uuid, bucket, _STARVED, True, back, lender))
             key = (offender, not owed, _REST, 0.0, -prio)
-            parts.append((key, cls, bucket, _REST, not has_starved, lenders))
-        parts.sort(key=lambda p: p[0])  # (the keys differ: no two buckets are ever compared)
-        for _, cls, bucket, what, first_read, lenders in parts:
-            if what == _LENT:  # a quantum granted as starved, lent: by priority, its lenders first
-                yield from (g for g in lenders if g.full_quantum)
-                yield from self._borrowers(cls, lent, now, starved_turn=True)
-                continue
-            if first_read:  # its lenders taking back (a GPU each), who borrows an equal's time
-                yield from (g for g in lenders if not g.full_quantum)
-                yield from self._borrowers(cls, lent, now, False)
-            yield from bucket.walk(starved, what == _STARVED, lenders)
+            parts.append((key, uuid, bucket, _REST, not has_starved, back, lender))
 
-    def _borrowers(
-        self, cls: Class, lent: dict[str, Gang], now: float, starved_turn: bool
-    ) -> Iterator[Gang]:
-        """On each GPU a gang lent inside its quantum (`lent`, found once a `turns`) to class
-        `cls` (`PriorityRule.lent_own`: an equal, read with the class's first part; or any,
-        from a quantum granted as starved: `starved_turn`, read first, by priority), who of
-        that class borrows it next: the one that borrowed such time longest ago, starved or
-        not (lent time goes round, not all to the first in line on top of its own turn).
-        Nobody borrows a GPU a lender takes back (else two borrowers churn). O(G x P)."""
-        for uuid, lender in lent.items():
-            if lender.full_quantum is not starved_turn or not PriorityRule.lent_own(lender, cls[2]):
-                continue
-            buckets = self._by_gpu.get(uuid, {})
-            bucket = buckets.get(cls)
-            if bucket is None or any(self._reclaims(b, now) for b in buckets.values()):
-                continue  # (a lender takes it back, with its bucket)
-            g = bucket.next_borrower()
-            if g is not None:
+    def _given(self, parts: list[Part], starved: Starved, now: float) -> Iterator[Gang]:
+        parts.sort(key=lambda p: p[0])  # (stable: equal keys are two GPUs' parts of a class)
+        given: set[str] = set()
+        for part in parts:
+            for g in self._read(part, starved, now):
+                if g.key not in given:
+                    given.add(g.key)
+                    yield g
+
+    def _read(self, part: Part, starved: Starved, now: float) -> Iterator[Gang]:
+        """The gangs of one part of one GPU's bucket: a quantum granted as starved and lent
+        (`_LENT`: by priority), its lender taking it back first, then who borrows it; else, in
+        the bucket's first part read, its lender taking its own quantum back (first among its
+        equals, the starved too: the quantum is its own), then who borrows an equal's time;
+        then the bucket's starved prefix, or the rest, in ticket order."""
+        key, uuid, bucket, what, first_read, back, lender = part
+        lent = what == _LENT
+        if lent or first_read:
+            if back is not None and back.full_quantum == lent:
+                yield back
+            if (g := self._borrower(uuid, bucket, -key[4], lender, now, lent)) is not None:
                 yield g
+        if not lent:
+            yield from bucket.walk(starved, what == _STARVED, () if back is None else (back,))
 
-    def _taking_back(self, cls: Class) -> tuple[Gang, ...]:
-        """Of class `cls`, on each GPU the earliest lender of those taking their GPU back as of
-        their request (as `Waiting.rivals` asks), if it still does (`PriorityRule.takes_back`;
-        a reload may have shortened its quantum since): first among its equals, the starved
-        too (the quantum is its own), so it comes with the class's first part read. Per GPU:
-        one taking back another GPU must not hide this one's (two borrowers churn). O(G)."""
-        buckets = (b for bs in self._by_gpu.values() if (b := bs.get(cls)) is not None)
-        return tuple(g for b in buckets if (g := self._lender_back(b)) is not None)
+    def _borrower(
+        self, uuid: str, bucket: Bucket, prio: int, lender: Gang | None, now: float, starved: bool
+    ) -> Gang | None:
+        """Where `lender` lent GPU `uuid` inside its quantum to `bucket`'s class, of priority
+        `prio` (`PriorityRule.lent_own`: an equal; or any, from a quantum granted as `starved`),
+        who of it borrows next: who borrowed such time longest ago, starved or not (lent time
+        goes round). Nobody borrows a GPU a lender takes back (two borrowers churn). O(P)."""
+        if lender is None or lender.full_quantum is not starved:
+            return None
+        if not PriorityRule.lent_own(lender, prio):
+            return None
+        if any(self._reclaims(b, now) for b in self._by_gpu[uuid].values()):
+            return None  # (a lender takes it back, with its bucket)
+        return bucket.next_borrower()
 
     def _lender_back(self, bucket: Bucket) -> Gang | None:
         g = bucket.first_lender(self.now, back=True)  # (a bucket of one GPU's waiters)
@@ -254,28 +262,20 @@ class Line:
         g = self._lender_back(bucket)
         return g is not None and now < g.quantum_from + self._priorities.quantum(g)
 
-    def _starved(self, now: float) -> Callable[[Gang], bool]:
+    def _starved(self, now: float) -> Starved:
         patience = self._priorities.patience(now)
         return lambda g: g.waiting_since <= patience
 
     def queue(self, uuid: str, now: float) -> list[int]:
-        """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs, then
-        those whose quota keeps them out until their window turns (in `PriorityRule.line`'s order
-        without starvation). For status: O(waiting for uuid) and no sort of the waiting gangs
-        (each bucket is cut after its starved prefix, found by a walk of its length)."""
+        """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs (a lender
+        taking back, a borrower), then those whose quota keeps them out until their window turns
+        (in `PriorityRule.line`'s order without starvation). For status: O(P log P + waiting for
+        uuid)."""
         self.catch_up(now)
         starved = self._starved(now)
-        parts: list[tuple[LineKey, list[tuple[int, str]], Bucket]] = []
-        for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
-            k = 0
-            while k < len(bucket.order) and starved(bucket.gangs[bucket.order[k][1]]):
-                k += 1
-            since = bucket.first().waiting_since
-            parts.append(((offender, not owed, False, since, -prio), bucket.order[:k], bucket))
-            parts.append(((offender, not owed, True, 0.0, -prio), bucket.order[k:], bucket))
-        gangs = [
-            b.gangs[key] for _, part, b in sorted(parts, key=lambda p: p[0]) for _, key in part
-        ]
+        parts: list[Part] = []
+        self._parts(uuid, starved, now, parts)
+        gangs = list(self._given(parts, starved, now))
         resting = (g for g in self._resting.values() if uuid in g.gpus)
         gangs += sorted(resting, key=lambda g: (g.offender, -g.priority, g.ticket))
         clients, out = self._s.clients, []

@@ -10,7 +10,7 @@ more at a quantum of 5 s), each of them is starved at every grant, and
   1 s of 900 (22 of 60 random crowds at the defaults left a lower loop waiting to the end);
 - a loop granted as starved kept its whole quantum (`full_quantum`) against the equal that lent
   it a pause, so a data-loader loop lost its quantum at its first pause (0.2 s of 900);
-- what an equal lent went to the first starved waiter, never round (`Line._borrowers`): the busy
+- what an equal lent went to the first starved waiter, never round (`Line._borrower`): the busy
   loop behind a data loader held up to twice each other busy loop's time.
 
 Now the starved go first by how long they have waited, whatever their priority; an equal takes
@@ -208,3 +208,20 @@ def test_a_lender_taking_back_a_starved_quantum_goes_ahead_of_the_starved() -> N
     assert max(lp.flashes for lp in crowd.loops.values()) <= 2
     bound = DEFAULTS.starvation_limit_s + len(specs) * DEFAULTS.time_quantum_s
     assert max(max(lp.waits) for lp in crowd.loops.values()) <= bound
+
+
+@pytest.mark.parametrize(
+    "first_gpu", [["low:busy", "busy", "busy"], ["low:busy", "request:0.05:0.034", "busy"]]
+)
+def test_the_starved_of_a_gpu_are_ordered_by_their_own_waits_not_another_gpus(
+    first_gpu: list[str],
+) -> None:
+    # Three loops on the first GPU, a low one among them, starved after a quantum's wait (the
+    # defaults: 30 s each) and so granted every other turn with its equals'. On the second GPU
+    # five loops, two of them low, waiting longer. The starved were ordered by the longest
+    # waiting of their class on any GPU: the second GPU's low loops put the first GPU's low
+    # loop ahead of the equals that had waited longer there (one waited 90 s: three quanta).
+    second_gpu = ["g2:low:busy", "g2:busy", "g2:busy", "g2:low:busy", "g2:busy"]
+    crowd = run(first_gpu + second_gpu, DEFAULTS, 300.0)
+    first = [lp for lp in crowd.loops.values() if not lp.spec.startswith("g2:")]
+    assert max(max(lp.waits) for lp in first) <= 2 * DEFAULTS.time_quantum_s + 0.1
