@@ -16,6 +16,7 @@ from appliance.core.ahead import GUARD_S
 from appliance.core.drops import DropReason
 from appliance.policy.model import SchedulerSettings
 
+from .loops import Crowd
 from .test_priority import HIGH, LOW, SETTINGS, by_uid, drops, grants, lent
 
 PERIOD = 0.05
@@ -234,3 +235,16 @@ def test_two_equal_loops_asking_together_are_not_granted_and_dropped_in_turn() -
         t.period()
     assert t.served == {t.a: 40, t.b: 40}
     assert t.grants_dropped == 0
+
+
+def test_an_equal_lending_and_asking_at_a_steady_pace_keeps_no_more_for_itself() -> None:
+    # A hostile loop asks every 10 ms for 0.2 ms of work, always at a steady pace, beside a busy
+    # equal: the GPU is kept for its requests inside its own quantum, which it takes back as it
+    # asks anyway, and never beyond an eighth of its period; the busy loop keeps what it had
+    # before equals were kept from (22.1 of 30 s on the core's clock, the idle window's 5 ms
+    # after each request being the hostile loop's).
+    crowd = Crowd(["request:0.01:0.0002", "busy"], 1, replace(SETTINGS, time_quantum_s=5.0), True)
+    crowd.run(30.0)
+    hostile, busy = crowd.loops.values()
+    assert busy.held > 21.0 and hostile.held < 9.0
+    assert max(busy.waits) < 0.2
