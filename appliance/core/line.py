@@ -52,7 +52,7 @@ from appliance.core.state import Gang, GangPhase, NodeState
 
 _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 # The order of `turns`: offender, not owed, what is read (a quantum lent, starved, the rest),
-# then by priority (lent), since when its first has waited (starved) or 0, and -priority
+# since when its first has waited (starved) or 0, and -priority
 LineKey = tuple[bool, bool, int, float, int]
 # A part of one GPU's bucket: (key, GPU, bucket, what is read, first read of the bucket, its
 # lender taking its GPU back, the gang that lent the GPU a quantum that runs on)
@@ -201,9 +201,10 @@ class Line:
         """GPU `uuid`'s buckets' parts, added to `parts`: O(P)."""
         lent = self._lent_quantum(uuid, now) if uuid in self._last_lent else None
         lender = lent[0] if lent is not None else None
+        starved_lent = lender is not None and lender.full_quantum
         for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
             back = self._lender_back(bucket) if bucket.back else None  # (usually none)
-            if (lender is not None and lender.full_quantum) or (back and back.full_quantum):
+            if starved_lent or (back is not None and back.full_quantum):
                 key = (offender, not owed, _LENT, 0.0, -prio)
                 parts.append((key, uuid, bucket, _LENT, False, back, lender))
             head = bucket.first()
@@ -267,10 +268,9 @@ class Line:
         return lambda g: g.waiting_since <= patience
 
     def queue(self, uuid: str, now: float) -> list[int]:
-        """The clients waiting for GPU `uuid`, in the order `turns` grants their gangs (a lender
-        taking back, a borrower), then those whose quota keeps them out until their window turns
-        (in `PriorityRule.line`'s order without starvation). For status: O(P log P + waiting for
-        uuid)."""
+        """The clients waiting for GPU `uuid` in the order `turns` grants their gangs, then those
+        whose quota keeps them out until a window turns (by priority, then when they asked).
+        For status: O(P log P + waiting for uuid)."""
         self.catch_up(now)
         starved = self._starved(now)
         parts: list[Part] = []
