@@ -130,15 +130,20 @@ class ReclaimRule:
 
     def kept_from(self, keeps: Keeps, g: Gang, now: float) -> bool:
         """Whether one of g's GPUs is kept now for a lender that would take it from g as it
-        asks (`takes_from`), and g, neither starved nor owed its guaranteed share, waits for
-        it."""
-        if not keeps or not any(
-            k.on(now) and self.takes_from(k.lender, g, now)
+        asks (`takes_from`), and g, not owed its guaranteed share, waits for it; a starved g
+        is kept from it only by a lender that takes back what it lent from anyone (an equal:
+        `PriorityRule.lent_back`), not by a higher priority (against which a turn granted as
+        starved is the holder's)."""
+        lenders = [
+            k.lender
             for uuid in g.gpus
             for k in keeps.get(uuid, ())
-        ):
+            if k.on(now) and self.takes_from(k.lender, g, now)
+        ]
+        if not lenders or self._shares.owed(g, now) > EPSILON_S:
             return False
-        return not self._priorities.starved(g, now) and self._shares.owed(g, now) <= EPSILON_S
+        starved = self._priorities.starved(g, now)
+        return any(not starved or PriorityRule.lent_own(k, g.priority) for k in lenders)
 
     def takes_from(self, lender: Gang, g: Gang, now: float) -> bool:
         """Whether `lender`, asking about now, would have the GPU from g granted now at once: it

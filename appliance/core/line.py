@@ -308,14 +308,14 @@ class Line:
         of the gang that last lent g's GPU, if it lends it g only until it asks again (an
         equal, or a quantum granted as starved: `PriorityRule.lent_own`), has not had it back
         and its quantum (or the one it borrowed in turn) runs on; 0.0 if g borrows from
-        nobody. O(1). (A gang taking its own quantum back borrows nothing: `Lock._grant` does
-        not ask.)"""
-        if g.joint:
+        nobody. g itself, if what it lent it borrowed: it borrows on (else it had a quantum of its
+        own as it asked again, beside the lender's). O(1). (A gang taking its own quantum back
+        borrows nothing: `Lock._grant` does not ask.)"""
+        gpu = self._s.clients[next(iter(g.members))].gpu
+        lent = None if g.joint else self._lent_quantum(gpu, now)
+        if lent is None or not PriorityRule.lent_own(lent[0], g.priority):
             return 0.0
-        lent = self._lent_quantum(self._s.clients[next(iter(g.members))].gpu, now)
-        if lent is None or lent[0] is g or not PriorityRule.lent_own(lent[0], g.priority):
-            return 0.0
-        return lent[1]
+        return 0.0 if lent[0] is g and not PriorityRule.lent_borrowed(g) else lent[1]
 
     def _lent_quantum(self, uuid: str, now: float) -> tuple[Gang, float] | None:
         """The gang that last lent GPU `uuid` and when the quantum it lent ends, if it has not

@@ -248,3 +248,22 @@ def test_an_equal_lending_and_asking_at_a_steady_pace_keeps_no_more_for_itself()
     hostile, busy = crowd.loops.values()
     assert busy.held > 21.0 and hostile.held < 9.0
     assert max(busy.waits) < 0.2
+
+
+def test_a_starved_equal_is_kept_off_too_as_the_lender_takes_back_from_it_anyway() -> None:
+    # A waiter starved past the limit is granted a GPU kept for a higher priority's request
+    # (its turn is its own against higher priorities), but an equal's taking back what it lent
+    # drops it all the same: granted, it was dropped as the lender asked.
+    t = Together()
+    while t.served[t.a] < 8:  # (steady by then)
+        t.period()
+    s, lock = t.h.state, t.h.core.lock
+    gang = {c: s.gangs[s.clients[c].gang] for c in (t.a, t.b)}
+    borrower = next(c for c, g in gang.items() if g.borrowed_until > t.h.now)
+    lender = t.b if borrower == t.a else t.a
+    t.ask(borrower)
+    assert borrower not in t.granted  # kept for the lender's request, due now
+    gang[borrower].waiting_since = t.h.now - s.policy.scheduler.starvation_limit_s
+    assert lock.reclaims.kept_from(lock.reclaims.keeps(), gang[borrower], t.h.now)
+    t.ask(lender)
+    assert lender in t.granted and t.grants_dropped == 0
