@@ -60,6 +60,7 @@ class Loop:
     done_at: float | None = None  # holding: when its work in hand is done
     left: float | None = None  # work in hand, not yet started or cut by a drop
     back_at: float | None = None  # pausing: when its next batch is there
+    idle_at: float | None = None  # idle, holding: when its hook hands the GPU over
     next_request: float | None = None
     requests: list[float] = field(default_factory=list)  # arrivals not yet served
     latency: list[float] = field(default_factory=list)
@@ -142,7 +143,7 @@ class Crowd:
             self.feed(ev.LockRequested(lp.cid, lp.seq))
 
     def release(self, lp: Loop, why: ev.ReleaseReason) -> None:
-        lp.holds, lp.release_at = False, None
+        lp.holds, lp.release_at, lp.idle_at = False, None, None
         held = self.now - lp.granted_at
         lp.held += held
         lp.steps += why is IDLE
@@ -158,9 +159,7 @@ class Crowd:
         window = self.now + self.settings.idle_handoff_s
         if min(t for t in (lp.next_request, lp.back_at, window + 1) if t is not None) < window:
             return  # (`step` sets it working again when the work comes)
-        self.advance_to(window)
-        if lp.holds and lp.release_at is None:
-            self.release(lp, IDLE)
+        lp.idle_at = window  # (the others' events meanwhile come in their order: `step`)
 
     def advance_to(self, t: float) -> None:
         while (d := self.core.next_deadline()) is not None and d <= t:
@@ -194,7 +193,7 @@ class Crowd:
         while self.now < end:
             times = [end, self.core.next_deadline()]
             for lp in self.loops.values():
-                times += [lp.release_at, lp.done_at, lp.back_at, lp.next_request]
+                times += [lp.release_at, lp.done_at, lp.back_at, lp.next_request, lp.idle_at]
             self.advance_to(max(self.now, min(t for t in times if t is not None)))
             for lp in self.loops.values():
                 self.step(lp)
@@ -228,6 +227,10 @@ class Crowd:
         if lp.done_at is not None and lp.done_at <= now and lp.holds:
             lp.done_at = None
             self.done(lp)
+        if lp.idle_at is not None and lp.idle_at <= now:
+            lp.idle_at = None
+            if lp.holds and lp.release_at is None and lp.done_at is None:
+                self.release(lp, IDLE)
 
     def done(self, lp: Loop) -> None:
         """Its work in hand is done: a pausing loop waits for its batch, a request loop serves
