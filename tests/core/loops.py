@@ -208,22 +208,9 @@ class Crowd:
             if lp.kind == "busy" or lp.left is not None:
                 self.ask(lp)
         if lp.next_request is not None and lp.next_request <= now:
-            lp.requests.append(now)
-            gap = self.rng.expovariate(1 / lp.gap) if lp.poisson else lp.gap
-            lp.next_request = now + gap
-            if lp.done_at is None and lp.left is None:
-                lp.left = lp.work
-                self.ask(lp)
-                if lp.holds and lp.release_at is None:
-                    lp.done_at, lp.left = now + lp.work, None
+            self._request(lp)
         if lp.back_at is not None and lp.back_at <= now:
-            lp.back_at, lp.left = None, lp.work
-            if lp.holds and lp.release_at is None:  # its batch came inside the idle window
-                lp.done_at, lp.left = now + lp.work, None
-            else:
-                if now < lp.quantum_from + self.settings.time_quantum_s:
-                    lp.asked_back_at = now
-                self.ask(lp)
+            self._batch(lp)
         if lp.done_at is not None and lp.done_at <= now and lp.holds:
             lp.done_at = None
             self.done(lp)
@@ -231,6 +218,29 @@ class Crowd:
             lp.idle_at = None
             if lp.holds and lp.release_at is None and lp.done_at is None:
                 self.release(lp, IDLE)
+
+    def _request(self, lp: Loop) -> None:
+        """A request comes: served at once if the loop holds the GPU and is idle, else asked for."""
+        now = self.now
+        lp.requests.append(now)
+        gap = self.rng.expovariate(1 / lp.gap) if lp.poisson else lp.gap
+        lp.next_request = now + gap
+        if lp.done_at is None and lp.left is None:
+            lp.left = lp.work
+            self.ask(lp)
+            if lp.holds and lp.release_at is None:
+                lp.done_at, lp.left = now + lp.work, None
+
+    def _batch(self, lp: Loop) -> None:
+        """A pausing loop's next batch is there."""
+        now = self.now
+        lp.back_at, lp.left = None, lp.work
+        if lp.holds and lp.release_at is None:  # its batch came inside the idle window
+            lp.done_at, lp.left = now + lp.work, None
+        else:
+            if now < lp.quantum_from + self.settings.time_quantum_s:
+                lp.asked_back_at = now
+            self.ask(lp)
 
     def done(self, lp: Loop) -> None:
         """Its work in hand is done: a pausing loop waits for its batch, a request loop serves
