@@ -200,10 +200,8 @@ class Together:
     def period(self) -> None:
         """Both ask; each, granted, serves its request and hands the GPU over when idle."""
         s = self.h.state
-        borrowed = [
-            s.gangs[s.clients[c].gang].borrowed_until > self.h.now for c in (self.a, self.b)
-        ]
-        for cid in (self.b, self.a) if borrowed[1] else (self.a, self.b):
+        b_borrows = s.gangs[s.clients[self.b].gang].borrowed_until > self.h.now
+        for cid in (self.b, self.a) if b_borrows else (self.a, self.b):  # the borrower first
             self.ask(cid)
         for _ in range(6):  # (two requests, each perhaps dropped)
             self.drain()
