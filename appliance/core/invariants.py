@@ -101,5 +101,6 @@ def _queues(s: NodeState, line: Line) -> None:
     turns = [g for g in line.turns(line.now) if not g.joint]
     for uuid in s.gpus:
         granted = [m for g in turns if uuid in g.gpus for m in g.members]
-        shown = [cid for cid in line.queue(uuid, line.now) if cid in granted]
+        lone = set(granted)
+        shown = [cid for cid in line.queue(uuid, line.now) if cid in lone]
         _expect(shown == granted, f"status's queue of {uuid} {shown} != the line's {granted}")

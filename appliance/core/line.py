@@ -54,9 +54,9 @@ _OWNING = (GangPhase.HOLDING, GangPhase.DRAINING)
 # The order of `turns`: offender, not owed, what is read (a quantum lent, starved, the rest),
 # since when its first has waited (starved) or 0, and -priority
 LineKey = tuple[bool, bool, int, float, int]
-# A part of one GPU's bucket: (key, GPU, bucket, what is read, first read of the bucket, its
-# lender taking its GPU back, the gang that lent the GPU a quantum that runs on)
-Part = tuple[LineKey, str, Bucket, int, bool, Gang | None, Gang | None]
+# A part of one GPU's bucket: (key, bucket, what is read, first read of the bucket, its lender
+# taking its GPU back, the gang that lent the GPU a quantum that runs on, if nobody takes it back)
+Part = tuple[LineKey, Bucket, int, bool, Gang | None, Gang | None]
 Starved = Callable[[Gang], bool]
 _LENT, _STARVED, _REST = 0, 1, 2
 
@@ -195,64 +195,63 @@ class Line:
         parts: list[Part] = []
         for uuid in self._by_gpu:
             self._parts(uuid, starved, now, parts)
-        return self._given(parts, starved, now)
+        return self._given(parts, starved)
 
     def _parts(self, uuid: str, starved: Starved, now: float, parts: list[Part]) -> None:
         """GPU `uuid`'s buckets' parts, added to `parts`: O(P)."""
+        buckets = self._by_gpu.get(uuid, {})
         lent = self._lent_quantum(uuid, now) if uuid in self._last_lent else None
         lender = lent[0] if lent is not None else None
+        if lender is not None and any(self._reclaims(b, now) for b in buckets.values()):
+            lender = None  # a lender takes it back: nobody borrows it
         starved_lent = lender is not None and lender.full_quantum
-        for (offender, owed, prio), bucket in self._by_gpu.get(uuid, {}).items():
+        for (offender, owed, prio), bucket in buckets.items():
             back = self._lender_back(bucket) if bucket.back else None  # (usually none)
             if starved_lent or (back is not None and back.full_quantum):
                 key = (offender, not owed, _LENT, 0.0, -prio)
-                parts.append((key, uuid, bucket, _LENT, False, back, lender))
+                parts.append((key, bucket, _LENT, False, back, lender))
             head = bucket.first()
             if has_starved := starved(head):  # (else it has no starved prefix to read)
                 key = (offender, not owed, _STARVED, head.waiting_since, -prio)
-                parts.append((key, uuid, bucket, _STARVED, True, back, lender))
+                parts.append((key, bucket, _STARVED, True, back, lender))
             key = (offender, not owed, _REST, 0.0, -prio)
-            parts.append((key, uuid, bucket, _REST, not has_starved, back, lender))
+            parts.append((key, bucket, _REST, not has_starved, back, lender))
 
-    def _given(self, parts: list[Part], starved: Starved, now: float) -> Iterator[Gang]:
+    def _given(self, parts: list[Part], starved: Starved) -> Iterator[Gang]:
         parts.sort(key=lambda p: p[0])  # (stable: equal keys are two GPUs' parts of a class)
         given: set[str] = set()
         for part in parts:
-            for g in self._read(part, starved, now):
+            for g in self._read(part, starved):
                 if g.key not in given:
                     given.add(g.key)
                     yield g
 
-    def _read(self, part: Part, starved: Starved, now: float) -> Iterator[Gang]:
+    def _read(self, part: Part, starved: Starved) -> Iterator[Gang]:
         """The gangs of one part of one GPU's bucket: a quantum granted as starved and lent
         (`_LENT`: by priority), its lender taking it back first, then who borrows it; else, in
         the bucket's first part read, its lender taking its own quantum back (first among its
         equals, the starved too: the quantum is its own), then who borrows an equal's time;
         then the bucket's starved prefix, or the rest, in ticket order."""
-        key, uuid, bucket, what, first_read, back, lender = part
+        key, bucket, what, first_read, back, lender = part
         lent = what == _LENT
         if lent or first_read:
             if back is not None and back.full_quantum == lent:
                 yield back
-            if (g := self._borrower(uuid, bucket, -key[4], lender, now, lent)) is not None:
+            if (g := self._borrower(bucket, -key[4], lender, lent)) is not None:
                 yield g
         if not lent:
             yield from bucket.walk(starved, what == _STARVED, () if back is None else (back,))
 
-    def _borrower(
-        self, uuid: str, bucket: Bucket, prio: int, lender: Gang | None, now: float, starved: bool
-    ) -> Gang | None:
-        """Where `lender` lent GPU `uuid` inside its quantum to `bucket`'s class, of priority
+    @staticmethod
+    def _borrower(bucket: Bucket, prio: int, lender: Gang | None, starved: bool) -> Gang | None:
+        """Where `lender` lent its GPU inside its quantum to `bucket`'s class, of priority
         `prio` (`PriorityRule.lent_own`: an equal; or any, from a quantum granted as `starved`),
         who of it borrows next: who borrowed such time longest ago, starved or not (lent time
-        goes round). Nobody borrows a GPU a lender takes back (two borrowers churn). O(P)."""
+        goes round). (`_parts` passes no lender where one takes the GPU back: two borrowers
+        churn.) O(1)."""
         if lender is None or lender.full_quantum is not starved:
             return None
-        if not PriorityRule.lent_own(lender, prio):
-            return None
-        if any(self._reclaims(b, now) for b in self._by_gpu[uuid].values()):
-            return None  # (a lender takes it back, with its bucket)
-        return bucket.next_borrower()
+        return bucket.next_borrower() if PriorityRule.lent_own(lender, prio) else None
 
     def _lender_back(self, bucket: Bucket) -> Gang | None:
         g = bucket.first_lender(self.now, back=True)  # (a bucket of one GPU's waiters)
@@ -275,7 +274,7 @@ class Line:
         starved = self._starved(now)
         parts: list[Part] = []
         self._parts(uuid, starved, now, parts)
-        gangs = list(self._given(parts, starved, now))
+        gangs = list(self._given(parts, starved))
         resting = (g for g in self._resting.values() if uuid in g.gpus)
         gangs += sorted(resting, key=lambda g: (g.offender, -g.priority, g.ticket))
         clients, out = self._s.clients, []
