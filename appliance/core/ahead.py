@@ -6,21 +6,23 @@ costs the request: the borrower's last queued work is on the GPU, and the two co
 it by time slices until that work has run (no lock can take queued work back). A loop that
 serves frames or polls at a fixed rate says when its next request is due, though. So when a
 lone client's last `ARRIVALS` requests (each after it let its GPU go idle) came at a steady
-pace, every interval within `TOLERANCE` of their median (the period), the GPU is kept for its
-next one: from `lead` before it is due, lower-priority holders that borrowed the GPU are
-dropped and lower priorities are not granted it (nor an equal, where it lent inside a
-quantum of its own that it takes back as it asks: `takes_from`), until the request comes or
-`lead` after it was due (then they have the GPU again, and the irregular interval stops the
-keeping until the pace is steady again). A holder inside its guaranteed share keeps the GPU,
-and a waiter owed its share or starved (`PriorityRule.starved`) is granted it, as against any
-higher priority.
+pace, every interval within `TOLERANCE` of their median (the period) or of a whole number of
+periods (a request that follows a drop, not a lend, is not counted: after a quantum's turn an
+interval spans the other's quantum), the GPU is kept for its next one: from `lead` before it
+is due, lower-priority holders that borrowed the GPU are dropped and lower priorities are not
+granted it (nor an equal, where it lent inside a quantum of its own that it takes back as it
+asks: `takes_from`), until the request comes or `lead` after it was due. Then they have the
+GPU again until the next request (only the due after the last request is kept for), and a
+request that strays from the pace stops the keeping until the pace is steady again. A holder
+inside its guaranteed share keeps the GPU, and a waiter owed its share or starved
+(`PriorityRule.starved`) is granted it, as against any higher priority.
 
 `lead` is the GPU's longest recent drain (drop to release, the last `state.DRAINS`) plus the
 jitter of the requests and `GUARD_S`: enough for the borrower's queued work to have run when the
 request comes. It is at most `scheduler.reclaimAhead` (0 turns keeping off) and an eighth of the
 period, so a borrower gives up at most that share of its time to the keeping (twice that when
-the request does not come). While its GPU is kept, the lender's hook stays told that it may
-submit at once (`terms.LendingRule`).
+the request does not come, at most once a request). While its GPU is kept, the lender's hook
+stays told that it may submit at once (`terms.LendingRule`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from appliance.core.line import Line
-from appliance.core.priority import PriorityRule
+from appliance.core.priority import PriorityRule, quantum_runs
 from appliance.core.quota import EPSILON_S
 from appliance.core.share import ShareRule
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
@@ -43,14 +45,19 @@ MAX_SHARE = 8  # the lead is at most the period over this
 
 
 def pace(arrivals: Sequence[float]) -> tuple[float, float] | None:
-    """(period, jitter) when the last ARRIVALS came at a steady pace; None otherwise."""
+    """(period, jitter) when the last ARRIVALS came at a steady pace; None otherwise. An
+    interval of several periods counts (the requests between were not counted: they came
+    after a drop, not a lend); its jitter is how far it strays from the nearest whole number
+    of periods."""
     if len(arrivals) < ARRIVALS:
         return None
     last = list(arrivals)[-ARRIVALS:]
     gaps = [b - a for a, b in itertools.pairwise(last)]
     period = statistics.median(gaps)
-    jitter = max(abs(gap - period) for gap in gaps)
-    if period <= 0 or jitter > period * TOLERANCE:
+    if period <= 0:
+        return None
+    jitter = max(abs(gap - max(1, round(gap / period)) * period) for gap in gaps)
+    if jitter > period * TOLERANCE:
         return None
     return period, jitter
 
@@ -157,8 +164,8 @@ class ReclaimRule:
             return True
         if not PriorityRule.lent_own(lender, g.priority) or PriorityRule.lent_borrowed(lender):
             return False
-        quantum_over = lender.quantum_from + self._priorities.quantum(lender)
-        return now < quantum_over and not self._priorities.taking_back(g)
+        runs = quantum_runs(lender, self._priorities.quantum(lender), now)
+        return runs and not self._priorities.taking_back(g)
 
     def borrowers_due(self, keeps: Keeps, now: float) -> list[Gang]:
         """The holders that borrowed a GPU kept now for its lender, outside their own share:

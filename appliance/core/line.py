@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 
 from appliance.core.bucket import Bucket, Class, Filing, borrowed_at, bucket_of, remove_from
 from appliance.core.gang import account
-from appliance.core.priority import PriorityRule
+from appliance.core.priority import PriorityRule, quantum_runs
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
@@ -260,7 +260,7 @@ class Line:
     def _reclaims(self, bucket: Bucket, now: float) -> bool:
         """Whether the bucket's lender taking its GPU back has any of its quantum left now."""
         g = self._lender_back(bucket)
-        return g is not None and now < g.quantum_from + self._priorities.quantum(g)
+        return g is not None and quantum_runs(g, self._priorities.quantum(g), now)
 
     def _starved(self, now: float) -> Starved:
         patience = self._priorities.patience(now)

@@ -71,11 +71,19 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from appliance.core.drops import DropReason
+from appliance.core.quota import EPSILON_S
 from appliance.core.state import Gang, NodeState
 
 PREEMPTED = DropReason.PRIORITY  # (the names this module has used for them)
 QUANTUM = DropReason.QUANTUM
 CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # when short (LENT: always)
+
+
+def quantum_runs(g: Gang, quantum_s: float, t: float) -> bool:
+    """Whether g's quantum (`quantum_s` long) runs at t. It is over `EPSILON_S` before its
+    end, as the lock drops a holder whose turn has come (`lock.Lock`): a lender asking in that
+    instant is not granted as taking back and dropped in the same event."""
+    return t < g.quantum_from + quantum_s - EPSILON_S
 
 
 class PriorityRule:
@@ -178,7 +186,7 @@ class PriorityRule:
         from another that does, would take it from the very loop it borrowed it from."""
         if lender.lent_at is None or PriorityRule.lent_borrowed(lender):
             return False
-        return lender.requested_at < lender.quantum_from + quantum_s
+        return quantum_runs(lender, quantum_s, lender.requested_at)
 
     @staticmethod
     def lent_borrowed(g: Gang) -> bool:
@@ -228,7 +236,7 @@ class PriorityRule:
         return (
             g.cut_short
             or self.lent_borrowed(g)
-            or (starved_own and now < g.quantum_from + self.quantum(g))
+            or (starved_own and quantum_runs(g, self.quantum(g), now))
         )
 
     def resumes(self, g: Gang, now: float, quantum_s: float) -> bool:
