@@ -212,11 +212,16 @@ class PriorityRule:
         lender's; with the default quantum and starvation limit, 30 s each, every one of three
         or more equals is granted as starved, and a loop that paused lost its whole quantum to
         the loop it lent its first pause to), or was granted it as starved (`keeps_place`: a
-        trainer that lowered itself lost its starved quantum at its first data-loader pause)."""
+        trainer that lowered itself lost its starved quantum at its first data-loader pause).
+        Not a holder that was itself granted the rest of a quantum it had lent (`resumes`:
+        its quantum began before its grant): two equals that each lent a quantum of their own
+        to a higher priority, asking again together, were each granted and dropped at once for
+        the other."""
         return (
             PriorityRule.lent_own(lender, holder.priority)
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
+            and holder.quantum_from >= holder.granted_at
             and PriorityRule.takes_back(lender, quantum_s)
         )
 

@@ -16,6 +16,7 @@ from appliance.core.node import NodeCore
 from appliance.policy.model import Policy, SchedulerSettings
 
 from .conftest import Harness, of
+from .test_priority import LOW, by_uid
 
 TQ = 5.0
 
@@ -272,3 +273,34 @@ def test_a_borrower_granted_again_after_lending_borrows_on_and_takes_nothing_bac
     assert grants(h.feed(ev.LockRequested(a, 2))) == [a]  # a takes its quantum back
     assert drops(h.feed(ev.LockRequested(b, 3))) == []  # b has none to take back
     assert drops(h.advance(TQ - 0.06 + 0.001)) == [a]  # a's quantum over: b's turn
+
+
+def test_two_equals_that_each_lent_a_quantum_of_their_own_are_not_granted_and_dropped() -> None:
+    # Two low data loaders borrow a normal loop's idle time in turn, each granted a quantum of
+    # its own and lending it at its next pause; the normal loop takes the GPU, and both ask
+    # again. Before: the first granted, as the normal loop handed over, was dropped in that
+    # instant for the other, which took back what it had lent (27 times in 600 s in a random
+    # crowd of `bench/crowd_model.py sweep --two-gpus --tq 30`). Each resumes its own quantum:
+    # neither takes it from the other.
+    h = by_uid({1: LOW, 2: 0}, SchedulerSettings(time_quantum_s=TQ, idle_handoff_s=0.005))
+    top, x, y = h.register(uid=2), h.register(uid=1), h.register(uid=1)
+    seq = dict.fromkeys((top, x, y), 0)
+
+    def step(cid: int) -> None:  # asks, is granted, works 20 ms and pauses
+        seq[cid] += 1
+        assert grants(h.feed(ev.LockRequested(cid, seq[cid]))) == [cid]
+        h.advance(0.02)
+        h.feed(ev.LockReleased(cid, ev.ReleaseReason.IDLE))
+
+    for cid in (top, x, top, y):
+        step(cid)
+    assert grants(h.feed(ev.LockRequested(top, 9))) == [top]
+    h.advance(0.01)
+    for cid in (x, y):
+        h.feed(ev.LockRequested(cid, 9))
+    h.advance(0.04)
+    out = h.feed(ev.LockReleased(top, ev.ReleaseReason.IDLE))
+    assert (grants(out), drops(out)) == ([x], [])
+    h.advance(0.02)
+    out = h.feed(ev.LockReleased(x, ev.ReleaseReason.IDLE))
+    assert (grants(out), drops(out)) == ([y], [])
