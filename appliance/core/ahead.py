@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from appliance.core.line import Line
-from appliance.core.priority import PriorityRule, quantum_runs
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.share import ShareRule
 from appliance.core.state import ARRIVALS, Gang, GangPhase, NodeState
@@ -162,10 +162,12 @@ class ReclaimRule:
         on the other's request)."""
         if lender.priority > g.priority:
             return True
-        if not PriorityRule.lent_own(lender, g.priority) or PriorityRule.lent_borrowed(lender):
-            return False
-        runs = quantum_runs(lender, self._priorities.quantum(lender), now)
-        return runs and not self._priorities.taking_back(g)
+        quantum_s = self._priorities.quantum(lender)
+        return (
+            PriorityRule.lent_own(lender, g.priority)
+            and PriorityRule.takes_back(lender, quantum_s, now)
+            and not self._priorities.taking_back(g)
+        )
 
     def borrowers_due(self, keeps: Keeps, now: float) -> list[Gang]:
         """The holders that borrowed a GPU kept now for its lender, outside their own share:

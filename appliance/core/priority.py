@@ -176,17 +176,18 @@ class PriorityRule:
         )
 
     @staticmethod
-    def takes_back(lender: Gang, quantum_s: float) -> bool:
-        """Whether `lender` let its GPU go idle and asked again before its own quantum was
-        over: an equal granted since gives way to it at once (`lent_back`), so among its
-        equals it is also granted first (`line.Line.turns`), not granted and dropped; and
-        granted, it has what was left of that quantum (`lock.Lock._grant`), even when the
-        borrower's drain ran past it. Not what it lent while it borrowed an equal's quantum
-        (`lent_borrowed`): that quantum was the equal's, and a loop that pauses, borrowing
-        from another that does, would take it from the very loop it borrowed it from."""
+    def takes_back(lender: Gang, quantum_s: float, at: float | None = None) -> bool:
+        """Whether `lender` let its GPU go idle and asked again (or, given `at`, would ask
+        then: `ahead.ReclaimRule.takes_from`) before its own quantum was over: an equal
+        granted since gives way to it at once (`lent_back`), so among its equals it is also
+        granted first (`line.Line.turns`), not granted and dropped; and granted, it has what
+        was left of that quantum (`lock.Lock._grant`), even when the borrower's drain ran past
+        it. Not what it lent while it borrowed an equal's quantum (`lent_borrowed`): that
+        quantum was the equal's, and a loop that pauses, borrowing from another that does,
+        would take it from the very loop it borrowed it from."""
         if lender.lent_at is None or PriorityRule.lent_borrowed(lender):
             return False
-        return quantum_runs(lender, quantum_s, lender.requested_at)
+        return quantum_runs(lender, quantum_s, lender.requested_at if at is None else at)
 
     @staticmethod
     def lent_borrowed(g: Gang) -> bool:
