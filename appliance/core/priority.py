@@ -215,9 +215,9 @@ class PriorityRule:
         the loop it lent its first pause to), or was granted it as starved (`keeps_place`: a
         trainer that lowered itself lost its starved quantum at its first data-loader pause).
         Not a holder that was itself granted the rest of a quantum it had lent (`resumes`:
-        its quantum began before its grant): two equals that each lent a quantum of their own
-        to a higher priority, asking again together, were each granted and dropped at once for
-        the other."""
+        its quantum began before its grant): of two equals that each lent a quantum of their
+        own to a higher priority and asked again together, the first granted was dropped at
+        once for the other."""
         return (
             PriorityRule.lent_own(lender, holder.priority)
             and lender.lent_at is not None

@@ -186,9 +186,8 @@ class Together:
     work. `grants_dropped` counts grants told to drop at the instant they were granted (churn:
     each a drain for nothing)."""
 
-    def __init__(self, settings: SchedulerSettings = SETTINGS, b_every: int = 1) -> None:
+    def __init__(self, settings: SchedulerSettings = SETTINGS) -> None:
         self.h = by_uid({1: LOW, 2: 0}, replace(settings, idle_handoff_s=0.005))
-        self.b_every, self.periods = b_every, 0  # b asks every `b_every` periods
         self.low, self.a, self.b = (self.h.register(uid=u) for u in (1, 2, 2))
         self.seq = dict.fromkeys((self.low, self.a, self.b), 0)
         self.granted: dict[int, float] = {}
@@ -222,11 +221,8 @@ class Together:
         """Both ask; each, granted, serves its request and hands the GPU over when idle."""
         s = self.h.state
         b_borrows = s.gangs[s.clients[self.b].gang].borrowed_until > self.h.now
-        asking = (self.b, self.a) if b_borrows else (self.a, self.b)  # the borrower first
-        for cid in asking:
-            if cid == self.a or self.periods % self.b_every == 0:
-                self.ask(cid)
-        self.periods += 1
+        for cid in (self.b, self.a) if b_borrows else (self.a, self.b):  # the borrower first
+            self.ask(cid)
         for _ in range(6):  # (two requests, each perhaps dropped)
             self.drain()
             holder = next((c for c in (self.a, self.b) if c in self.granted), None)
