@@ -166,7 +166,7 @@ class ReclaimRule:
         return (
             PriorityRule.lent_own(lender, g.priority)
             and PriorityRule.takes_back(lender, quantum_s, now)
-            and not self._priorities.taking_back(g)
+            and not self._priorities.taking_back(g, now)
         )
 
     def borrowers_due(self, keeps: Keeps, now: float) -> list[Gang]:

@@ -16,13 +16,14 @@ once, when what it is filed by changes (`refile`), and the questions read the fi
   such a quantum is lent, the waiter of the highest priority that borrowed such time longest
   ago (`_borrower`: lent time goes round); then the starved parts, the one whose first has
   waited longest first (on its GPU: not another GPU's); then the rest by priority. In a
-  bucket's first part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`,
-  as of its request) goes first (ahead of the starved equals too: the quantum is its own),
-  then where an equal lent and takes not back, who borrows it.
+  bucket's first part read, an equal taking back the GPU it lent (`PriorityRule.takes_back`)
+  goes first (ahead of the starved equals too: the quantum is its own), then where an equal
+  lent and takes not back, who borrows it.
 - **accounts of waiters**: whether a waiting gang with a quota may start, and whether one with a
   guaranteed share is owed part of it, change only when one of its windows turns (nothing bills
-  a waiter). A gang is filed by both, as of the time it is filed, and filed again when the
-  window turns (a heap of those times); one whose quota is spent rests outside the line.
+  a waiter), and whether a lender takes back when its quantum runs out. A gang is filed by
+  these as of the time it is filed, and filed again when one turns (a heap of those times);
+  one whose quota is spent rests outside the line.
 - **idle lenders**: lone gangs that let their GPU go idle and have not been granted since
   (`PriorityRule.borrowed`, `terms.LendingRule`, `ahead`), by GPU and priority; apart, those whose
   requests come at a steady pace (`ahead` keeps their GPU for their next request); and per
@@ -44,7 +45,7 @@ from collections.abc import Callable, Iterator
 
 from appliance.core.bucket import Bucket, Class, Filing, borrowed_at, bucket_of, remove_from
 from appliance.core.gang import account
-from appliance.core.priority import PriorityRule, quantum_runs
+from appliance.core.priority import PriorityRule
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
@@ -122,13 +123,16 @@ class Line:
             opens = None if eligible else self._quotas.opens_at(g, now)
             turns = (self._shares.turn_at(g, now), opens)
             turn = min((t for t in turns if t is not None), default=None)
+        if back := g.lent_at is not None and self._priorities.taking_back(g, now):
+            lapse = g.quantum_from + self._priorities.quantum(g) - EPSILON_S  # (then it takes
+            turn = lapse if turn is None else min(turn, lapse)  # nothing back: filed again)
         f = Filing(
             ticket=g.ticket,
             priority=g.priority,
             offender=g.offender,
             gpus=tuple(g.gpus),
             lent_at=g.lent_at,
-            back=g.lent_at is not None and self._priorities.taking_back(g),  # (most lent nothing)
+            back=back,
             borrowed_at=borrowed_at(g),
             eligible=eligible,
             owed=owed,
@@ -168,8 +172,8 @@ class Line:
             remove_from(self._by_gpu[uuid], cls, key, f)
 
     def catch_up(self, now: float) -> None:
-        """File again the waiters one of whose windows has turned by `now` (the index follows
-        the clock; no account is touched)."""
+        """File again the waiters one of whose windows (or quantum taken back) has turned by
+        `now` (the index follows the clock; no account is touched)."""
         if now > self.now:
             self.now = now
         while self._turns and (  # (asked several times an event: usually no window turns)
@@ -202,7 +206,7 @@ class Line:
         buckets = self._by_gpu.get(uuid, {})
         lent = self._lent_quantum(uuid, now) if uuid in self._last_lent else None
         lender = lent[0] if lent is not None else None
-        if lender is not None and any(self._reclaims(b, now) for b in buckets.values()):
+        if lender is not None and any(self._lender_back(b) for b in buckets.values()):
             lender = None  # a lender takes it back: nobody borrows it
         starved_lent = lender is not None and lender.full_quantum
         for (offender, owed, prio), bucket in buckets.items():
@@ -254,13 +258,8 @@ class Line:
         return bucket.next_borrower() if PriorityRule.lent_own(lender, prio) else None
 
     def _lender_back(self, bucket: Bucket) -> Gang | None:
-        g = bucket.first_lender(self.now, back=True)  # (a bucket of one GPU's waiters)
-        return g if g is not None and self._priorities.taking_back(g) else None
-
-    def _reclaims(self, bucket: Bucket, now: float) -> bool:
-        """Whether the bucket's lender taking its GPU back has any of its quantum left now."""
-        g = self._lender_back(bucket)
-        return g is not None and quantum_runs(g, self._priorities.quantum(g), now)
+        """The bucket's earliest lender taking its GPU back (filed so while its quantum runs)."""
+        return bucket.first_lender(self.now, back=True)
 
     def _starved(self, now: float) -> Starved:
         patience = self._priorities.patience(now)
@@ -358,7 +357,7 @@ class Line:
         assert resting == self._resting.keys(), (resting, self._resting.keys())
         for k, g in waiting.items():
             f = self._filed[k]
-            back = self._priorities.taking_back(g)
+            back = g.lent_at is not None and self._priorities.taking_back(g, self.now)
             borrowed = borrowed_at(g)
             now_filed = (g.ticket, g.priority, g.offender, set(g.gpus), g.lent_at, back, borrowed)
             was = (f.ticket, f.priority, f.offender, set(f.gpus), f.lent_at, f.back, f.borrowed_at)

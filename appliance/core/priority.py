@@ -156,11 +156,11 @@ class PriorityRule:
             return (
                 g.offender,
                 g.key not in owed,
-                not (g.full_quantum and self.taking_back(g)),
+                not (g.full_quantum and self.taking_back(g, now)),
                 first > patience,
                 first if first <= patience else 0.0,
                 -g.priority,
-                not self.taking_back(g),
+                not self.taking_back(g, now),
             )
 
         return sorted(waiters, key=key)
@@ -180,11 +180,12 @@ class PriorityRule:
         """Whether `lender` let its GPU go idle and asked again (or, given `at`, would ask
         then: `ahead.ReclaimRule.takes_from`) before its own quantum was over: an equal
         granted since gives way to it at once (`lent_back`), so among its equals it is also
-        granted first (`line.Line.turns`), not granted and dropped; and granted, it has what
-        was left of that quantum (`lock.Lock._grant`), even when the borrower's drain ran past
-        it. Not what it lent while it borrowed an equal's quantum (`lent_borrowed`): that
-        quantum was the equal's, and a loop that pauses, borrowing from another that does,
-        would take it from the very loop it borrowed it from."""
+        granted first (`line.Line.turns`, while that quantum runs: `taking_back` given the
+        time), not granted and dropped; and granted, it has what was left of that quantum
+        (`lock.Lock._grant`), even when the borrower's drain ran past it. Not what it lent
+        while it borrowed an equal's quantum (`lent_borrowed`): that quantum was the equal's,
+        and a loop that pauses, borrowing from another that does, would take it from the very
+        loop it borrowed it from."""
         if lender.lent_at is None or PriorityRule.lent_borrowed(lender):
             return False
         return quantum_runs(lender, quantum_s, lender.requested_at if at is None else at)
@@ -200,9 +201,14 @@ class PriorityRule:
         """A gang's own quantum: the shortest of the GPUs it asks for."""
         return min(map(self._s.time_quantum, g.gpus))
 
-    def taking_back(self, lender: Gang) -> bool:
-        """`takes_back` with the lender's own quantum (`quantum`)."""
-        return self.takes_back(lender, self.quantum(lender))
+    def taking_back(self, lender: Gang, now: float | None = None) -> bool:
+        """`takes_back` with the lender's own quantum (`quantum`); given `now`, only if that
+        quantum still runs then: a lender whose quantum ran out while it waited (behind a
+        starved turn, say) takes nothing back, and waits like anyone from when it asked."""
+        quantum_s = self.quantum(lender)
+        if not self.takes_back(lender, quantum_s):
+            return False
+        return now is None or quantum_runs(lender, quantum_s, now)
 
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:
@@ -217,13 +223,15 @@ class PriorityRule:
         Not a holder that was itself granted the rest of a quantum it had lent (`resumes`:
         its quantum began before its grant): of two equals that each lent a quantum of their
         own to a higher priority and asked again together, the first granted was dropped at
-        once for the other."""
+        once for the other. Nor one granted after the lender's quantum was over: that time
+        was nobody's."""
         return (
             PriorityRule.lent_own(lender, holder.priority)
             and lender.lent_at is not None
             and holder.granted_at >= lender.lent_at
             and holder.quantum_from >= holder.granted_at
             and PriorityRule.takes_back(lender, quantum_s)
+            and quantum_runs(lender, quantum_s, holder.granted_at)
         )
 
     @staticmethod

@@ -15,9 +15,11 @@ releases DRAIN_S later and asks again when it has work. `Crowd.run` drives them 
 `Crowd.warm_up`, if asked: a step each and a long pause, as programs start); each `Loop` then
 has the seconds it held the GPU, its waits from asking to a grant (the last one to the end of
 the run if it is not over), the longest it went without the GPU, its steps (pauses reached),
-how long it waited each time it asked again inside its quantum after lending the GPU
-(`backs`), how often it was told to drop as it was granted (`flashes`: churn) and its
-requests' latencies; the crowd has who had each turn (a hold of `TURN_S` or more) in order.
+how long it waited each time it asked again inside its quantum after lending the GPU, with
+more of it left than a borrower's drain (`backs`; a quantum that runs out while the borrower
+drains is over, and the loop waits its turn like anyone), how often it was told to drop as
+it was granted (`flashes`: churn) and its requests' latencies; the crowd has who had each
+turn (a hold of `TURN_S` or more) in order.
 `check=True` checks the core's indexes after every event (as the core tests do).
 """
 
@@ -71,6 +73,7 @@ class Loop:
     longest_off: float = 0.0  # the longest from a release to the next grant
     quantum_from: float = 0.0  # its last grant that was not a taking back
     asked_back_at: float | None = None  # it asked again inside its quantum after lending
+    # (more of it left than a drain)
     backs: list[float] = field(default_factory=list)  # those requests' waits
     flashes: int = 0  # grants told to drop at once: held only the drain (churn, if many)
 
@@ -238,7 +241,7 @@ class Crowd:
         if lp.holds and lp.release_at is None:  # its batch came inside the idle window
             lp.done_at, lp.left = now + lp.work, None
         else:
-            if now < lp.quantum_from + self.settings.time_quantum_s:
+            if now + DRAIN_S < lp.quantum_from + self.settings.time_quantum_s:
                 lp.asked_back_at = now
             self.ask(lp)
 

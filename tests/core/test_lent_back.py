@@ -151,10 +151,11 @@ def test_a_borrower_the_lender_takes_back_from_keeps_its_place_in_line(
 
 def test_a_lender_that_asked_back_as_its_quantum_ended_gets_no_fresh_one() -> None:
     # a lends just before its quantum is over and asks again at once; b's drain ends after it.
-    # a has what was left of its quantum (nothing), not a new one ahead of b and c: else a loop
-    # that pauses often would chain quanta while the others wait (four loops on the core's
-    # clock: one waited four turns instead of three).
-    h, a, b, _ = three_loops()
+    # a's quantum is over: it gets no new one ahead of b and c (else a loop that pauses often
+    # would chain quanta while the others wait: four loops on the core's clock, one waited four
+    # turns instead of three), nor, as before, the nothing left of it, granted and dropped in
+    # the same instant (an empty drain): b, whose place in line was kept, has its turn.
+    h, a, b, c = three_loops()
     h.advance(TQ - 0.01)
     assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.IDLE))) == [b]
     h.advance(0.005)
@@ -162,8 +163,9 @@ def test_a_lender_that_asked_back_as_its_quantum_ended_gets_no_fresh_one() -> No
     h.feed(ev.LockRequested(b, 2))
     h.advance(0.01)  # b's drain ends past a's quantum
     out = h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED)) + h.advance(0.001)
-    assert grants(out) == [a] and drops(out) == [a]
-    assert grants(h.feed(ev.LockReleased(a, ev.ReleaseReason.DROPPED))) == [b]
+    assert (grants(out), drops(out)) == ([b], [])
+    assert drops(h.advance(TQ)) == [b]
+    assert grants(h.feed(ev.LockReleased(b, ev.ReleaseReason.DROPPED))) == [c]
 
 
 def test_a_lender_taking_back_is_not_hidden_by_one_that_asked_after_its_quantum() -> None:
@@ -304,3 +306,46 @@ def test_two_equals_that_each_lent_a_quantum_of_their_own_are_not_granted_and_dr
     h.advance(0.02)
     out = h.feed(ev.LockReleased(x, ev.ReleaseReason.IDLE))
     assert (grants(out), drops(out)) == ([y], [])
+
+
+def test_a_lender_whose_quantum_ran_out_behind_a_starved_turn_waits_its_turn() -> None:
+    # Two busy equals take turns above a low loop. The holder lends as the low one's wait
+    # passes the starvation limit, and asks again inside its quantum: the starved loop keeps
+    # its turn, and the lender's quantum runs out meanwhile. Before: at the end of that turn
+    # the lender was still read as taking back, granted first with nothing left, and dropped
+    # in that instant for the equal that waited (in `bench/crowd_model.py sweep --serving`).
+    # Now the equal that waited is granted, and the lender after it.
+    settings = SchedulerSettings(time_quantum_s=TQ, starvation_limit_s=30.0, idle_handoff_s=0.005)
+    h = by_uid({1: LOW, 2: 0}, settings)
+    low, a, b = h.register(uid=1), h.register(uid=2), h.register(uid=2)
+    seq = dict.fromkeys((low, a, b), 0)
+    turns: list[tuple[list[int], list[int]]] = []
+
+    def ask(cid: int) -> None:
+        seq[cid] += 1
+        h.feed(ev.LockRequested(cid, seq[cid]))
+
+    def run_to(t: float) -> None:  # busy loops: each drop released 2 ms later, asked again
+        while (due := h.core.next_deadline()) is not None and due <= t:
+            for cid in drops(h.advance(due - h.now + 1e-9)):
+                h.advance(0.002)
+                out = h.feed(ev.LockReleased(cid, ev.ReleaseReason.DROPPED))
+                turns.append((grants(out), drops(out)))
+                ask(cid)
+        h.advance(t - h.now)
+
+    start = h.now
+    ask(low)
+    h.advance(0.001)
+    ask(a)
+    h.advance(0.5)
+    ask(b)
+    run_to(start + 31.005)  # a and b alternate; the low loop is starved from 31.001 s
+    holder = a if h.state.clients[a].phase.name == "HOLDING" else b
+    other = b if holder == a else a
+    assert grants(h.feed(ev.LockReleased(holder, ev.ReleaseReason.IDLE))) == [low]
+    h.advance(0.003)
+    ask(holder)  # inside its quantum, which ends a few milliseconds later
+    turns.clear()
+    run_to(start + 42.0)
+    assert turns[:2] == [([other], []), ([holder], [])]
