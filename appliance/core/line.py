@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 
 from appliance.core.bucket import Bucket, Class, Filing, borrowed_at, bucket_of, remove_from
 from appliance.core.gang import account
-from appliance.core.priority import PriorityRule
+from appliance.core.priority import PriorityRule, quantum_over
 from appliance.core.quota import EPSILON_S
 from appliance.core.quota_rule import QuotaRule
 from appliance.core.share import ShareRule
@@ -124,8 +124,8 @@ class Line:
             turns = (self._shares.turn_at(g, now), opens)
             turn = min((t for t in turns if t is not None), default=None)
         if back := g.lent_at is not None and self._priorities.taking_back(g, now):
-            lapse = g.quantum_from + self._priorities.quantum(g) - EPSILON_S  # (then it takes
-            turn = lapse if turn is None else min(turn, lapse)  # nothing back: filed again)
+            lapse = quantum_over(g, self._priorities.quantum(g))  # (then it takes nothing
+            turn = lapse if turn is None else min(turn, lapse)  # back: filed again)
         f = Filing(
             ticket=g.ticket,
             priority=g.priority,

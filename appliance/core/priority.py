@@ -79,11 +79,16 @@ QUANTUM = DropReason.QUANTUM
 CUT_SHORT = (DropReason.PRIORITY, DropReason.RECLAIM, DropReason.GANG)  # when short (LENT: always)
 
 
+def quantum_over(g: Gang, quantum_s: float) -> float:
+    """When g's quantum (`quantum_s` long) is over: `EPSILON_S` before its end, as the lock
+    drops a holder whose turn has come (`lock.Lock`), so that a lender asking in that instant
+    is not granted as taking back and dropped in the same event."""
+    return g.quantum_from + quantum_s - EPSILON_S
+
+
 def quantum_runs(g: Gang, quantum_s: float, t: float) -> bool:
-    """Whether g's quantum (`quantum_s` long) runs at t. It is over `EPSILON_S` before its
-    end, as the lock drops a holder whose turn has come (`lock.Lock`): a lender asking in that
-    instant is not granted as taking back and dropped in the same event."""
-    return t < g.quantum_from + quantum_s - EPSILON_S
+    """Whether g's quantum (`quantum_s` long) runs at t (`quantum_over`)."""
+    return t < quantum_over(g, quantum_s)
 
 
 class PriorityRule:
@@ -205,10 +210,7 @@ class PriorityRule:
         """`takes_back` with the lender's own quantum (`quantum`); given `now`, only if that
         quantum still runs then: a lender whose quantum ran out while it waited (behind a
         starved turn, say) takes nothing back, and waits like anyone from when it asked."""
-        quantum_s = self.quantum(lender)
-        if not self.takes_back(lender, quantum_s):
-            return False
-        return now is None or quantum_runs(lender, quantum_s, now)
+        return self.takes_back(lender, self.quantum(lender), now)  # (it asked before now)
 
     @staticmethod
     def lent_back(holder: Gang, lender: Gang, quantum_s: float) -> bool:

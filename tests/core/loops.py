@@ -72,8 +72,7 @@ class Loop:
     released_at: float = 0.0
     longest_off: float = 0.0  # the longest from a release to the next grant
     quantum_from: float = 0.0  # its last grant that was not a taking back
-    asked_back_at: float | None = None  # it asked again inside its quantum after lending
-    # (more of it left than a drain)
+    asked_back_at: float | None = None  # it asked again after lending, over a drain left
     backs: list[float] = field(default_factory=list)  # those requests' waits
     flashes: int = 0  # grants told to drop at once: held only the drain (churn, if many)
 
