@@ -720,9 +720,12 @@ def section_priorities(
     high (by rule), beside a trainer that lowers itself (and two), and with mode off; the
     mode-on cases once per `variants` (more scheduler settings, "" for the defaults), keyed
     `on[SETTINGS]` beyond the first, and once under the daemon of checkout `base`, keyed
-    `on@base`."""
+    `on@base`. The trainer runs alone before the pairs and again after them, and its rates
+    in the pairs are against the mean of the two: on a shared GPU its solo rate drifts by up
+    to a tenth from run to run (`trainer_solo_steps_s` shows both)."""
     out: dict[str, Any] = {}
-    train_solo = alone_rates({"lot": trainer}, seconds)["lot"]
+    solo_before = alone_rates({"lot": trainer}, seconds)["lot"]
+    trainer_rates: list[tuple[dict[str, Any], str, float]] = []  # (a case's result, key, rate)
     for request in infer:
         spec = f"infer:{request}"
         alone = latency(run(on_policy(), [Role("hii", spec)], seconds)["hii"])
@@ -743,15 +746,23 @@ def section_priorities(
             got: dict[str, Any] = {
                 "p99_ms": round(latency(inf)["p99_ms"], 3),
                 "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
-                "trainer_of_solo": round(rate(trn) / train_solo, 2),
+                "trainer_steps_s": round(rate(trn), 3),
                 "longest_stall_s": round(longest_stall(inf, inf["start"], inf["ends"][-1]), 2),
             }
+            trainer_rates.append((got, "trainer_of_solo", rate(trn)))
             if more:  # (the second trainer)
-                got["trainer2_of_solo"] = round(rate(more[0]) / train_solo, 2)
+                trainer_rates.append((got, "trainer2_of_solo", rate(more[0])))
             if TRACE is not None:
                 got["hand_offs"] = hand_offs(inf, trn)
             row[case] = told(f"{spec} {case}", got)
         out[spec] = row
+    solo_after = alone_rates({"lot": trainer}, seconds)["lot"]
+    solo = (solo_before + solo_after) / 2
+    for got, key, steps_s in trainer_rates:
+        got[key] = round(steps_s / solo, 2)
+    both = [round(solo_before, 3), round(solo_after, 3)]
+    print(f"# trainer alone, before and after the pairs: {both} steps/s", flush=True)
+    out["trainer_solo_steps_s"] = both
     return out
 
 
