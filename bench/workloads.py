@@ -743,13 +743,14 @@ def section_priorities(
         for case, (policy, roles, tree) in cases.items():
             pair = run(policy, roles, seconds, tree)
             inf, trn, *more = (pair[r.name] for r in roles)
+            steps_s = rate(trn)
             got: dict[str, Any] = {
                 "p99_ms": round(latency(inf)["p99_ms"], 3),
                 "p99_x_alone": round(latency(inf)["p99_ms"] / alone["p99_ms"], 2),
-                "trainer_steps_s": round(rate(trn), 3),
+                "trainer_steps_s": round(steps_s, 3),
                 "longest_stall_s": round(longest_stall(inf, inf["start"], inf["ends"][-1]), 2),
             }
-            trainer_rates.append((got, "trainer_of_solo", rate(trn)))
+            trainer_rates.append((got, "trainer_of_solo", steps_s))
             if more:  # (the second trainer)
                 trainer_rates.append((got, "trainer2_of_solo", rate(more[0])))
             if TRACE is not None:
@@ -758,8 +759,8 @@ def section_priorities(
         out[spec] = row
     solo_after = alone_rates({"lot": trainer}, seconds)["lot"]
     solo = (solo_before + solo_after) / 2
-    for got, key, steps_s in trainer_rates:
-        got[key] = round(steps_s / solo, 2)
+    for got, key, trainer_steps_s in trainer_rates:
+        got[key] = round(trainer_steps_s / solo, 2)
     both = [round(solo_before, 3), round(solo_after, 3)]
     print(f"# trainer alone, before and after the pairs: {both} steps/s", flush=True)
     out["trainer_solo_steps_s"] = both
