@@ -361,7 +361,8 @@ def run(
         if trace:
             for r in roles:
                 out[r.name]["trace"] = [(t, x) for t, x in lines[r.name] if "lock" in x]
-            keep = {n: {k: r[k] for k in ("start", "ends", "trace")} for n, r in out.items()}
+            kept = ("start", "ends", "trace", "latencies_s")
+            keep = {n: {k: r[k] for k in kept if k in r} for n, r in out.items()}
             (TRACE / f"{tmp.name}.json").write_text(json.dumps(keep | {"policy": policy}))
         return out
     finally:
@@ -388,7 +389,12 @@ def hand_offs(inf: dict[str, Any], trn: dict[str, Any]) -> dict[str, Any]:
     its grant (it is granted beside the trainer's drain, so the GPU works meanwhile),
     `idle_detect` from a request's result to the inference's idle release, `back` from that
     release to the trainer's grant; `lost_pct`: the last two summed over the run, as a share of
-    it (the GPU idle, neither of them holding work)."""
+    it (the GPU idle, neither of them holding work). Where the trainer's time goes, over the
+    time both ran: `trainer_held_pct` the share it held the lock, `trainer_held_steps_s` its
+    steps a second while it held it (against its solo rate: what holding the GPU it borrows
+    costs it, `borrowerQueue`'s pacing say), `infer_busy_pct` the share the inference's
+    requests took from asking to result. Its rate is the first times the second: what the
+    requests take is the GPU's, what it holds at a slower pace than alone is the scheduler's."""
 
     def at(r: dict[str, Any], what: str) -> list[float]:
         return [t for t, x in r["trace"] if what in x]
@@ -414,6 +420,23 @@ def hand_offs(inf: dict[str, Any], trn: dict[str, Any]) -> dict[str, Any]:
         for k, v in found.items()
     }
     out["lost_pct"] = round(100 * (sum(found["idle_detect"]) + sum(found["back"])) / span, 2)
+    lo, hi = overlap({"inf": inf, "trn": trn})
+    holds, since = [], None  # the trainer's (granted, released), clipped to [lo, hi]
+    for t, x in trn["trace"]:
+        if "lock granted" in x:
+            since = t
+        elif "lock released" in x and since is not None:
+            holds.append((max(since, lo), min(t, hi)))
+            since = None
+    if since is not None:
+        holds.append((max(since, lo), hi))
+    holds = [(a, b) for a, b in holds if b > a]
+    held_s = sum(b - a for a, b in holds)
+    steps = sum(steps_between(trn, a, b) for a, b in holds)
+    busy = sum(x for t, x in zip(inf["ends"], inf["latencies_s"], strict=True) if lo <= t < hi)
+    out["trainer_held_pct"] = round(100 * held_s / max(hi - lo, 1e-9), 1)
+    out["trainer_held_steps_s"] = round(steps / max(held_s, 1e-9), 1)
+    out["infer_busy_pct"] = round(100 * busy / max(hi - lo, 1e-9), 1)
     return out
 
 
@@ -761,6 +784,9 @@ def section_priorities(
     solo = (solo_before + solo_after) / 2
     for got, key, trainer_steps_s in trainer_rates:
         got[key] = round(trainer_steps_s / solo, 2)
+        if key == "trainer_of_solo" and "hand_offs" in got:  # (--trace)
+            held = got["hand_offs"]["trainer_held_steps_s"]
+            got["hand_offs"]["trainer_held_pace_of_solo"] = round(held / solo, 3)
     both = [round(solo_before, 3), round(solo_after, 3)]
     print(f"# trainer alone, before and after the pairs: {both} steps/s", flush=True)
     out["trainer_solo_steps_s"] = both
