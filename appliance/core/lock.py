@@ -21,8 +21,7 @@ granted at once; a gang that holds only part of its GPUs has the holders in its 
 Priorities (`priority.PriorityRule`) order the line of gangs (a gang's priority is its members'
 highest) and let a waiter of higher priority take a GPU after a short slice of the holder's; the
 starvation limit bounds how long a low priority waits. While someone waits for a GPU, its
-holders' hooks are told to hand the lock over after a short idle time (`scheduler.idleHandoff`)
-instead of `scheduler.idleRelease` (`LockTerms`).
+holders' hooks are told a short idle window (`scheduler.idleHandoff`, `LockTerms`, `terms`).
 
 Guaranteed shares (`share.ShareRule`) come before both: a waiter still owed its share goes
 first and takes the GPU from a holder that has had its own; a holder inside its share keeps the
@@ -171,7 +170,8 @@ class Lock:
         g = gang_of(self._s, c)
         phase = g.phase  # (told to drop, its turn is over: an idle release lends nothing)
         if lent := e.reason is ev.ReleaseReason.IDLE and phase is GangPhase.HOLDING:
-            g.lent_at = now  # it takes the GPU back at once from a lower priority
+            g.lent_at = now  # it takes the GPU back at once from a lower priority; what it held
+            self.terms.held(g, now - g.granted_at - c.told[0])  # bounds its borrowers' queues
         out = self._settle(g, now)
         if lent and g.phase is phase:  # (a gang whose phase changed was filed again)
             self.line.refile(g)

@@ -39,9 +39,8 @@ class Phase(enum.Enum):
 
 
 # What `ahead` reads a steady pace from: a client's last requests after it let the lock go idle
-# (five intervals), and a GPU's last drains.
-ARRIVALS = 6
-DRAINS = 8
+ARRIVALS = 6  # (five intervals)
+DRAINS = 8  # and a GPU's last drains
 
 # Pods whose clients have all left keep their lock time this long in number (the least recently
 # used are forgotten first), so a pod of short-lived processes keeps its totals without the
@@ -176,6 +175,7 @@ class Gang:
     priority: int = 0  # its members' highest (`core.priority`)
     lent_at: float | None = None  # let the lock go idle: lower priorities since borrow it
     idle_s: float = 0.0  # its idle window while it outranks every waiter, learned (`terms`)
+    request_s: float = 0.0  # how long it holds before an idle release, learned (`terms`)
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS))
     pace: tuple[float, float] | None = None  # of `arrivals` (asks after lending), when steady
     full_quantum: bool = False  # granted as starved: no priority takes this grant early

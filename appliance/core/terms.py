@@ -24,9 +24,16 @@
   clients takes its GPUs together.
 - The queue bound (`TermsRule.queue`): a holder on a GPU that a gang of higher priority lent
   keeps at most `scheduler.borrowerQueue` of work queued (its hook paces its launches,
-  ld_hook/pace.h). The lender's next request is granted at once, but the GPU time-slices it with
+  ld_hook/pace.h), or a quarter (`QUEUE_OF_REQUEST`) of what the lender holds the GPU for each
+  time, if longer. The lender's next request is granted at once, but the GPU time-slices it with
   whatever the borrower had queued before its drop: a trainer that queues a 2 ms step at once
-  would double a 1 ms request. Not a holder granted as starved: that quantum is its own.
+  would double a 1 ms request, and add a quarter to an 8 ms one. Pacing costs the borrower (it
+  waits for its own launches: 0.89-0.90 of its solo pace while it held the GPU beside 8 ms
+  requests at 0.5 ms, 0.94-0.97 unpaced, H200), so the bound is no tighter than the lender's
+  requests need. What a lender holds is learned from its idle releases (`held`: from its grant
+  to the release, less the idle window it was told), a running mean weighted a quarter to the
+  newest; only the lender's own holds move its borrowers' bound. Not a holder granted as
+  starved: that quantum is its own.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ OUTRANKING_IDLE_S = 0.00025
 # waiter's grant, about 0.5 ms, and its queued work beside the next request).
 REASK_S = 0.001
 SHRINK = 0.8  # what a gang's learned window keeps after a release that paid off
+# A borrower's queue bound is at least this share of what its lender holds the GPU for each
+# time (`TermsRule.queue`): a request shares the GPU with at most that much of the borrower's.
+QUEUE_OF_REQUEST = 0.25
+HELD_WEIGHT = 0.25  # of the newest hold in a lender's learned hold (`TermsRule.held`)
 
 
 class TermsRule:
@@ -57,12 +68,13 @@ class TermsRule:
     - commands: `granted` (a grant, or a request answered at once: the grant's terms) and
       `tell` (the last phase, "tell holders their terms"); they write what a hook was told
       (`Client.told`) and nothing else. `back` (a gang asks again after an idle
-      release) writes its learned window (`Gang.idle_s`) and nothing else.
+      release) writes its learned window (`Gang.idle_s`) and nothing else; `held` (a gang's
+      idle release) its learned hold (`Gang.request_s`) and nothing else.
     - queries: `window` (the idle window a holder is due as the line stands) and `queue` (its
       queue bound); they write nothing.
     Cost, in clients touched: `granted` 1 (and O(P) for its GPU's waiters, `Waiting`, and its
-    lenders); `tell` the holders of every GPU, each O(P); `window`, `queue` none (O(P)); `back`
-    none.
+    lenders); `tell` the holders of every GPU, each O(P); `window`, `queue` none (O(P)); `back`,
+    `held` none.
     """
 
     def __init__(self, state: NodeState, line: Line) -> None:
@@ -81,6 +93,13 @@ class TermsRule:
         else:
             learned = max(SHRINK * learned, OUTRANKING_IDLE_S)
         g.idle_s = round(learned, 6)  # (the hook is told microseconds)
+
+    def held(self, g: Gang, held_s: float) -> None:
+        """g released the lock idle after holding it `held_s` (its idle window left out): its
+        learned hold, what its borrowers' queue bound follows (`queue`)."""
+        held_s = max(held_s, 0.0)
+        learned = held_s if g.request_s <= 0 else g.request_s + HELD_WEIGHT * (held_s - g.request_s)
+        g.request_s = round(learned, 6)
 
     def granted(self, c: Client, seq: int, waiting: Waiting) -> act.Grant:
         """The grant for c (answering its request `seq`), with its terms."""
@@ -128,13 +147,15 @@ class TermsRule:
         return window, self.queue(c) if self._line.lent(c.gpu) else 0.0  # (usually not lent)
 
     def queue(self, c: Client) -> float:
-        """How much work holder c may keep queued (`scheduler.borrowerQueue`) while a gang of
-        higher priority lent its GPU, unless c was granted as starved; else 0, no bound."""
+        """How much work holder c may keep queued while a gang of higher priority lent its GPU
+        (`scheduler.borrowerQueue`, or `QUEUE_OF_REQUEST` of the first such lender's learned
+        hold if longer), unless c was granted as starved or the bound is off; else 0, no bound."""
         bound = self._s.policy.scheduler.borrower_queue_s
         g = gang_of(self._s, c)
-        if g.full_quantum or next(self._line.lenders_above(c.gpu, g.priority), None) is None:
+        lender = None if g.full_quantum else next(self._line.lenders_above(c.gpu, g.priority), None)
+        if lender is None or bound <= 0:
             return 0.0
-        return bound
+        return max(bound, round(QUEUE_OF_REQUEST * lender.request_s, 6))
 
     def window(self, c: Client, waiting: Waiting) -> float:
         """How long holder c may sit idle with the lock: `scheduler.idleRelease`, or while

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from appliance.core import actions as act
 from appliance.core import events as ev
 from appliance.core.gang import gang_of
@@ -80,3 +82,48 @@ def test_a_holder_granted_as_starved_is_not_bounded() -> None:
     assert rule.queue(c) == BOUND
     gang_of(h.state, c).full_quantum = True
     assert rule.queue(c) == 0.0
+
+
+def _request(h: Harness, high: int, low: int, seq: int, hold_s: float) -> act.Grant:
+    """After a pause (irregular: at a steady pace the GPU would be kept for the lender, `ahead`)
+    the lender takes its GPU back for a request that holds it `hold_s` (its idle window after
+    the work on top), the trainer drains and asks again: the trainer's next grant."""
+    h.advance(0.02 * (1 + 0.37 * (seq % 4)))
+    assert grants(h.feed(ev.LockRequested(high, seq))) == [high]
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.DROPPED))
+    h.feed(ev.LockRequested(low, seq))
+    h.advance(hold_s + h.state.clients[high].told[0])
+    (grant,) = of(h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE)), act.Grant)
+    assert grant.client_id == low
+    return grant
+
+
+def test_the_bound_is_a_quarter_of_what_the_lender_holds_when_that_is_longer() -> None:
+    # beside 8 ms requests a 0.5 ms queue costs the trainer a tenth of its pace while it holds
+    # the GPU and the request little: it may queue a quarter of a request (2 ms) instead
+    h = by_uid({1: LOW, 2: HIGH})
+    high, low = _lent_to_low(h)
+    assert _request(h, high, low, 2, 0.008).queue_s == pytest.approx(0.002)
+    # the lender's requests get shorter: the bound follows (a running mean, a quarter to the
+    # newest), down to borrowerQueue and no lower
+    assert _request(h, high, low, 3, 0.004).queue_s == pytest.approx(0.25 * 0.007)
+    for seq in range(4, 30):
+        grant = _request(h, high, low, seq, 0.0002)
+    assert grant.queue_s == BOUND
+    h.core.check()
+
+
+def test_only_the_lenders_own_holds_move_the_bound() -> None:
+    # a trainer that holds its GPU long and lends it now and then gains no deeper queue for it
+    # beside a lender with short requests; and with borrowerQueue 0 nobody is paced, however
+    # long the lender's requests
+    h = by_uid({1: LOW, 2: HIGH})
+    high, low = _lent_to_low(h)
+    h.advance(30.0)
+    h.feed(ev.LockReleased(low, ev.ReleaseReason.IDLE))  # lends nothing upwards: held 30 s
+    assert gang_of(h.state, h.state.clients[high]).request_s == 0.0
+    h.feed(ev.LockRequested(low, 2))
+    assert _request(h, high, low, 2, 0.001).queue_s == BOUND
+    off = by_uid({1: LOW, 2: HIGH}, replace(SETTINGS, borrower_queue_s=0.0))
+    high, low = _lent_to_low(off, bound=0.0)
+    assert _request(off, high, low, 2, 0.05).queue_s == 0.0
