@@ -170,8 +170,8 @@ class Lock:
         g = gang_of(self._s, c)
         phase = g.phase  # (told to drop, its turn is over: an idle release lends nothing)
         if lent := e.reason is ev.ReleaseReason.IDLE and phase is GangPhase.HOLDING:
-            g.lent_at = now  # it takes the GPU back at once from a lower priority; what it held
-            self.terms.held(g, now - g.granted_at - c.told[0])  # bounds its borrowers' queues
+            g.lent_at = now  # it takes the GPU back at once from a lower priority
+            self.terms.held(g, c, now)  # (what it held bounds its borrowers' queues)
         out = self._settle(g, now)
         if lent and g.phase is phase:  # (a gang whose phase changed was filed again)
             self.line.refile(g)

@@ -30,10 +30,10 @@
   would double a 1 ms request, and add a quarter to an 8 ms one. Pacing costs the borrower (it
   waits for its own launches: 0.89-0.90 of its solo pace while it held the GPU beside 8 ms
   requests at 0.5 ms, 0.94-0.97 unpaced, H200), so the bound is no tighter than the lender's
-  requests need. What a lender holds is learned from its idle releases (`held`: from its grant
-  to the release, less the idle window it was told), a running mean weighted a quarter to the
-  newest; only the lender's own holds move its borrowers' bound. Not a holder granted as
-  starved: that quantum is its own.
+  requests need. What a lender holds is learned from its idle releases while another gang
+  waited (`held`: from its grant to the release, less the idle window it was told), a running
+  mean weighted a quarter to the newest; only the lender's own holds move its borrowers' bound.
+  Not a holder granted as starved: that quantum is its own.
 """
 
 from __future__ import annotations
@@ -94,10 +94,15 @@ class TermsRule:
             learned = max(SHRINK * learned, OUTRANKING_IDLE_S)
         g.idle_s = round(learned, 6)  # (the hook is told microseconds)
 
-    def held(self, g: Gang, held_s: float) -> None:
-        """g released the lock idle after holding it `held_s` (its idle window left out): its
-        learned hold, what its borrowers' queue bound follows (`queue`)."""
-        held_s = max(held_s, 0.0)
+    def held(self, g: Gang, c: Client, now: float) -> None:
+        """g's member c released the lock idle: its learned hold (from its grant, the idle
+        window c was told left out), what its borrowers' queue bound follows (`queue`). Only a
+        hold that another gang waited behind counts: one while it had the GPU to itself (a
+        long batch, its idle window `idleRelease`) says nothing of the requests a borrower's
+        queue would delay."""
+        if not self._line.waiting(now).others(c.gpu, g):
+            return
+        held_s = max(now - g.granted_at - c.told[0], 0.0)
         learned = held_s if g.request_s <= 0 else g.request_s + HELD_WEIGHT * (held_s - g.request_s)
         g.request_s = round(learned, 6)
 

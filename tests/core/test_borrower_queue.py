@@ -127,3 +127,16 @@ def test_only_the_lenders_own_holds_move_the_bound() -> None:
     off = by_uid({1: LOW, 2: HIGH}, replace(SETTINGS, borrower_queue_s=0.0))
     high, low = _lent_to_low(off, bound=0.0)
     assert _request(off, high, low, 2, 0.05).queue_s == 0.0
+
+
+def test_a_hold_nobody_waited_behind_does_not_loosen_the_bound() -> None:
+    # a high-priority batch that had the GPU to itself for 10 s says nothing of the requests it
+    # sends later: the trainer that comes after is bounded as beside any lender
+    h = by_uid({1: LOW, 2: HIGH})
+    high = h.register(uid=2)
+    h.feed(ev.LockRequested(high, 1))
+    h.advance(10.0)
+    h.feed(ev.LockReleased(high, ev.ReleaseReason.IDLE))
+    low = h.register(uid=1)
+    out = h.feed(ev.LockRequested(low, 1))
+    assert of(out, act.Grant) == [act.Grant(low, 1, 10.0, 1.0, BOUND)]
