@@ -56,7 +56,7 @@ class Line:
         """What the daemon sent next (waits for it)."""
         ready = self.sel.select(ANSWER_S)
         assert ready, f"no answer within {ANSWER_S} s"
-        return [(key.data, key.data.receive()[1]) for key, _ in ready]
+        return [(key.data, msg) for key, _ in ready for msg in key.data.receive_read()]
 
     def hand_off(self) -> None:
         """The holder releases; wait for the grant; the old holder asks again."""

@@ -98,6 +98,15 @@ class ControlClient:
             return 0, p.Result(item.status, item.ref_type, str(item))
         return item.seq, framing.decode_body(item)
 
+    def receive_read(self) -> list[Decoded]:
+        """For a caller that waits on the socket (select): the next frame and every other one
+        that the same read brought. One `receive` a wake-up would leave those in this buffer,
+        where no select sees them (a grant read behind a `Lent` then waits forever)."""
+        out = [self.receive()[1]]
+        while self._pending:
+            out.append(self.receive()[1])
+        return out
+
     def request(self, message: Message) -> Decoded:
         """Send and wait for the reply carrying the same sequence number."""
         seq = self.send(message)
