@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from appliance.core import actions as act
@@ -445,4 +446,5 @@ class Daemon:
 
 
 def run_daemon(config: DaemonConfig) -> int:
-    return asyncio.run(Daemon(config).run())
+    # On uvloop's event loop (libuv), not asyncio's: a hand-off's reads and writes cost less
+    return uvloop.run(Daemon(config).run())

@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from appliance.host.peer import peer_credentials
 from appliance.serve.admission import EveryMinute
@@ -193,12 +193,13 @@ class PeerConnection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------------ transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=256 << 10)
+        # a stream transport: asyncio's, or uvloop's (the daemon's loop), which has the same
+        # methods without being a subclass
+        self.transport = stream = cast(asyncio.Transport, transport)
+        stream.set_write_buffer_limits(high=256 << 10)
         loop = asyncio.get_running_loop()
         self.opened_at = self.partial_since = loop.time()
-        sock: socket.socket = transport.get_extra_info("socket")
+        sock: socket.socket = stream.get_extra_info("socket")
         try:
             self.pid, self.uid, self.gid = peer_credentials(sock)
         except OSError:
