@@ -1,7 +1,11 @@
 """The engine: where events meet the core and actions leave it, all on the event loop.
 
 The core is sans-I/O: it needs the time with every event and a wake-up call at the deadline it
-asks for. The engine gives it both from the asyncio loop's clock, and routes every action the
+asks for. The engine gives it both: the time from CLOCK_MONOTONIC to the microsecond (the
+loop's own clock, uvloop's, is libuv's: the same clock in whole milliseconds, and the core
+learns sub-millisecond windows from it), the wake-up from the loop's timers, which count whole
+milliseconds and may fire before the deadline by a fraction of one: such a wake-up waits on
+(`_wake`), so the core is never woken before its deadline. It routes every action the
 core returns to the sink connected for that action's type (the socket server, the Kubernetes
 Event recorder, the device plugin). Nothing else calls the core.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -29,13 +34,22 @@ from appliance.core.node import NodeCore
 log = logging.getLogger("nvshare.engine")
 
 T = TypeVar("T")
+TIMER_TICK_S = 0.001  # what the loop's timers count in (libuv's); a wake-up before its deadline
 Sink = Callable[[Any], None]
 
 
 class Engine:
-    def __init__(self, core: NodeCore, *, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        core: NodeCore,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock`: the core's time, on the clock the loop's timers count (CLOCK_MONOTONIC)."""
         self._core = core
         self._loop = loop
+        self._clock = clock
         self._sinks: dict[type, Sink] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None  # when `_timer` fires
@@ -50,12 +64,12 @@ class Engine:
             self._sinks[kind] = sink
 
     def now(self) -> float:
-        return self._loop.time()
+        return self._clock()
 
     def dispatch(self, event: ev.Event) -> None:
         """Feed one event to the core and route what it returns (event-loop thread only)."""
         self.generation += 1
-        actions = self._core.handle(event, self._loop.time())
+        actions = self._core.handle(event, self._clock())
         for action in actions:
             sink = self._sinks.get(type(action))
             if sink is None:
@@ -132,19 +146,24 @@ class Engine:
         if wanted is None or (self._deadline is not None and self._deadline <= wanted):
             return  # (nothing is due: a timer still armed wakes to nothing)
         self.close()
-        self._timer = self._loop.call_at(wanted, self._wake)
-        self._deadline = wanted
+        self._arm_at(wanted)
+
+    def _arm_at(self, deadline: float, *, at_least: float = 0.0) -> None:
+        wait = max(deadline - self._clock(), at_least)
+        self._timer = self._loop.call_later(wait, self._wake)
+        self._deadline = deadline
 
     def _wake(self) -> None:
         fired, self._timer, self._deadline = self._deadline, None, None
         wanted = self._wanted
         if wanted is None:
             return  # nothing became due since it was armed
-        if fired is not None and fired >= wanted:
+        if fired is None or fired < wanted:  # armed for a deadline the core has since moved later
+            self._arm_at(wanted)
+        elif self._clock() < wanted:  # a timer of whole milliseconds fired before the deadline
+            self._arm_at(wanted, at_least=TIMER_TICK_S)
+        else:
             self.dispatch(ev.Tick())  # (it arms the next)
-        else:  # armed for a deadline the core has since moved later
-            self._timer = self._loop.call_at(wanted, self._wake)
-            self._deadline = wanted
 
 
 async def _call(fn: Callable[[], T]) -> T:

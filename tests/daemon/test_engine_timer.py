@@ -10,6 +10,10 @@ runs the timers due by then. Order and counts, never the wall clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+
+import uvloop
 
 from appliance.core import actions as act
 from appliance.core import events as ev
@@ -58,7 +62,7 @@ class WatchedCore(NodeCore):
 def test_a_deadline_moved_later_wakes_the_core_then_and_not_at_the_earlier_one() -> None:
     loop, core = SetClock(), WatchedCore()
     try:
-        engine = Engine(core, loop=loop)
+        engine = Engine(core, loop=loop, clock=loop.time)
         drops: list[int] = []
         engine.connect(lambda a: drops.append(a.client_id), act.Drop)
         engine.connect(lambda a: None, act.Registered, act.Grant, act.LockTerms)
@@ -77,6 +81,59 @@ def test_a_deadline_moved_later_wakes_the_core_then_and_not_at_the_earlier_one()
         loop.passes()
         assert core.ticks == [(100.1 + QUANTUM_S, 100.1 + QUANTUM_S)]
         assert drops == [2]
+        engine.close()
+    finally:
+        loop.close()
+
+
+class EarlyTimers(SetClock):
+    """A loop whose timers fire up to half a millisecond before the time asked for, as
+    libuv's (uvloop's) whole-millisecond timers may."""
+
+    def call_at(self, when, callback, *args, context=None):  # type: ignore[no-untyped-def,override]
+        return super().call_at(when - 0.0005, callback, *args, context=context)
+
+
+def test_a_timer_that_fires_before_the_deadline_does_not_wake_the_core_early() -> None:
+    loop, core = EarlyTimers(), WatchedCore()
+    try:
+        engine = Engine(core, loop=loop, clock=loop.time)
+        drops: list[int] = []
+        engine.connect(lambda a: drops.append(a.client_id), act.Drop)
+        engine.connect(lambda a: None, act.Registered, act.Grant, act.LockTerms)
+        for cid in (1, 2):
+            ident = ClientIdentity(pid=100 + cid, uid=1000, gid=1000)
+            engine.dispatch(ev.ClientRegistered(cid, 1, ident, GPU, 1 << 30))
+            engine.dispatch(ev.LockRequested(cid, 2))  # 1 holds, 2 waits
+        deadline = 100.0 + QUANTUM_S
+        assert core.asked == deadline
+        loop.now = deadline - 0.0004  # the timer fires: the quantum is not over yet
+        loop.passes()
+        assert core.ticks == [] and drops == []
+        loop.now = deadline + 0.0006  # it waited on, a millisecond at most
+        loop.passes()
+        assert core.ticks == [(deadline + 0.0006, deadline)]
+        assert drops == [1]
+        engine.close()
+    finally:
+        loop.close()
+
+
+def test_on_the_daemons_loop_the_core_is_told_the_time_to_the_microsecond() -> None:
+    """uvloop's own clock counts whole milliseconds; the core learns sub-millisecond idle
+    windows and holds from the times of events, so the engine reads CLOCK_MONOTONIC."""
+    loop, core = uvloop.new_event_loop(), WatchedCore()
+    try:
+        engine = Engine(core, loop=loop)
+        seen: list[float] = []
+        for _ in range(3):
+            engine.dispatch(ev.Tick())
+            seen.append(core.ticks[-1][0])
+            until = time.monotonic() + 0.0003
+            while time.monotonic() < until:
+                pass
+        gaps = [b - a for a, b in itertools.pairwise(seen)]
+        assert all(0.0002 < gap < 0.05 for gap in gaps), gaps
         engine.close()
     finally:
         loop.close()
