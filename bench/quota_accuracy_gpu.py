@@ -16,7 +16,10 @@ that is busy a quarter of the time may run at a higher clock than one busy all o
 then does more than its share of work in its share of time.
 
     bash tests/gpu/run.sh quota_table      # on the GPU machine: builds, then runs this
-    python3 bench/quota_accuracy_gpu.py [--windows 16] [--scenario "alone 25" ...]
+    python3 bench/quota_accuracy_gpu.py [--windows 16] [--window S] [--scenario "alone 25" ...]
+
+`--window` sets `scheduler.computeWindow` (and the windows measured) to S seconds instead of the
+default: a pair loses what each hand-off costs once or twice a window, fewer with longer ones.
 """
 
 from __future__ import annotations
@@ -118,8 +121,10 @@ def _tail(errors: IO[str]) -> str:
     return errors.read()[-2000:]
 
 
-def run_clients(d: BenchDaemon, workload: str, limits: tuple[int, ...], windows: int) -> Measured:
-    seconds = (WARM_WINDOWS + windows) * WINDOW_S + 0.5
+def run_clients(
+    d: BenchDaemon, workload: str, limits: tuple[int, ...], windows: int, window_s: float
+) -> Measured:
+    seconds = (WARM_WINDOWS + windows) * window_s + 0.5
     errors = tempfile.TemporaryFile("w+")  # a pipe nobody reads could fill and stall a client
     procs = {}
     for limit in limits:
@@ -144,11 +149,11 @@ def run_clients(d: BenchDaemon, workload: str, limits: tuple[int, ...], windows:
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-    begin = start + WARM_WINDOWS * WINDOW_S
+    begin = start + WARM_WINDOWS * window_s
     clock = ClockSampler()
     time.sleep(max(0.0, begin - time.monotonic()))
     clock.start()
-    time.sleep(windows * WINDOW_S)
+    time.sleep(windows * window_s)
     mhz = clock.stop()
     work = {}
     for limit, proc in procs.items():
@@ -159,22 +164,25 @@ def run_clients(d: BenchDaemon, workload: str, limits: tuple[int, ...], windows:
             (float(t0), float(t1))
             for _, t0, t1 in (line.split() for line in out.splitlines() if line.startswith("b"))
         ]
-        work[limit] = completed(batches, begin, begin + windows * WINDOW_S)
+        work[limit] = completed(batches, begin, begin + windows * window_s)
     return Measured(work, mhz)
 
 
-def table(names: list[str] | None, windows: int) -> list[Row]:
+def table(names: list[str] | None, windows: int, window_s: float = WINDOW_S) -> list[Row]:
     rows: list[Row] = []
     alone: dict[str, Measured] = {}
-    d = BenchDaemon(POLICY, args=["--debug"])  # every grant and drop, for a second look
+    policy = (
+        POLICY if window_s == WINDOW_S else f"scheduler: {{mode: 'on', computeWindow: {window_s}s}}"
+    )
+    d = BenchDaemon(policy, args=["--debug"])  # every grant and drop, for a second look
     try:
         for name, workload, limits in SCENARIOS:
             if names and name not in names:
                 continue
             if workload not in alone:
-                alone[workload] = run_clients(d, workload, (100,), windows)
+                alone[workload] = run_clients(d, workload, (100,), windows, window_s)
             base = alone[workload]
-            got = run_clients(d, workload, limits, windows)
+            got = run_clients(d, workload, limits, windows, window_s)
             for limit in limits:
                 share = got.work[limit] / base.work[100]
                 rows.append(Row(name, limit, share, got.sm_clock_mhz, base.sm_clock_mhz))
@@ -207,11 +215,12 @@ def markdown(rows: list[Row]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--windows", type=int, default=16, help="measured windows per scenario")
+    ap.add_argument("--window", type=float, default=WINDOW_S, help="computeWindow, seconds")
     ap.add_argument("--scenario", action="append", help="only these (repeatable)")
     args = ap.parse_args()
     gpu = "\n".join(gpus())
-    print(f"GPU: {gpu}; {args.windows} measured windows of {WINDOW_S:g} s per scenario")
-    rows = table(args.scenario, args.windows)
+    print(f"GPU: {gpu}; {args.windows} measured windows of {args.window:g} s per scenario")
+    rows = table(args.scenario, args.windows, args.window)
     print(markdown(rows))
     out = Path(os.environ.get("OUT", ".")) / "quota_accuracy_gpu.json"
     out.write_text(json.dumps({"gpu": gpu, "rows": [asdict(r) for r in rows]}, indent=2))
