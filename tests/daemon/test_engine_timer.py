@@ -59,17 +59,24 @@ class WatchedCore(NodeCore):
         return self.asked
 
 
+def _in_line(loop: SetClock, core: WatchedCore, clients: int) -> tuple[Engine, list[int]]:
+    """An engine on the test's clock with `clients` asking for the lock in turn (the first
+    holds); the clients told to drop, as they are."""
+    engine = Engine(core, loop=loop, clock=loop.time)
+    drops: list[int] = []
+    engine.connect(lambda a: drops.append(a.client_id), act.Drop)
+    engine.connect(lambda a: None, act.Registered, act.Grant, act.LockTerms)
+    for cid in range(1, clients + 1):
+        ident = ClientIdentity(pid=100 + cid, uid=1000, gid=1000)
+        engine.dispatch(ev.ClientRegistered(cid, 1, ident, GPU, 1 << 30))
+        engine.dispatch(ev.LockRequested(cid, 2))
+    return engine, drops
+
+
 def test_a_deadline_moved_later_wakes_the_core_then_and_not_at_the_earlier_one() -> None:
     loop, core = SetClock(), WatchedCore()
     try:
-        engine = Engine(core, loop=loop, clock=loop.time)
-        drops: list[int] = []
-        engine.connect(lambda a: drops.append(a.client_id), act.Drop)
-        engine.connect(lambda a: None, act.Registered, act.Grant, act.LockTerms)
-        for cid in (1, 2, 3):
-            ident = ClientIdentity(pid=100 + cid, uid=1000, gid=1000)
-            engine.dispatch(ev.ClientRegistered(cid, 1, ident, GPU, 1 << 30))
-            engine.dispatch(ev.LockRequested(cid, 2))  # 1 holds, 2 and 3 wait
+        engine, drops = _in_line(loop, core, 3)  # 1 holds, 2 and 3 wait
         assert core.asked == 100.0 + QUANTUM_S  # 1's quantum ends: a timer is armed then
         loop.now = 100.1
         engine.dispatch(ev.LockReleased(1, ev.ReleaseReason.EXIT))  # 2 holds, 3 waits
@@ -97,14 +104,7 @@ class EarlyTimers(SetClock):
 def test_a_timer_that_fires_before_the_deadline_does_not_wake_the_core_early() -> None:
     loop, core = EarlyTimers(), WatchedCore()
     try:
-        engine = Engine(core, loop=loop, clock=loop.time)
-        drops: list[int] = []
-        engine.connect(lambda a: drops.append(a.client_id), act.Drop)
-        engine.connect(lambda a: None, act.Registered, act.Grant, act.LockTerms)
-        for cid in (1, 2):
-            ident = ClientIdentity(pid=100 + cid, uid=1000, gid=1000)
-            engine.dispatch(ev.ClientRegistered(cid, 1, ident, GPU, 1 << 30))
-            engine.dispatch(ev.LockRequested(cid, 2))  # 1 holds, 2 waits
+        engine, drops = _in_line(loop, core, 2)  # 1 holds, 2 waits
         deadline = 100.0 + QUANTUM_S
         assert core.asked == deadline
         loop.now = deadline - 0.0004  # the timer fires: the quantum is not over yet
