@@ -100,7 +100,7 @@ def main() -> None:
                         put(groups["daemon"], d.proc.pid)
 
                 nice = 0 if pods else value
-                lat, _ = handoff(
+                lat, _, _ = handoff(
                     args.clients,
                     args.handoffs,
                     None,

@@ -4,7 +4,9 @@
 in line receives its grant, the old holder asks again. Measured on the client side over the real
 Unix socket (both socket hops and the daemon's event loop), waiting on epoll so that the client
 side costs the same at any N. With `--status`, another client asks `nvsharectl status` in a loop
-meanwhile: the hand-off's tail then shows how long a status keeps a grant waiting.
+meanwhile: the hand-off's tail then shows how long a status keeps a grant waiting. The daemon's
+CPU per hand-off (user and system, /proc) is the steadier figure on a shared machine: the client
+asks again at once, so the daemon is busy most of the time and the latency follows its CPU.
 
 `burst`: N registered hooks ask for the lock at once (as after a daemon restart) while one more
 hook sends heartbeats back to back: how long until the daemon has them all in line (status shows
@@ -106,6 +108,12 @@ class StatusLoop:
         return 1 + out.count("answered")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used, user and system (`/proc/PID/stat`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def handoff(
     n: int,
     handoffs: int,
@@ -114,8 +122,9 @@ def handoff(
     *,
     daemon_args: list[str] | None = None,
     started: Callable[[BenchDaemon], None] = lambda d: None,
-) -> tuple[list[float], int]:
-    """(every hand-off's latency, statuses answered); `started` is called with the daemon."""
+) -> tuple[list[float], int, float]:
+    """(every hand-off's latency, statuses answered, the daemon's CPU seconds per hand-off);
+    `started` is called with the daemon."""
     d = BenchDaemon(POLICY, tree=tree, args=daemon_args)
     started(d)
     try:
@@ -131,6 +140,7 @@ def handoff(
             sel.register(c._sock, selectors.EVENT_READ, c)
         poller = StatusLoop(d) if status else None
         latencies = []
+        cpu_before = _cpu_s(d.proc.pid)
         for _ in range(handoffs):
             t0 = time.perf_counter()
             holder.send(p.LockReleased(p.ReleaseReason.IDLE))
@@ -145,10 +155,11 @@ def handoff(
             latencies.append(time.perf_counter() - t0)
             holder.send(p.LockRequest())  # back of the queue
             holder = granted
+        cpu = (_cpu_s(d.proc.pid) - cpu_before) / max(handoffs, 1)
         asked = poller.stop() if poller is not None else 0
         for c in clients:
             c.close()
-        return latencies, asked
+        return latencies, asked, cpu
     finally:
         _stop(d)
 
@@ -270,13 +281,17 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of client sockets
     print(f"machine: {machine()}; tree: {args.tree or 'this one'}")
     if args.what == "handoff":
-        print("| clients | hand-offs | p50 (ms) | p99 (ms) | max (ms) | status answered |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print(
+            "| clients | hand-offs | p50 (ms) | p99 (ms) | max (ms) | status answered "
+            "| daemon CPU per hand-off (µs) |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for n in args.clients:
-            lat, asked = handoff(n, args.handoffs, args.tree, args.status)
+            lat, asked, cpu = handoff(n, args.handoffs, args.tree, args.status)
             print(
                 f"| {n} | {len(lat)} | {percentile(lat, 50) * 1e3:.3f} | "
-                f"{percentile(lat, 99) * 1e3:.3f} | {max(lat) * 1e3:.3f} | {asked} |",
+                f"{percentile(lat, 99) * 1e3:.3f} | {max(lat) * 1e3:.3f} | {asked} | "
+                f"{cpu * 1e6:.1f} |",
                 flush=True,
             )
     elif args.what == "burst":
