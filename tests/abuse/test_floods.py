@@ -11,11 +11,11 @@ this test drives (`daemon.driven`): order and counts, never the clock.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
+import uvloop
 from daemon.driven import GPU, Peer, daemon, register, until
 
 from appliance.core import events as ev
@@ -93,4 +93,4 @@ def test_a_flood_of_hints_and_lock_churn_waits_for_an_honest_tenant(tmp_path: Pa
                 flooder.stdin.close()
                 flooder.stdout.close()
 
-    asyncio.run(main())
+    uvloop.run(main())

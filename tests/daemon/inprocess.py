@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from appliance.daemon.daemon import Daemon, DaemonConfig
 from appliance.gpu.nvml import Nvml
 
@@ -89,7 +91,7 @@ def run_with(daemon: Daemon, body: Callable[[Daemon], None]) -> int:
         await asyncio.to_thread(thread.join)
         return code
 
-    code = asyncio.run(main())
+    code = uvloop.run(main())
     if failure:
         raise failure[0]
     return code

@@ -20,6 +20,7 @@ from appliance.serve.admission import Admission, EveryMinute, raise_open_files
 # accept(), over and over, for three seconds.
 SERVER = """
 import asyncio, logging, os, resource, sys
+import uvloop
 from pathlib import Path
 from appliance.serve.server import SchedulerServer
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
@@ -34,7 +35,7 @@ async def main():
     await asyncio.sleep(3)
     sys.stderr.flush()
     os._exit(0)  # as it was: whatever the loop would say on the way out is not the point
-asyncio.run(main())
+uvloop.run(main())
 """
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+import uvloop
+
 from appliance.serve.connection import Turns
 
 SLICE = 1.0
@@ -64,7 +66,7 @@ def test_a_pass_takes_at_most_a_slice_of_turns_and_the_rest_wait_for_later_passe
             await asyncio.sleep(0)
         assert served == list(range(25)), "waiting turns are taken in later passes, in order"
 
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def test_turns_under_half_a_slice_carry_over_into_the_next_pass() -> None:
@@ -77,7 +79,7 @@ def test_turns_under_half_a_slice_carry_over_into_the_next_pass() -> None:
         assert at_once(turns, hooks[3:9]) == 5  # 3/8 + 5/8: a slice; the last one waits
         assert hooks[8].turn_waiting
 
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def test_turns_past_half_a_slice_are_forgotten_at_the_next_pass() -> None:
@@ -89,4 +91,4 @@ def test_turns_past_half_a_slice_are_forgotten_at_the_next_pass() -> None:
         await asyncio.sleep(0)
         assert at_once(turns, hooks[5:15]) == 8  # a whole slice again
 
-    asyncio.run(main())
+    uvloop.run(main())

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import uvloop
+
 from appliance.core.views import StatusView
 from appliance.daemon.queries import Answers
 from appliance.wire import protocol as p
@@ -40,7 +42,7 @@ def test_a_heartbeat_is_answered_before_a_flood_of_lock_requests_is_handled(
             )
             await until(lambda: engine.generation - before == FLOOD * FRAMES)  # none lost
 
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def test_a_registration_goes_ahead_of_lock_requests_waiting_their_turn(tmp_path: Path) -> None:
@@ -60,7 +62,7 @@ def test_a_registration_goes_ahead_of_lock_requests_waiting_their_turn(tmp_path:
                 f"{FLOOD * FRAMES} frames: it waited behind them"
             )
 
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def test_a_hand_off_is_not_kept_waiting_while_status_is_built(tmp_path: Path) -> None:
@@ -94,7 +96,7 @@ def test_a_hand_off_is_not_kept_waiting_while_status_is_built(tmp_path: Path) ->
             doc = next(m for m in status.got if isinstance(m, p.JsonBody)).doc
             assert len(doc["clients"]) == 150
 
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def test_events_are_handled_while_a_scrape_reads_status(tmp_path: Path) -> None:
@@ -126,4 +128,4 @@ def test_events_are_handled_while_a_scrape_reads_status(tmp_path: Path) -> None:
             assert len((await scrape).clients) == 150
             assert seen[-1] > seen[0], "no event was handled until the whole status was read"
 
-    asyncio.run(main())
+    uvloop.run(main())
